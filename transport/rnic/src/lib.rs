@@ -9,6 +9,9 @@
 //!   UDP or over an in-memory simulated fabric.
 
 pub mod bootstrap;
+pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod device;
 pub mod verbs;
 
@@ -16,3 +19,4 @@ pub use device::{
     CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, QpInit, QueuePair, Registrar, Result,
     SharedReceiveQueue,
 };
+pub mod soft;

@@ -1,0 +1,392 @@
+//! The software RNIC: RC verbs over UDP (or over an in-memory fabric), modelled on Linux rxe.
+//!
+//! Layers, bottom up:
+//! - [`packet`]: RoCEv2 header codec; [`mem`]: the key table and the only memory access;
+//! - [`core`]: the sans-IO protocol ([`NicCore`]); time is passed in;
+//! - two wires that drive a core: [`udp`] (a UDP socket, a progress thread that spins briefly
+//!   then blocks, and inline progress from posting and polling threads) and [`fabric`] (many
+//!   devices in one process on a virtual clock with seeded faults);
+//! - this module: [`SoftDevice`] and its resources, implementing [`crate::Device`].
+
+pub mod core;
+pub mod cq;
+pub mod fabric;
+pub mod fault;
+pub mod mem;
+pub mod packet;
+pub mod udp;
+
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use self::core::{Counters, NicConfig, NicCore};
+use self::cq::CqShared;
+pub use self::fabric::{Fabric, LinkModel};
+pub use self::fault::{FaultPlan, FaultRates, PacketInfo, Verdict};
+pub use self::udp::UdpConfig;
+use crate::device::{
+    CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, QpInit, QueuePair, Registrar, Result,
+    SharedReceiveQueue,
+};
+use crate::verbs::{
+    Access, InitAttrs, MrKeys, QpEndpoint, QpState, RecvWr, RtrAttrs, RtsAttrs, SendWr,
+    WorkCompletion,
+};
+
+/// What moves a device's packets.
+#[derive(Debug)]
+pub(crate) enum Wire {
+    /// A UDP socket and a progress thread.
+    Udp(udp::UdpWire),
+    /// A port on an in-memory fabric, pumped by [`Fabric`].
+    Sim,
+}
+
+#[derive(Debug)]
+pub(crate) struct DevInner {
+    pub(crate) core: Mutex<NicCore>,
+    pub(crate) wire: Wire,
+    pub(crate) local: SocketAddr,
+    name: String,
+}
+
+impl DevInner {
+    /// Pushes out whatever the core wants to send (UDP wire; the fabric pumps itself).
+    fn kick(&self) {
+        if let Wire::Udp(w) = &self.wire {
+            w.flush_tx(self, crate::clock::wall_now());
+        }
+    }
+
+    /// Receives and processes what is waiting, without blocking (UDP wire).
+    fn progress(&self) {
+        if let Wire::Udp(w) = &self.wire {
+            w.progress(self, crate::clock::wall_now());
+        }
+    }
+}
+
+impl Drop for DevInner {
+    fn drop(&mut self) {
+        if let Wire::Udp(w) = &self.wire {
+            w.shutdown();
+        }
+    }
+}
+
+/// A software RNIC device. Cloning gives another handle to the same device.
+#[derive(Clone, Debug)]
+pub struct SoftDevice {
+    inner: Arc<DevInner>,
+}
+
+impl SoftDevice {
+    /// Opens a device whose packets travel as UDP datagrams from `cfg.bind`.
+    pub fn open_udp(cfg: UdpConfig) -> Result<SoftDevice> {
+        let (wire, local) = udp::UdpWire::bind(&cfg)?;
+        let inner = Arc::new(DevInner {
+            core: Mutex::new(NicCore::new(cfg.nic.clone())),
+            wire: Wire::Udp(wire),
+            local,
+            name: format!("soft-udp:{local}"),
+        });
+        if let Wire::Udp(w) = &inner.wire {
+            w.start_progress_thread(Arc::downgrade(&inner), &cfg)?;
+        }
+        Ok(SoftDevice { inner })
+    }
+
+    pub(crate) fn new_sim(local: SocketAddr, nic: NicConfig) -> SoftDevice {
+        SoftDevice {
+            inner: Arc::new(DevInner {
+                core: Mutex::new(NicCore::new(nic)),
+                wire: Wire::Sim,
+                local,
+                name: format!("soft-sim:{local}"),
+            }),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<DevInner> {
+        &self.inner
+    }
+
+    /// The address peers send this device's packets to (its GID and UDP port).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local
+    }
+
+    /// Protocol counters.
+    pub fn counters(&self) -> Counters {
+        let mut c = self.inner.core.lock().counters();
+        if let Wire::Udp(w) = &self.inner.wire {
+            w.add_counters(&mut c);
+        }
+        c
+    }
+
+    /// Installs a fault plan on this device's outbound packets (UDP wire only; the fabric has
+    /// its own). Meant for tests and for studying loss; `None` removes it.
+    pub fn set_outbound_faults(&self, plan: Option<FaultPlan>) -> Result<()> {
+        match &self.inner.wire {
+            Wire::Udp(w) => {
+                w.set_faults(plan);
+                Ok(())
+            }
+            Wire::Sim => Err(Error::Unsupported("fabric devices take faults from the Fabric")),
+        }
+    }
+
+    /// A [`Registrar`] that registers blocks in `pd` with full access.
+    pub fn registrar(&self, pd: &SoftPd) -> SoftRegistrar {
+        SoftRegistrar { dev: self.inner.clone(), pd: pd.id }
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct SoftPd {
+    id: u32,
+    _dev: Arc<DevInner>,
+}
+
+/// A thread domain (the software RNIC has none; the type exists so the trait is complete).
+#[derive(Debug)]
+pub struct SoftTd(());
+
+/// A memory region; deregistered on drop.
+#[derive(Debug)]
+pub struct SoftMr {
+    keys: MrKeys,
+    dev: Arc<DevInner>,
+}
+
+impl MemoryRegion for SoftMr {
+    fn keys(&self) -> MrKeys {
+        self.keys
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        self.dev.core.lock().dereg_mr(self.keys.lkey);
+    }
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct SoftCq {
+    shared: Arc<CqShared>,
+    dev: Arc<DevInner>,
+}
+
+impl CompletionQueue for SoftCq {
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.shared.pop_into(out)?;
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        // Nothing yet: drive the NIC from this thread, as a busy-polling consumer would.
+        self.dev.progress();
+        self.shared.pop_into(out)
+    }
+    fn arm(&self) -> Result<()> {
+        self.shared.arm();
+        Ok(())
+    }
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.fd()
+    }
+    fn ack_events(&self) -> Result<()> {
+        self.shared.ack_events();
+        Ok(())
+    }
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct SoftSrq {
+    id: u32,
+    dev: Arc<DevInner>,
+}
+
+impl SoftSrq {
+    /// Receives currently posted.
+    pub fn len(&self) -> usize {
+        self.dev.core.lock().srq_len(self.id)
+    }
+    /// True when no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl SharedReceiveQueue for SoftSrq {
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        self.dev.core.lock().post_srq_recv(self.id, wrs)
+    }
+}
+
+impl Drop for SoftSrq {
+    fn drop(&mut self) {
+        self.dev.core.lock().destroy_srq(self.id);
+    }
+}
+
+/// An RC queue pair; destroyed on drop.
+#[derive(Debug)]
+pub struct SoftQp {
+    qpn: u32,
+    initial_psn: u32,
+    dev: Arc<DevInner>,
+    // Keep the CQs alive as long as the QP references them.
+    _cqs: (Arc<CqShared>, Arc<CqShared>),
+}
+
+impl SoftQp {
+    /// Receives currently posted on the QP's own receive queue.
+    pub fn rq_len(&self) -> usize {
+        self.dev.core.lock().rq_len(self.qpn)
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    fn state(&self) -> QpState {
+        self.dev.core.lock().qp_state(self.qpn).unwrap_or(QpState::Error)
+    }
+    fn endpoint(&self) -> QpEndpoint {
+        let local = self.dev.local;
+        QpEndpoint {
+            gid: QpEndpoint::gid_of(local.ip()),
+            udp_port: local.port(),
+            lid: 0,
+            qpn: self.qpn,
+            psn: self.initial_psn,
+        }
+    }
+    fn to_init(&self, attrs: &InitAttrs) -> Result<()> {
+        self.dev.core.lock().modify_to_init(self.qpn, attrs)
+    }
+    fn to_rtr(&self, attrs: &RtrAttrs) -> Result<()> {
+        self.dev.core.lock().modify_to_rtr(self.qpn, attrs)
+    }
+    fn to_rts(&self, attrs: &RtsAttrs) -> Result<()> {
+        self.dev.core.lock().modify_to_rts(self.qpn, attrs)
+    }
+    fn to_error(&self) -> Result<()> {
+        self.dev.core.lock().modify_to_error(self.qpn)?;
+        self.dev.kick();
+        Ok(())
+    }
+    fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+        let r = self.dev.core.lock().post_send(self.qpn, wrs);
+        // Ring the doorbell even after a partial post: the accepted prefix must go out.
+        self.dev.kick();
+        r
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        self.dev.core.lock().post_recv(self.qpn, wrs)
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.dev.core.lock().destroy_qp(self.qpn);
+    }
+}
+
+impl Device for SoftDevice {
+    type Pd = SoftPd;
+    type Cq = SoftCq;
+    type Srq = SoftSrq;
+    type Qp = SoftQp;
+    type Mr = SoftMr;
+    type Td = SoftTd;
+
+    fn caps(&self) -> DeviceCaps {
+        let cfg = self.inner.core.lock().config().clone();
+        DeviceCaps {
+            name: self.inner.name.clone(),
+            thread_domains: false,
+            srq: true,
+            max_qp_wr: cfg.max_qp_wr,
+            max_cqe: 1 << 20,
+            max_msg_size: cfg.max_msg_size,
+            max_sge: crate::verbs::MAX_SGE as u32,
+            soft_mtu: true,
+        }
+    }
+
+    fn alloc_pd(&self) -> Result<SoftPd> {
+        Ok(SoftPd { id: self.inner.core.lock().alloc_pd(), _dev: self.inner.clone() })
+    }
+
+    fn alloc_td(&self) -> Result<SoftTd> {
+        Err(Error::Unsupported("thread domains (the software RNIC has no provider locks)"))
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<SoftCq> {
+        if depth == 0 || depth > 1 << 20 {
+            return Err(Error::InvalidArgument(format!("cq depth {depth} outside 1..=2^20")));
+        }
+        Ok(SoftCq { shared: Arc::new(CqShared::new(depth as usize)?), dev: self.inner.clone() })
+    }
+
+    fn create_srq(&self, pd: &SoftPd, depth: u32, _max_sge: u32) -> Result<SoftSrq> {
+        let id = self.inner.core.lock().create_srq(pd.id, depth)?;
+        Ok(SoftSrq { id, dev: self.inner.clone() })
+    }
+
+    fn create_qp(&self, pd: &SoftPd, init: &QpInit<'_, Self>) -> Result<SoftQp> {
+        if init.thread_domain.is_some() {
+            return Err(Error::Unsupported("thread domains"));
+        }
+        let send = init.send_cq.shared.clone();
+        let recv = init.recv_cq.shared.clone();
+        let mut core = self.inner.core.lock();
+        let qpn =
+            core.create_qp(pd.id, send.clone(), recv.clone(), init.srq.map(|s| s.id), init.caps)?;
+        let initial_psn = core.qp_initial_psn(qpn).unwrap_or(0);
+        Ok(SoftQp { qpn, initial_psn, dev: self.inner.clone(), _cqs: (send, recv) })
+    }
+
+    unsafe fn reg_mr(
+        &self,
+        pd: &SoftPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<SoftMr> {
+        // SAFETY: forwarded contract: the caller keeps the memory valid until the SoftMr drops,
+        // and SoftMr's drop removes the key before returning.
+        let keys = unsafe { self.inner.core.lock().reg_mr(pd.id, addr, len, access)? };
+        Ok(SoftMr { keys, dev: self.inner.clone() })
+    }
+}
+
+/// Registers blocks with a software device for an allocator.
+#[derive(Debug, Clone)]
+pub struct SoftRegistrar {
+    dev: Arc<DevInner>,
+    pd: u32,
+}
+
+impl Registrar for SoftRegistrar {
+    unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<MrKeys> {
+        // SAFETY: forwarded contract: the caller keeps the block valid until `deregister`.
+        unsafe { self.dev.core.lock().reg_mr(self.pd, addr, len, Access::ALL) }
+    }
+    fn deregister(&self, keys: MrKeys) -> Result<()> {
+        if self.dev.core.lock().dereg_mr(keys.lkey) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!("no region with key {:#x}", keys.lkey)))
+        }
+    }
+}
