@@ -8,9 +8,10 @@ use std::io::Write;
 use bex_rnic::Error;
 use bex_rnic_verbs::VerbsDevice;
 
-/// Prints past the test harness's output capture, so the skip shows in every `cargo test`.
+/// Prints past the test harness's output capture, so the skip shows in every `cargo test`
+/// (on a line of its own, even when another test's "test … ok" is being printed).
 fn visible(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    let _ = writeln!(std::io::stderr().lock(), "\n{line}");
 }
 
 #[test]
