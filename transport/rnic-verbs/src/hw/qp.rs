@@ -69,7 +69,7 @@ impl VerbsSrq {
         if srq.is_null() {
             return Err(verb_error("ibv_create_srq", errno()));
         }
-        let inner = SrqInner { srq, max_sge: init.attr.max_sge.max(max_sge), pd: pd.inner.clone() };
+        let inner = SrqInner { srq, max_sge, pd: pd.inner.clone() };
         Ok(VerbsSrq { inner: Arc::new(inner) })
     }
 }
@@ -163,8 +163,8 @@ impl VerbsQp {
             return Err(Error::InvalidArgument("a CQ belongs to another device".to_owned()));
         }
         let srq = init.srq.map(|s| s.inner.clone());
-        if srq.as_ref().is_some_and(|s| !Arc::ptr_eq(&s.pd, &pd.inner)) {
-            return Err(Error::InvalidArgument("the SRQ belongs to another PD".to_owned()));
+        if srq.as_ref().is_some_and(|s| !Arc::ptr_eq(&s.pd.ctx, ctx)) {
+            return Err(Error::InvalidArgument("the SRQ belongs to another device".to_owned()));
         }
         let td = init.thread_domain.map(|t| t.inner.clone());
         if td.as_ref().is_some_and(|t| !Arc::ptr_eq(&t.ctx, ctx)) {
