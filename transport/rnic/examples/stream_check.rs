@@ -196,7 +196,10 @@ fn main() {
                 let want = message_len(seed, got, max_len);
                 let off = slot_i * slot;
                 let intact = wc.byte_len as usize == want
-                    && s.mem[off..off + want].iter().enumerate().all(|(k, b)| *b == message_byte(got, k));
+                    && s.mem[off..off + want]
+                        .iter()
+                        .enumerate()
+                        .all(|(k, b)| *b == message_byte(got, k));
                 if !intact {
                     bad += 1;
                 }

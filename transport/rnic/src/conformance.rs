@@ -633,7 +633,9 @@ pub fn write_data_before_later_imm<B: Bed>(bed: &B) -> Outcome {
     Outcome::Passed
 }
 
-/// Generates one `#[test]` per conformance case for a bed built by `$make`.
+/// Generates one `#[test]` per conformance case. `$make` is called with the case's name and
+/// returns `Option<bed>`; `None` (no device) makes the case return after the constructor has
+/// printed why it is skipped.
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:expr) => {
@@ -649,7 +651,8 @@ macro_rules! conformance_suite {
         $(
             #[test]
             fn $case() {
-                let Some(bed) = $make else { return };
+                let make = $make;
+                let Some(bed) = make(stringify!($case)) else { return };
                 match $crate::conformance::$case(&bed) {
                     $crate::conformance::Outcome::Passed => {}
                     $crate::conformance::Outcome::Skipped(why) => {

@@ -115,15 +115,15 @@ impl Bed for UdpBed {
 
 mod fabric {
     use super::*;
-    bex_rnic::conformance_suite!(SimBed::new());
+    bex_rnic::conformance_suite!(|_case| SimBed::new());
 }
 
 mod udp {
     use super::*;
-    bex_rnic::conformance_suite!(UdpBed::new(Mtu::Mtu4096));
+    bex_rnic::conformance_suite!(|_case| UdpBed::new(Mtu::Mtu4096));
 }
 
 mod udp_soft_mtu {
     use super::*;
-    bex_rnic::conformance_suite!(UdpBed::new(Mtu::Soft(60 * 1024)));
+    bex_rnic::conformance_suite!(|_case| UdpBed::new(Mtu::Soft(60 * 1024)));
 }

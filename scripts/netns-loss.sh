@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Streams messages between two software-RNIC processes in two network namespaces joined by a
+# veth pair, with random UDP loss applied by `iptables -m statistic` in both directions, and
+# fails unless every message arrives intact and in order.
+#
+#   scripts/netns-loss.sh [LOSS ...]        default: 0.01 0.05
+#   MESSAGES=3000 MAX_LEN=32768 MTU=4096 scripts/netns-loss.sh 0.05
+#
+# Needs root, iproute2 and iptables. Cleans up its namespaces on any exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MESSAGES=${MESSAGES:-3000}
+MAX_LEN=${MAX_LEN:-32768}
+MTU=${MTU:-4096}
+LOSSES=("${@:-0.01 0.05}")
+read -r -a LOSSES <<<"${LOSSES[*]}"
+
+if [ "$(id -u)" != 0 ]; then echo "netns-loss: needs root" >&2; exit 2; fi
+command -v iptables >/dev/null || { echo "netns-loss: iptables missing (apt-get install iptables)" >&2; exit 2; }
+
+cargo build --release --locked -q --example stream_check
+BIN=target/release/examples/stream_check
+
+TAG="bexl$$"
+NA="${TAG}a"; NB="${TAG}b"
+cleanup() {
+    ip netns pids "$NA" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns pids "$NB" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$NA" 2>/dev/null || true
+    ip netns del "$NB" 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+
+ip netns add "$NA"; ip netns add "$NB"
+ip link add "${TAG}x" type veth peer name "${TAG}y"
+ip link set "${TAG}x" netns "$NA"; ip link set "${TAG}y" netns "$NB"
+ip -n "$NA" addr add 10.199.0.1/24 dev "${TAG}x"
+ip -n "$NB" addr add 10.199.0.2/24 dev "${TAG}y"
+# Jumbo frames so a 4096-byte path MTU needs no IP fragmentation.
+ip -n "$NA" link set "${TAG}x" mtu 9000 up; ip -n "$NB" link set "${TAG}y" mtu 9000 up
+ip -n "$NA" link set lo up; ip -n "$NB" link set lo up
+
+status=0
+for loss in "${LOSSES[@]}"; do
+    for ns in "$NA" "$NB"; do
+        ip netns exec "$ns" iptables -F OUTPUT
+        ip netns exec "$ns" iptables -A OUTPUT -p udp -m statistic --mode random --probability "$loss" -j DROP
+    done
+    port=$((7700 + RANDOM % 200))
+    ip netns exec "$NB" "$BIN" server --bind 10.199.0.2 --control "10.199.0.2:$port" >"/tmp/$TAG.server" 2>&1 &
+    server=$!
+    if ! ip netns exec "$NA" "$BIN" client --bind 10.199.0.1 --control "10.199.0.2:$port" \
+        --messages "$MESSAGES" --max-len "$MAX_LEN" --mtu "$MTU" --seed 7 >"/tmp/$TAG.client" 2>&1; then
+        status=1
+    fi
+    wait "$server" || status=1
+    drops=$(ip netns exec "$NA" iptables -L OUTPUT -v -x -n | awk '/DROP/ {print $1}')
+    drops_b=$(ip netns exec "$NB" iptables -L OUTPUT -v -x -n | awk '/DROP/ {print $1}')
+    echo "loss=$loss iptables_dropped=$((drops + drops_b))"
+    grep -h '{' "/tmp/$TAG.server" "/tmp/$TAG.client" | grep -v ready
+    grep -h -v '{' "/tmp/$TAG.server" "/tmp/$TAG.client" >&2 || true
+    rm -f "/tmp/$TAG.server" "/tmp/$TAG.client"
+done
+if [ "$status" = 0 ]; then echo "netns-loss: PASS"; else echo "netns-loss: FAIL" >&2; fi
+exit "$status"
