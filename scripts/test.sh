@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The test command of the README, and what CI runs: formatting, lints (default build and the
+# hardware `verbs` feature), every test, and the multi-process checks over network
+# namespaces (when root). Fails on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "install dependencies"
+scripts/install-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (default features)"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+step "cargo clippy (--features bex-rnic-verbs/verbs)"
+cargo clippy --locked --workspace --all-targets --features bex-rnic-verbs/verbs -- -D warnings
+
+step "cargo doc"
+RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps -q
+
+step "cargo test"
+cargo test --locked --workspace
+
+step "cargo test (--features bex-rnic-verbs/verbs)"
+cargo test --locked -p bex-rnic-verbs --features verbs
+
+if [ "$(id -u)" -eq 0 ]; then
+    step "software RNIC across two network namespaces with 1% and 5% iptables loss"
+    scripts/netns-loss.sh 0.01 0.05
+else
+    echo "SKIPPED: netns loss test (needs root)"
+fi
+
+step "all checks passed"
