@@ -23,7 +23,7 @@ pub trait DeviceUser {
 ///
 /// **To link the software RNIC**, replace the body with:
 ///
-/// ```ignore
+/// ```text
 /// let dev = bex_rnic::soft::SoftDevice::open_udp(bind)?;
 /// Ok(user.use_device(&dev))
 /// ```

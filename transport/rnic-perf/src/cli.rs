@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::client::{run_client, ClientOptions};
 use crate::error::{io, PerfError, Result};
 use crate::launch::run_local;
+use crate::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use crate::report::{self, JobResult};
 use crate::server::{serve, ServerOptions};
 use crate::spec::{parse_mtu, parse_size_list, resolve_tests, Plan, SizeList, TestSel};
@@ -68,6 +69,9 @@ pub struct ServerArgs {
     /// outlives it (`run` uses this).
     #[arg(long)]
     pub die_with_parent: bool,
+    /// Pin this process, and the threads it starts (the soft RNIC's too), to CPU N.
+    #[arg(long, value_name = "N")]
+    pub cpu: Option<usize>,
     /// Print only errors, not the start and end of each session.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -142,6 +146,9 @@ pub struct ClientArgs {
     /// UDP port of this process's soft RNIC; 0 picks a free port.
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub rnic_port: u16,
+    /// Pin this process, and the threads it starts (the soft RNIC's too), to CPU N.
+    #[arg(long, value_name = "N")]
+    pub cpu: Option<usize>,
     /// Benchmark options.
     #[command(flatten)]
     pub bench: BenchArgs,
@@ -153,6 +160,10 @@ pub struct RunArgs {
     /// UDP port of the client's soft RNIC; the server child's is this + 1. 0 picks free ports.
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub rnic_port: u16,
+    /// Where client and server run. On small VMs placement dominates latency (sharing a vCPU
+    /// vs waking another one), so both are pinned by default; the report records where.
+    #[arg(long, value_name = "PLACEMENT", default_value = "split")]
+    pub pin: Pin,
     /// Benchmark options.
     #[command(flatten)]
     pub bench: BenchArgs,
@@ -212,6 +223,9 @@ pub fn main_entry() -> ExitCode {
 fn execute(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Server(a) => {
+            if let Some(cpu) = a.cpu {
+                pin_self(cpu)?;
+            }
             serve(&ServerOptions {
                 bind: a.bind,
                 port: a.port,
@@ -224,26 +238,39 @@ fn execute(cli: Cli) -> Result<ExitCode> {
         }
         Command::Client(a) => {
             let plan = a.bench.plan()?;
+            if let Some(cpu) = a.cpu {
+                pin_self(cpu)?;
+            }
             let opts =
                 ClientOptions { server: a.server, rnic_port: a.rnic_port, quiet: a.bench.quiet };
             let results = run_client(&opts, &plan)?;
-            finish(&a.bench, &plan, &results)
+            let placement = Placement { client_cpu: a.cpu, server_cpu: None };
+            finish(&a.bench, &plan, &placement, &results)
         }
         Command::Run(a) => {
             let plan = a.bench.plan()?;
-            let results = run_local(&plan, a.rnic_port, a.bench.quiet)?;
-            finish(&a.bench, &plan, &results)
+            let placement = choose(a.pin, &allowed_cpus()?)?;
+            if let Some(cpu) = placement.client_cpu {
+                pin_self(cpu)?;
+            }
+            let results = run_local(&plan, a.rnic_port, placement.server_cpu, a.bench.quiet)?;
+            finish(&a.bench, &plan, &placement, &results)
         }
     }
 }
 
 /// Prints the tables, writes the JSON, and turns failures into exit status 1.
-fn finish(bench: &BenchArgs, plan: &Plan, results: &[JobResult]) -> Result<ExitCode> {
-    print!("{}", report::table(plan, results));
+fn finish(
+    bench: &BenchArgs,
+    plan: &Plan,
+    placement: &Placement,
+    results: &[JobResult],
+) -> Result<ExitCode> {
+    print!("{}", report::table(plan, placement, results));
     if let Some(path) = &bench.json {
         let command_line: Vec<String> =
             std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
-        std::fs::write(path, report::json(&command_line, plan, results))
+        std::fs::write(path, report::json(&command_line, plan, placement, results))
             .map_err(io(format!("writing {}", path.display())))?;
         if !bench.quiet {
             eprintln!("rnic-perf: wrote {}", path.display());

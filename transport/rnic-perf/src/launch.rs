@@ -99,8 +99,14 @@ impl Drop for ChildGuard {
 }
 
 /// Spawns `rnic-perf server` as a child on 127.0.0.1, runs the client against it, and reaps
-/// the child. With `rnic_port` P > 0 the client's RNIC uses P and the server's P + 1.
-pub fn run_local(plan: &Plan, rnic_port: u16, quiet: bool) -> Result<Vec<JobResult>> {
+/// the child. With `rnic_port` P > 0 the client's RNIC uses P and the server's P + 1; with
+/// `server_cpu`, the child pins itself there.
+pub fn run_local(
+    plan: &Plan,
+    rnic_port: u16,
+    server_cpu: Option<usize>,
+    quiet: bool,
+) -> Result<Vec<JobResult>> {
     let exe = std::env::current_exe().map_err(io("locating the rnic-perf executable"))?;
     let server_rnic_port = if rnic_port == 0 { 0 } else { rnic_port.wrapping_add(1) };
     let mut cmd = Command::new(exe);
@@ -112,6 +118,9 @@ pub fn run_local(plan: &Plan, rnic_port: u16, quiet: bool) -> Result<Vec<JobResu
     if quiet {
         cmd.arg("--quiet");
     }
+    if let Some(cpu) = server_cpu {
+        cmd.args(["--cpu", &cpu.to_string()]);
+    }
     let child = cmd.spawn().map_err(io("spawning the server child"))?;
     let mut guard = ChildGuard::new(child);
     let server = guard.wait_ready(READY_TIMEOUT)?;
@@ -121,4 +130,57 @@ pub fn run_local(plan: &Plan, rnic_port: u16, quiet: bool) -> Result<Vec<JobResu
         eprintln!("rnic-perf: the server child exited with {status}");
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spawn(program: &str, args: &[&str]) -> ChildGuard {
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("coreutils are installed");
+        ChildGuard::new(child)
+    }
+
+    #[test]
+    fn dropping_the_guard_kills_and_reaps_the_child() {
+        // `cat` on a stdin the guard holds open would run forever.
+        let guard = spawn("cat", &[]);
+        let proc_dir = format!("/proc/{}", guard.child.id());
+        assert!(std::path::Path::new(&proc_dir).exists());
+        drop(guard);
+        assert!(!std::path::Path::new(&proc_dir).exists(), "child still exists (or is a zombie)");
+    }
+
+    #[test]
+    fn finishing_closes_stdin_and_reaps() {
+        let status = spawn("cat", &[]).finish().unwrap();
+        assert!(status.success());
+    }
+
+    #[test]
+    fn a_child_that_dies_or_babbles_is_not_ready() {
+        let mut g = spawn("true", &[]);
+        let e = g.wait_ready(Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("exited before becoming ready"), "{e}");
+        let mut g = spawn("echo", &["hello"]);
+        let e = g.wait_ready(Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("unexpected first line"), "{e}");
+        let mut g = spawn("echo", &["rnic-perf server listening on 127.0.0.1:4242"]);
+        assert_eq!(
+            g.wait_ready(Duration::from_secs(5)).unwrap(),
+            "127.0.0.1:4242".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_silent_child_times_out() {
+        let mut g = spawn("cat", &[]);
+        let e = g.wait_ready(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, PerfError::Timeout { .. }), "{e}");
+    }
 }

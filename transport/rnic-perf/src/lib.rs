@@ -10,6 +10,7 @@
 //!   [`bex_rnic::Device`]; [`backend::with_device`] is the one place that names a device.
 //! - [`mem`]: page-aligned registered buffers (the only `unsafe`).
 //! - [`stats`], [`report`]: percentiles, medians, ratios; the table and the JSON document.
+//! - [`pin`]: CPU placement of the two processes (it dominates latency on small VMs).
 //! - [`clock`]: the only reader of the wall clock.
 
 #![deny(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod error;
 pub mod launch;
 #[allow(unsafe_code)]
 pub mod mem;
+pub mod pin;
 pub mod rdma;
 pub mod report;
 pub mod server;

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::pin::Placement;
 use crate::spec::{JobSpec, Metric, Plan, TestKind};
 use crate::stats::{ratio, BandwidthSummary, BwRep, LatencySummary};
 
@@ -161,8 +162,8 @@ fn render(title: &str, header: &[String], rows: &[Vec<String>]) -> String {
 }
 
 /// The human-readable tables and the list of failures.
-pub fn table(plan: &Plan, results: &[JobResult]) -> String {
-    let mut out = String::new();
+pub fn table(plan: &Plan, placement: &Placement, results: &[JobResult]) -> String {
+    let mut out = format!("Placement: {placement}\n\n");
     for metric in [Metric::Latency, Metric::Bandwidth] {
         let mine: Vec<&JobResult> =
             results.iter().filter(|r| r.spec.test.metric() == metric).collect();
@@ -287,6 +288,7 @@ struct JsonReport<'a> {
     tool: &'static str,
     version: &'static str,
     command_line: &'a [String],
+    placement: &'a Placement,
     plan: &'a Plan,
     results: Vec<JsonJob<'a>>,
     ratios: Vec<Ratio>,
@@ -294,7 +296,12 @@ struct JsonReport<'a> {
 
 /// Renders the JSON document: the exact command line, the plan, every job with its raw
 /// numbers, and the ratios.
-pub fn json(command_line: &[String], plan: &Plan, results: &[JobResult]) -> String {
+pub fn json(
+    command_line: &[String],
+    plan: &Plan,
+    placement: &Placement,
+    results: &[JobResult],
+) -> String {
     let jobs = results
         .iter()
         .map(|r| {
@@ -342,6 +349,7 @@ pub fn json(command_line: &[String], plan: &Plan, results: &[JobResult]) -> Stri
         tool: "rnic-perf",
         version: env!("CARGO_PKG_VERSION"),
         command_line,
+        placement,
         plan,
         results: jobs,
         ratios: ratios(results),
@@ -455,7 +463,7 @@ mod tests {
                 outcome: Outcome::Failed("boom".into()),
             },
         ];
-        let t = table(&plan(vec![64, 65536]), &results);
+        let t = table(&plan(vec![64, 65536]), &Placement::default(), &results);
         assert!(t.contains("udp_lat p50"), "{t}");
         assert!(t.contains("send_lat@4096/udp_lat"), "{t}");
         assert!(t.contains("2.50x"), "{t}");
@@ -468,9 +476,11 @@ mod tests {
     fn json_carries_the_command_line_and_raw_numbers() {
         let results = vec![lat(TestKind::TcpLat, 64, None, 10), bw(TestKind::TcpBw, 64, None, 16)];
         let cmd = vec!["rnic-perf".to_string(), "run".to_string()];
+        let placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
         let doc: serde_json::Value =
-            serde_json::from_str(&json(&cmd, &plan(vec![64]), &results)).unwrap();
+            serde_json::from_str(&json(&cmd, &plan(vec![64]), &placement, &results)).unwrap();
         assert_eq!(doc["command_line"][1], "run");
+        assert_eq!(doc["placement"]["server_cpu"], 1);
         assert_eq!(doc["results"][0]["status"], "ok");
         assert!(doc["results"][0]["latency"]["p50_us"].as_f64().unwrap() > 9.9);
         assert!(doc["results"][0]["rtt_ns_histogram"][0][1].as_u64() == Some(1));
