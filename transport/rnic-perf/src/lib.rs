@@ -23,6 +23,9 @@ pub mod clock;
 pub mod control;
 pub mod error;
 pub mod launch;
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod loopback;
 #[allow(unsafe_code)]
 pub mod mem;
 pub mod pin;
