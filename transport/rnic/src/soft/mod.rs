@@ -177,10 +177,16 @@ impl Drop for SoftMr {
 }
 
 /// A completion queue.
+///
+/// On the UDP wire its fd is an epoll set of the queue's eventfd *and* the device's socket: a
+/// thread blocked on it wakes when a packet arrives and drives the NIC itself on its next
+/// `poll`, so a blocking waiter costs one wake-up per message, as with a plain socket, instead
+/// of a hand-off through the progress thread.
 #[derive(Debug)]
 pub struct SoftCq {
     shared: Arc<CqShared>,
     dev: Arc<DevInner>,
+    epoll: Option<nix::sys::epoll::Epoll>,
 }
 
 impl CompletionQueue for SoftCq {
@@ -198,11 +204,44 @@ impl CompletionQueue for SoftCq {
         Ok(())
     }
     fn fd(&self) -> BorrowedFd<'_> {
-        self.shared.fd()
+        use std::os::fd::AsFd;
+        match &self.epoll {
+            Some(ep) => ep.0.as_fd(),
+            None => self.shared.fd(),
+        }
     }
     fn ack_events(&self) -> Result<()> {
         self.shared.ack_events();
         Ok(())
+    }
+
+    fn wait(&self, out: &mut [WorkCompletion], timeout: std::time::Duration) -> Result<usize> {
+        let n = self.poll(out)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        self.arm()?;
+        let _guard = match &self.dev.wire {
+            Wire::Udp(w) => Some(w.waiting()),
+            Wire::Sim => None,
+        };
+        // Registered as a waiter: packets that arrived before the registration are ours too.
+        let n = self.poll(out)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        // A waiter runs the NIC's timers too: block no later than the next one.
+        let now = crate::clock::wall_now();
+        let timer = self.dev.core.lock().poll_timeout().map(|t| t.saturating_duration_since(now));
+        let block = timer.map_or(timeout, |t| t.min(timeout));
+        let mut fds = [nix::poll::PollFd::new(self.fd(), nix::poll::PollFlags::POLLIN)];
+        let ts = nix::sys::time::TimeSpec::from_duration(block);
+        match nix::poll::ppoll(&mut fds, Some(ts), None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
+        }
+        self.shared.ack_events();
+        self.poll(out)
     }
 }
 
@@ -335,7 +374,12 @@ impl Device for SoftDevice {
         if depth == 0 || depth > 1 << 20 {
             return Err(Error::InvalidArgument(format!("cq depth {depth} outside 1..=2^20")));
         }
-        Ok(SoftCq { shared: Arc::new(CqShared::new(depth as usize)?), dev: self.inner.clone() })
+        let shared = Arc::new(CqShared::new(depth as usize)?);
+        let epoll = match &self.inner.wire {
+            Wire::Udp(w) => Some(udp::wait_set(shared.fd(), w.socket_fd())?),
+            Wire::Sim => None,
+        };
+        Ok(SoftCq { shared, dev: self.inner.clone(), epoll })
     }
 
     fn create_srq(&self, pd: &SoftPd, depth: u32, _max_sge: u32) -> Result<SoftSrq> {

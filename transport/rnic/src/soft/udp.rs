@@ -28,12 +28,23 @@ use super::DevInner;
 use crate::clock::wall_now;
 use crate::device::{Error, Result};
 
-/// Datagrams taken from the socket per receive turn.
-const RX_BATCH: usize = 32;
+/// Receive buffers per `recvmmsg` (each may hold a GRO train of datagrams).
+const RX_BATCH: usize = 16;
+/// A receive buffer: room for the longest GRO train the kernel builds (64 segments) of
+/// 4 KiB-MTU packets; larger soft-MTU datagrams arrive alone.
+const RX_BUF: usize = 64 * (4096 + 64);
+/// Most `recvmmsg` calls per receive turn (bounds how long one turn holds the core).
+const RX_CALLS: usize = 4;
 /// Packets drained from the core per transmit turn.
-const TX_BATCH: usize = 32;
+const TX_BATCH: usize = 64;
+/// Most bytes one GSO send carries.
+const GSO_MAX_BYTES: usize = 64_000;
 /// Longest the progress thread blocks when no timer is due sooner.
 const MAX_BLOCK: Duration = Duration::from_millis(50);
+/// While application threads drive the NIC (polling, or blocked on a CQ's wait set), the
+/// progress thread stands back and only checks this often that they still do: packets and
+/// timers are theirs, and a wake-up of this thread per message would cost more than it saves.
+const DRIVER_RECHECK: Duration = Duration::from_millis(1);
 
 /// Settings of a UDP-wire device.
 #[derive(Clone, Debug)]
@@ -45,7 +56,8 @@ pub struct UdpConfig {
     pub nic: NicConfig,
     /// Socket send and receive buffer size (set with the FORCE options when root).
     pub socket_buffer_bytes: usize,
-    /// How long the progress thread busy-polls after its last work before blocking.
+    /// How long the progress thread busy-polls after its last work before blocking (0: block
+    /// at once).
     pub spin: Duration,
 }
 
@@ -56,7 +68,9 @@ impl UdpConfig {
             bind,
             nic: NicConfig::default(),
             socket_buffer_bytes: 32 << 20,
-            spin: Duration::from_micros(20),
+            // Spinning only pays when the thread has a core to itself; on small machines it
+            // steals the CPU from the threads it should serve.
+            spin: Duration::ZERO,
         }
     }
 }
@@ -71,18 +85,22 @@ struct WireStats {
 #[derive(Debug)]
 struct RxState {
     bufs: Vec<Vec<u8>>,
-    meta: Vec<(usize, SocketAddr)>,
+    meta: Vec<quinn_udp::RecvMeta>,
 }
 
 #[derive(Debug, Default)]
 struct TxState {
     batch: Vec<(Vec<u8>, SocketAddr)>,
     pool: Vec<Vec<u8>>,
+    /// Consecutive same-size packets to one peer, concatenated for one GSO send.
+    gso: Vec<u8>,
 }
 
 #[derive(Debug)]
 struct Shared {
     socket: UdpSocket,
+    /// recvmmsg/GRO and GSO on the socket (quinn-udp keeps the unsafe on its side).
+    udp: quinn_udp::UdpSocketState,
     waker: EventFd,
     shutdown: AtomicBool,
     rx: Mutex<RxState>,
@@ -92,6 +110,11 @@ struct Shared {
     stats: WireStats,
     /// When the progress thread plans to wake, in ns after `epoch` (u64::MAX: not blocked).
     thread_wake_ns: AtomicU64,
+    /// Threads blocked in `SoftCq::wait` on a set that includes the socket (they receive and
+    /// run timers themselves).
+    waiters: AtomicU64,
+    /// When an application thread last drove the NIC by polling, ns after `epoch`.
+    last_inline_ns: AtomicU64,
     epoch: Instant,
 }
 
@@ -116,6 +139,10 @@ impl UdpWire {
         }
         let socket = UdpSocket::bind(cfg.bind).map_err(os("bind UDP socket"))?;
         socket.set_nonblocking(true).map_err(os("set UDP socket non-blocking"))?;
+        // Also sets IP_PMTUDISC_PROBE: like RoCE, packets never fragment, so the path MTU
+        // (soft MTUs included) must fit the link's MTU; loopback's is 64 KiB.
+        let udp = quinn_udp::UdpSocketState::new((&socket).into())
+            .map_err(os("configure UDP socket"))?;
         let want = cfg.socket_buffer_bytes;
         // FORCE variants pass rmem_max/wmem_max as root; fall back to the capped ones.
         if setsockopt(&socket, sockopt::RcvBufForce, &want).is_err() {
@@ -130,17 +157,20 @@ impl UdpWire {
                 .map_err(|e| Error::Os { what: "eventfd", source: e.into() })?;
         let shared = Arc::new(Shared {
             socket,
+            udp,
             waker,
             shutdown: AtomicBool::new(false),
             rx: Mutex::new(RxState {
-                bufs: (0..RX_BATCH).map(|_| vec![0u8; 65536]).collect(),
-                meta: Vec::with_capacity(RX_BATCH),
+                bufs: (0..RX_BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
+                meta: vec![quinn_udp::RecvMeta::default(); RX_BATCH],
             }),
             tx: Mutex::new(TxState::default()),
             faults: Mutex::new(None),
             has_faults: AtomicBool::new(false),
             stats: WireStats::default(),
             thread_wake_ns: AtomicU64::new(u64::MAX),
+            waiters: AtomicU64::new(0),
+            last_inline_ns: AtomicU64::new(0),
             epoch: wall_now(),
         });
         Ok((UdpWire { shared, thread: Mutex::new(None) }, local))
@@ -182,8 +212,22 @@ impl UdpWire {
         c.wire_fault_drops = s.fault_drops.load(Ordering::Relaxed);
     }
 
-    /// Receives what is waiting and processes it, then transmits. Never blocks.
+    /// Marks a thread as blocked on a wait set that includes the socket (until the guard drops).
+    pub(crate) fn waiting(&self) -> WaiterGuard<'_> {
+        self.shared.waiters.fetch_add(1, Ordering::AcqRel);
+        WaiterGuard { wire: self }
+    }
+
+    /// The socket, for wait sets.
+    pub(crate) fn socket_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shared.socket.as_fd()
+    }
+
+    /// Receives what is waiting and processes it, then transmits. Never blocks. Called by
+    /// application threads (polling an empty CQ).
     pub(crate) fn progress(&self, dev: &DevInner, now: Instant) -> bool {
+        let ns = self.shared.ns(now);
+        self.shared.last_inline_ns.fetch_max(ns, Ordering::AcqRel);
         self.shared.progress(dev, now)
     }
 
@@ -194,29 +238,51 @@ impl UdpWire {
 }
 
 impl Shared {
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// True while application threads drive the NIC themselves.
+    fn drivers_active(&self, now: Instant) -> bool {
+        self.waiters.load(Ordering::Acquire) > 0
+            || self.ns(now)
+                < self.last_inline_ns.load(Ordering::Acquire) + DRIVER_RECHECK.as_nanos() as u64
+    }
+
     fn progress(&self, dev: &DevInner, now: Instant) -> bool {
         let mut received = 0;
         if let Some(mut rx) = self.rx.try_lock() {
             let rx = &mut *rx;
-            rx.meta.clear();
-            while rx.meta.len() < RX_BATCH {
-                let i = rx.meta.len();
-                match self.socket.recv_from(&mut rx.bufs[i]) {
-                    Ok((len, from)) => rx.meta.push((len, from)),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(_) => {
-                        // ICMP errors surface here on Linux (peer port closed): count, go on.
-                        self.stats.recv_errors.fetch_add(1, Ordering::Relaxed);
-                        break;
+            let mut core = None;
+            for _ in 0..RX_CALLS {
+                let n = {
+                    let mut iovs: Vec<std::io::IoSliceMut<'_>> =
+                        rx.bufs.iter_mut().map(|b| std::io::IoSliceMut::new(b)).collect();
+                    match self.udp.recv((&self.socket).into(), &mut iovs, &mut rx.meta) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                        Err(_) => {
+                            // ICMP errors surface here on Linux (peer port closed): count.
+                            self.stats.recv_errors.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                };
+                let core = core.get_or_insert_with(|| dev.core.lock());
+                for (buf, meta) in rx.bufs.iter().zip(&rx.meta).take(n) {
+                    let data = &buf[..meta.len.min(buf.len())];
+                    // A GRO train: datagrams at `stride` offsets, the last maybe shorter.
+                    for datagram in data.chunks(meta.stride.max(1)) {
+                        core.handle_packet(now, meta.addr, datagram);
+                        received += 1;
                     }
                 }
+                if n < rx.bufs.len() {
+                    break;
+                }
             }
-            received = rx.meta.len();
-            let mut core = dev.core.lock();
-            for (i, &(len, from)) in rx.meta.iter().enumerate() {
-                core.handle_packet(now, from, &rx.bufs[i][..len]);
-            }
+            let core = core.get_or_insert_with(|| dev.core.lock());
             if core.poll_timeout().is_some_and(|t| t <= now) {
                 core.handle_timeout(now);
             }
@@ -245,26 +311,66 @@ impl Shared {
                 }
                 next_timer = core.poll_timeout();
             }
-            self.maybe_wake_for(next_timer);
+            self.maybe_wake_for(now, next_timer);
             if tx.batch.is_empty() {
                 return total;
             }
             let full = tx.batch.len() == TX_BATCH;
             total += tx.batch.len();
-            for (mut buf, dest) in tx.batch.drain(..) {
-                self.send_one(dev.local, &mut buf, dest);
-                tx.pool.push(buf);
-            }
+            self.send_batch(dev.local, tx);
             if !full {
                 return total;
             }
         }
     }
 
-    /// Wakes the progress thread if a timer is now due before it planned to wake.
-    fn maybe_wake_for(&self, next_timer: Option<Instant>) {
+    /// Sends the batch, joining runs of equal-size packets to one peer into GSO sends (the
+    /// last of a run may be shorter), and returns the buffers to the pool.
+    fn send_batch(&self, local: SocketAddr, tx: &mut TxState) {
+        let max_segments = self.udp.max_gso_segments();
+        let mut i = 0;
+        while i < tx.batch.len() {
+            let (dest, seg) = (tx.batch[i].1, tx.batch[i].0.len());
+            let mut j = i + 1;
+            let mut bytes = seg;
+            while j < tx.batch.len()
+                && j - i < max_segments
+                && tx.batch[j].1 == dest
+                && tx.batch[j - 1].0.len() == seg
+                && tx.batch[j].0.len() <= seg
+                && bytes + tx.batch[j].0.len() <= GSO_MAX_BYTES
+            {
+                bytes += tx.batch[j].0.len();
+                j += 1;
+            }
+            if j - i == 1 || self.has_faults.load(Ordering::Acquire) {
+                // Faults judge packets one by one.
+                for k in i..j {
+                    let (buf, dest) = &mut tx.batch[k];
+                    self.send_one(local, buf, *dest);
+                }
+            } else {
+                tx.gso.clear();
+                for (buf, _) in &tx.batch[i..j] {
+                    tx.gso.extend_from_slice(buf);
+                }
+                self.transmit(&tx.gso, dest, Some(seg));
+            }
+            i = j;
+        }
+        for (buf, _) in tx.batch.drain(..) {
+            tx.pool.push(buf);
+        }
+    }
+
+    /// Wakes the progress thread if a timer is now due before it planned to wake and no
+    /// application thread is driving the NIC (one that is handles its timers).
+    fn maybe_wake_for(&self, now: Instant, next_timer: Option<Instant>) {
         let Some(t) = next_timer else { return };
-        let due = t.saturating_duration_since(self.epoch).as_nanos() as u64;
+        if self.drivers_active(now) {
+            return;
+        }
+        let due = self.ns(t);
         if due < self.thread_wake_ns.load(Ordering::Acquire) {
             let _ = self.waker.write(1);
         }
@@ -286,26 +392,62 @@ impl Shared {
             }
         }
         for _ in 0..copies {
-            loop {
-                match self.socket.send_to(buf, dest) {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        // Socket buffer full: wait for room rather than drop (a drop costs an
-                        // ACK timeout).
-                        let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
-                        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
-                    }
-                    Err(_) => {
-                        // Unreachable peer and similar: the packet is lost, the protocol
-                        // retransmits or fails the QP by its retry count.
-                        self.stats.send_errors.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
+            self.transmit(buf, dest, None);
+        }
+    }
+
+    /// One send (GSO when `segment` is set); waits for room rather than drop.
+    fn transmit(&self, contents: &[u8], destination: SocketAddr, segment: Option<usize>) {
+        let t = quinn_udp::Transmit {
+            destination,
+            ecn: None,
+            contents,
+            segment_size: segment,
+            src_ip: None,
+        };
+        loop {
+            match self.udp.try_send((&self.socket).into(), &t) {
+                Ok(()) => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    // Socket buffer full: wait for room (a drop costs an ACK timeout).
+                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+                }
+                Err(_) => {
+                    // Unreachable peer, filtered, too big for the link, …: the packets are
+                    // lost; the protocol retransmits or fails the QP by its retry count.
+                    self.stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                    return;
                 }
             }
         }
     }
+}
+
+/// Holds a waiter registration.
+#[derive(Debug)]
+pub(crate) struct WaiterGuard<'a> {
+    wire: &'a UdpWire,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.wire.shared.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An epoll set that becomes readable when `a` or `b` does (level-triggered).
+pub(crate) fn wait_set(
+    a: std::os::fd::BorrowedFd<'_>,
+    b: std::os::fd::BorrowedFd<'_>,
+) -> Result<nix::sys::epoll::Epoll> {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+    let err = |e: nix::errno::Errno| Error::Os { what: "epoll", source: e.into() };
+    let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(err)?;
+    ep.add(a, EpollEvent::new(EpollFlags::EPOLLIN, 0)).map_err(err)?;
+    ep.add(b, EpollEvent::new(EpollFlags::EPOLLIN, 1)).map_err(err)?;
+    Ok(ep)
 }
 
 fn progress_thread(dev: Weak<DevInner>, shared: Arc<Shared>, spin: Duration) {
@@ -328,15 +470,21 @@ fn progress_thread(dev: Weak<DevInner>, shared: Arc<Shared>, spin: Duration) {
             std::hint::spin_loop();
             continue;
         }
-        let block = next.map_or(MAX_BLOCK, |t| t.saturating_duration_since(now)).min(MAX_BLOCK);
-        let wake_at = (now + block).saturating_duration_since(shared.epoch).as_nanos() as u64;
+        let active = shared.drivers_active(now);
+        let block = if active {
+            DRIVER_RECHECK
+        } else {
+            next.map_or(MAX_BLOCK, |t| t.saturating_duration_since(now)).min(MAX_BLOCK)
+        };
+        let wake_at = shared.ns(now + block);
         shared.thread_wake_ns.store(wake_at, Ordering::Release);
         {
             let mut fds = [
-                PollFd::new(shared.socket.as_fd(), PollFlags::POLLIN),
                 PollFd::new(shared.waker.as_fd(), PollFlags::POLLIN),
+                PollFd::new(shared.socket.as_fd(), PollFlags::POLLIN),
             ];
-            let _ = nix::poll::ppoll(&mut fds, Some(TimeSpec::from_duration(block)), None);
+            let watch = if active { &mut fds[..1] } else { &mut fds[..] };
+            let _ = nix::poll::ppoll(watch, Some(TimeSpec::from_duration(block)), None);
         }
         shared.thread_wake_ns.store(u64::MAX, Ordering::Release);
         let _ = shared.waker.read();

@@ -1,0 +1,36 @@
+//! Which RNIC the RDMA tests run on.
+//!
+//! The benchmarks are generic over [`bex_rnic::Device`]; [`Device`] has associated types and
+//! so cannot be a trait object. The concrete device is therefore handed to a [`DeviceUser`]
+//! (a generic callback) by [`with_device`], the one function that names a backend.
+
+use std::net::SocketAddr;
+
+use bex_rnic::Device;
+
+use crate::error::Result;
+
+/// Code that runs against whichever device [`with_device`] opens.
+pub trait DeviceUser {
+    /// What it returns.
+    type Output;
+    /// Runs with the opened device.
+    fn use_device<D: Device>(self, dev: &D) -> Self::Output;
+}
+
+/// Opens this process's RNIC with its RoCE UDP socket bound to `bind` (port 0: ephemeral) and
+/// runs `user` with it.
+///
+/// **To link the software RNIC**, replace the body with:
+///
+/// ```text
+/// let dev = bex_rnic::soft::SoftDevice::open_udp(bind)?;
+/// Ok(user.use_device(&dev))
+/// ```
+///
+/// Until then every RNIC test fails with [`PerfError::BackendNotLinked`] ("soft RNIC backend
+/// not linked yet"); no number is ever made up.
+pub fn with_device<U: DeviceUser>(bind: SocketAddr, user: U) -> Result<U::Output> {
+    let dev = bex_rnic::soft::SoftDevice::open_udp(bex_rnic::soft::UdpConfig::new(bind))?;
+    Ok(user.use_device(&dev))
+}

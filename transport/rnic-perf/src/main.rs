@@ -1,0 +1,5 @@
+//! The `rnic-perf` binary; see `rnic-perf --help` and the `bex_rnic_perf` crate docs.
+
+fn main() -> std::process::ExitCode {
+    bex_rnic_perf::cli::main_entry()
+}
