@@ -21,15 +21,7 @@ pub trait DeviceUser {
 /// Opens this process's RNIC with its RoCE UDP socket bound to `bind` (port 0: ephemeral) and
 /// runs `user` with it.
 ///
-/// **To link the software RNIC**, replace the body with:
-///
-/// ```text
-/// let dev = bex_rnic::soft::SoftDevice::open_udp(bind)?;
-/// Ok(user.use_device(&dev))
-/// ```
-///
-/// Until then every RNIC test fails with [`PerfError::BackendNotLinked`] ("soft RNIC backend
-/// not linked yet"); no number is ever made up.
+/// This is the software RNIC over UDP (`bind`'s port is `--rnic-port`, 0 for any).
 pub fn with_device<U: DeviceUser>(bind: SocketAddr, user: U) -> Result<U::Output> {
     let dev = bex_rnic::soft::SoftDevice::open_udp(bex_rnic::soft::UdpConfig::new(bind))?;
     Ok(user.use_device(&dev))

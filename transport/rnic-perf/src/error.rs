@@ -9,10 +9,6 @@ use bex_rnic::verbs::{WcOpcode, WcStatus};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PerfError {
-    /// The RDMA tests were asked for but no RNIC backend is compiled in yet (see
-    /// [`crate::backend::with_device`]).
-    #[error("soft RNIC backend not linked yet (bex_rnic_perf::backend::with_device has no device to open)")]
-    BackendNotLinked,
     /// Opening or using an RNIC resource failed.
     #[error("RNIC: {0}")]
     Rnic(#[from] bex_rnic::Error),

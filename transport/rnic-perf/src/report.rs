@@ -434,7 +434,7 @@ mod tests {
             bw(TestKind::WriteBw, 64, Some(61440), 8),
             JobResult {
                 spec: spec(TestKind::WriteLat, 64, Some(4096)),
-                outcome: Outcome::Failed("soft RNIC backend not linked yet".into()),
+                outcome: Outcome::Failed("the peer QP went to error".into()),
             },
         ];
         let r = ratios(&results);

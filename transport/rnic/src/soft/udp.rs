@@ -141,8 +141,8 @@ impl UdpWire {
         socket.set_nonblocking(true).map_err(os("set UDP socket non-blocking"))?;
         // Also sets IP_PMTUDISC_PROBE: like RoCE, packets never fragment, so the path MTU
         // (soft MTUs included) must fit the link's MTU; loopback's is 64 KiB.
-        let udp = quinn_udp::UdpSocketState::new((&socket).into())
-            .map_err(os("configure UDP socket"))?;
+        let udp =
+            quinn_udp::UdpSocketState::new((&socket).into()).map_err(os("configure UDP socket"))?;
         let want = cfg.socket_buffer_bytes;
         // FORCE variants pass rmem_max/wmem_max as root; fall back to the capped ones.
         if setsockopt(&socket, sockopt::RcvBufForce, &want).is_err() {
