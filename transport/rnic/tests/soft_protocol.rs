@@ -371,3 +371,31 @@ fn hostile_datagrams_are_counted_and_never_disturb_a_live_qp() {
     assert!(c.rx_unknown_qp >= 1, "{c:?}");
     assert!(c.rx_wrong_source >= 1, "{c:?}");
 }
+
+#[test]
+fn a_closing_device_acks_what_it_received() {
+    let (da, db) = (udp_dev(), udp_dev());
+    let (a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
+    connect(&a, &b, Mtu::Mtu4096, 10);
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, 64)) }]).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg_list: SgList::one(a.sge(0, 64)),
+        signaled: true,
+    }])
+    .unwrap();
+    let start = wall_now();
+    while poll_one(&b.cq).is_none() {
+        assert!(wall_elapsed(start) < Duration::from_secs(5), "message never arrived");
+    }
+    // The receiver goes away at once; its ACK was still waiting for company.
+    drop(b);
+    drop(db);
+    let mut wc = None;
+    while wc.is_none() && wall_elapsed(start) < Duration::from_secs(5) {
+        wc = poll_one(&a.cq);
+    }
+    let wc = wc.expect("the sender got an answer");
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+}

@@ -713,6 +713,16 @@ impl NicCore {
         self.qps.get(&qpn).map_or(0, |q| q.rq.len())
     }
 
+    /// Makes every delayed ACK due now (a device about to close answers what it received, as
+    /// a hardware NIC would have already).
+    pub fn expedite_acks(&mut self, now: Instant) {
+        for qp in self.qps.values_mut() {
+            if let Some(ack) = qp.pending_ack.as_mut() {
+                ack.due = ack.due.min(now);
+            }
+        }
+    }
+
     /// The earliest time [`NicCore::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut best: Option<Instant> = None;

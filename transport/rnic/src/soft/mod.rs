@@ -72,6 +72,10 @@ impl DevInner {
 impl Drop for DevInner {
     fn drop(&mut self) {
         if let Wire::Udp(w) = &self.wire {
+            // Answer what was received before the socket closes.
+            let now = crate::clock::wall_now();
+            self.core.lock().expedite_acks(now);
+            w.flush_tx(self, now);
             w.shutdown();
         }
     }
