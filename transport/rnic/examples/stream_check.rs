@@ -216,6 +216,8 @@ fn main() {
             c.seq_naks_sent, c.rx_duplicates, c.rx_out_of_sequence, c.rnr_naks_sent, c.rx_bad_icrc, c.wire_recv_errors,
             wall_elapsed(start).as_secs_f64()
         );
+        // Close the device before exiting (exit skips destructors): it answers what it got.
+        drop(s);
         let _ = stream.write_all(&[u8::from(bad == 0)]);
         std::process::exit(if bad == 0 { 0 } else { 1 });
     }
@@ -280,5 +282,6 @@ fn main() {
         c.retransmitted_packets, c.ack_timeouts, c.seq_naks_received, c.rnr_naks_received,
         c.tx_packets, c.wire_send_errors, wall_elapsed(start).as_secs_f64()
     );
+    drop(s);
     std::process::exit(if server_ok { 0 } else { 1 });
 }

@@ -224,6 +224,8 @@ pub struct NicCore {
     ctrl_queue: VecDeque<u32>,
     /// QPs that may have data to send (round-robin, one packet per turn).
     data_queue: VecDeque<u32>,
+    /// ACKs owed by QPs destroyed before their delayed ACK left.
+    orphan_acks: Vec<(SocketAddr, Header)>,
     counters: Counters,
 }
 
@@ -379,6 +381,7 @@ impl NicCore {
             next_srq: 1,
             ctrl_queue: VecDeque::new(),
             data_queue: VecDeque::new(),
+            orphan_acks: Vec::new(),
             counters: Counters::default(),
         }
     }
@@ -550,7 +553,13 @@ impl NicCore {
 
     /// Destroys a QP: outstanding requests vanish without completions, as `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) {
-        self.qps.remove(&qpn);
+        let Some(qp) = self.qps.remove(&qpn) else { return };
+        // What was received is still answered, as a hardware NIC would have already.
+        if let (Some(ack), Some(dest)) = (qp.pending_ack, qp.remote_addr) {
+            let mut h = Header::new(Opcode::Acknowledge, qp.remote_qpn, ack.psn);
+            h.aeth = Some(Aeth { syndrome: ack.syndrome, msn: qp.msn });
+            self.orphan_acks.push((dest, h));
+        }
     }
 
     fn qp_mut(&mut self, qpn: u32) -> Result<&mut Qp> {
@@ -1059,6 +1068,13 @@ impl NicCore {
     /// nothing can be sent now. ACKs and NAKs go first, then data round-robin across QPs,
     /// one packet per QP per turn.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {
+        if let Some((dest, h)) = self.orphan_acks.pop() {
+            packet::encode_into(&h, 0, out, |_| {});
+            self.counters.acks_sent += 1;
+            self.counters.tx_packets += 1;
+            self.counters.tx_bytes += out.len() as u64;
+            return Some(dest);
+        }
         // ACKs and NAKs that are due go first.
         let mut i = 0;
         while i < self.ctrl_queue.len() {

@@ -341,6 +341,7 @@ impl QueuePair for SoftQp {
 impl Drop for SoftQp {
     fn drop(&mut self) {
         self.dev.core.lock().destroy_qp(self.qpn);
+        self.dev.kick();
     }
 }
 
