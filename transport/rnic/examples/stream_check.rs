@@ -136,7 +136,7 @@ fn connect(s: &Setup, stream: &mut TcpStream, mtu: u32, recvs: &[RecvWr]) {
         .unwrap_or_else(|e| fail(&format!("bootstrap: {e}")));
     let attrs = ConnectAttrs {
         path_mtu: Mtu::from_bytes(mtu).unwrap_or_else(|| fail("bad --mtu")),
-        timeout: 10,
+        timeout: 12, // 16.8 ms: a loaded 2-core machine stalls threads for milliseconds
         retry_cnt: 7,
         rnr_retry: 7,
         min_rnr_timer: 1,
