@@ -107,24 +107,49 @@ pub trait CompletionQueue: Send + Sync {
     /// Polls; if nothing is there, arms, polls again, and blocks on the fd for at most
     /// `timeout`. Returns how many completions were written.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
-        let n = self.poll(out)?;
-        if n > 0 {
-            return Ok(n);
-        }
-        self.arm()?;
-        let n = self.poll(out)?;
-        if n > 0 {
-            return Ok(n);
-        }
-        let mut fds = [nix::poll::PollFd::new(self.fd(), nix::poll::PollFlags::POLLIN)];
-        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(Error::Os { what: "poll(cq fd)", source: e.into() }),
-        }
-        self.ack_events()?;
-        self.poll(out)
+        wait_on(self, out, None, timeout)
     }
+
+    /// Like [`CompletionQueue::wait`], but also returns (possibly with no completion) when
+    /// `also` becomes readable — an I/O thread's command queue, say.
+    fn wait_or(
+        &self,
+        out: &mut [WorkCompletion],
+        also: BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<usize> {
+        wait_on(self, out, Some(also), timeout)
+    }
+}
+
+/// The portable blocking wait: poll, arm, poll, then poll(2) on the CQ's fd (and `also`).
+pub fn wait_on<C: CompletionQueue + ?Sized>(
+    cq: &C,
+    out: &mut [WorkCompletion],
+    also: Option<BorrowedFd<'_>>,
+    timeout: Duration,
+) -> Result<usize> {
+    let n = cq.poll(out)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    cq.arm()?;
+    let n = cq.poll(out)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    let flags = nix::poll::PollFlags::POLLIN;
+    let mut fds = vec![nix::poll::PollFd::new(cq.fd(), flags)];
+    if let Some(fd) = also {
+        fds.push(nix::poll::PollFd::new(fd, flags));
+    }
+    let ts = nix::sys::time::TimeSpec::from_duration(timeout);
+    match nix::poll::ppoll(&mut fds, Some(ts), None) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+        Err(e) => return Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
+    }
+    cq.ack_events()?;
+    cq.poll(out)
 }
 
 /// A shared receive queue.

@@ -220,6 +220,26 @@ impl CompletionQueue for SoftCq {
     }
 
     fn wait(&self, out: &mut [WorkCompletion], timeout: std::time::Duration) -> Result<usize> {
+        self.wait_inner(out, None, timeout)
+    }
+
+    fn wait_or(
+        &self,
+        out: &mut [WorkCompletion],
+        also: BorrowedFd<'_>,
+        timeout: std::time::Duration,
+    ) -> Result<usize> {
+        self.wait_inner(out, Some(also), timeout)
+    }
+}
+
+impl SoftCq {
+    fn wait_inner(
+        &self,
+        out: &mut [WorkCompletion],
+        also: Option<BorrowedFd<'_>>,
+        timeout: std::time::Duration,
+    ) -> Result<usize> {
         let n = self.poll(out)?;
         if n > 0 {
             return Ok(n);
@@ -238,7 +258,11 @@ impl CompletionQueue for SoftCq {
         let now = crate::clock::wall_now();
         let timer = self.dev.core.lock().poll_timeout().map(|t| t.saturating_duration_since(now));
         let block = timer.map_or(timeout, |t| t.min(timeout));
-        let mut fds = [nix::poll::PollFd::new(self.fd(), nix::poll::PollFlags::POLLIN)];
+        let flags = nix::poll::PollFlags::POLLIN;
+        let mut fds = vec![nix::poll::PollFd::new(self.fd(), flags)];
+        if let Some(fd) = also {
+            fds.push(nix::poll::PollFd::new(fd, flags));
+        }
         let ts = nix::sys::time::TimeSpec::from_duration(block);
         match nix::poll::ppoll(&mut fds, Some(ts), None) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
