@@ -18,7 +18,7 @@ impl RoundRobin {
         }
     }
     /// The next id to serve; the caller re-activates it if it still has work.
-    pub fn next(&mut self) -> Option<u32> {
+    pub fn pop(&mut self) -> Option<u32> {
         self.queue.pop_front()
     }
     /// Puts `id` back at the front (it could not be served this turn for lack of resources,
@@ -52,7 +52,7 @@ mod tests {
         }
         let mut order = Vec::new();
         for _ in 0..6 {
-            let id = rr.next().unwrap();
+            let id = rr.pop().unwrap();
             order.push(id);
             rr.activate(id);
         }
