@@ -18,7 +18,7 @@ const THREADS: usize = 4;
 const OPS: usize = 30_000;
 
 fn seed() -> u64 {
-    std::env::var("BEX_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xb3_3a11_0c)
+    std::env::var("BEX_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xb33a_110c)
 }
 
 /// A buffer stamped with its owner and sequence number in its first and last 8 bytes.
