@@ -1,0 +1,491 @@
+//! Medians, the JSON file, the text table and the SVG figures (hand-written: no plotting
+//! dependency for four line charts).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::cell::{CellResult, Sample};
+
+/// Allocators in figure order.
+pub const ALLOCATORS: [&str; 6] =
+    ["glibc", "jemalloc", "mimalloc", "rpmalloc", "bemalloc-raw", "bemalloc"];
+
+/// The median of each (allocator, workload, threads) cell over its repetitions.
+#[derive(Clone, Debug, Default)]
+pub struct Median {
+    /// Operations per CPU-second.
+    pub ops_per_cpu_s: f64,
+    /// Operations per wall second.
+    pub ops_per_wall_s: f64,
+    /// Peak RSS, KiB.
+    pub peak_rss_kib: u64,
+    /// Repetitions that ran.
+    pub reps: usize,
+    /// bemalloc: registered bytes at the end (median).
+    pub registered_bytes: Option<u64>,
+    /// bemalloc: the most registrations any repetition made after its warm-up.
+    pub new_registrations_after_warmup: Option<u64>,
+    /// bemalloc: registrations at the end (median).
+    pub registrations: Option<u64>,
+    /// Sum of failed allocations over repetitions.
+    pub failures: u64,
+    /// Share of frees that were cross-thread (median).
+    pub cross_free_share: f64,
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return 0.0;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Key of a cell.
+pub type Key = (String, String, usize);
+
+/// Groups results by cell and takes medians.
+pub fn medians(results: &[CellResult]) -> BTreeMap<Key, Median> {
+    let mut groups: BTreeMap<Key, Vec<&CellResult>> = BTreeMap::new();
+    for r in results {
+        groups.entry((r.alloc.clone(), r.workload.clone(), r.threads)).or_default().push(r);
+    }
+    groups
+        .into_iter()
+        .map(|(k, rs)| {
+            let f = |g: &dyn Fn(&CellResult) -> f64| median_f(rs.iter().map(|r| g(r)).collect());
+            let opt = |g: &dyn Fn(&CellResult) -> Option<u64>| {
+                let v: Vec<f64> = rs.iter().filter_map(|r| g(r).map(|x| x as f64)).collect();
+                (!v.is_empty()).then(|| median_f(v) as u64)
+            };
+            let m = Median {
+                ops_per_cpu_s: f(&|r| r.ops_per_cpu_s()),
+                ops_per_wall_s: f(&|r| r.ops_per_wall_s()),
+                peak_rss_kib: f(&|r| r.peak_rss_kib as f64) as u64,
+                reps: rs.len(),
+                registered_bytes: opt(&|r| r.registered_bytes),
+                new_registrations_after_warmup: rs
+                    .iter()
+                    .filter_map(|r| Some(r.registrations_end? - r.registrations_warm?))
+                    .max(),
+                registrations: opt(&|r| r.registrations_end),
+                failures: rs.iter().map(|r| r.failures).sum(),
+                cross_free_share: f(&|r| r.cross_frees as f64 / (r.ops as f64 / 2.0).max(1.0)),
+            };
+            (k, m)
+        })
+        .collect()
+}
+
+fn json_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+fn json_opt(v: Option<u64>) -> String {
+    v.map_or("null".into(), |v| v.to_string())
+}
+
+/// The whole run as JSON.
+pub fn json(
+    meta: &[(&str, String)],
+    results: &[CellResult],
+    med: &BTreeMap<Key, Median>,
+    missing: &[(String, String)],
+    footprint: &[Sample],
+) -> String {
+    let mut o = String::from("{\n  \"meta\": {");
+    let m: Vec<String> =
+        meta.iter().map(|(k, v)| format!("{}: {}", json_str(k), json_str(v))).collect();
+    o += &m.join(", ");
+    o += "},\n  \"ops_unit\": \"allocations+frees per CPU-second (user+system) of the process\",\n";
+    o += "  \"runs\": [\n";
+    let runs: Vec<String> = results
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\"alloc\": {}, \"workload\": {}, \"threads\": {}, \"ops\": {}, \"cpu_s\": {:.4}, \
+                 \"wall_s\": {:.4}, \"ops_per_cpu_s\": {:.0}, \"ops_per_wall_s\": {:.0}, \
+                 \"peak_rss_kib\": {}, \"base_rss_kib\": {}, \"cross_frees\": {}, \
+                 \"handoff_full\": {}, \"failures\": {}, \"registered_bytes\": {}, \
+                 \"registrations_warm\": {}, \"registrations_end\": {}}}",
+                json_str(&r.alloc),
+                json_str(&r.workload),
+                r.threads,
+                r.ops,
+                r.cpu_s,
+                r.wall_s,
+                r.ops_per_cpu_s(),
+                r.ops_per_wall_s(),
+                r.peak_rss_kib,
+                r.base_rss_kib,
+                r.cross_frees,
+                r.handoff_full,
+                r.failures,
+                json_opt(r.registered_bytes),
+                json_opt(r.registrations_warm),
+                json_opt(r.registrations_end),
+            )
+        })
+        .collect();
+    o += &runs.join(",\n");
+    o += "\n  ],\n  \"medians\": [\n";
+    let meds: Vec<String> = med
+        .iter()
+        .map(|((a, w, t), m)| {
+            format!(
+                "    {{\"alloc\": {}, \"workload\": {}, \"threads\": {}, \"reps\": {}, \
+                 \"ops_per_cpu_s\": {:.0}, \"ops_per_wall_s\": {:.0}, \"peak_rss_kib\": {}, \
+                 \"registered_bytes\": {}, \"registrations\": {}, \
+                 \"new_registrations_after_warmup\": {}, \"failures\": {}, \
+                 \"cross_free_share\": {:.4}}}",
+                json_str(a),
+                json_str(w),
+                t,
+                m.reps,
+                m.ops_per_cpu_s,
+                m.ops_per_wall_s,
+                m.peak_rss_kib,
+                json_opt(m.registered_bytes),
+                json_opt(m.registrations),
+                json_opt(m.new_registrations_after_warmup),
+                m.failures,
+                m.cross_free_share,
+            )
+        })
+        .collect();
+    o += &meds.join(",\n");
+    o += "\n  ],\n  \"missing\": [";
+    let miss: Vec<String> = missing
+        .iter()
+        .map(|(a, why)| format!("{{\"alloc\": {}, \"why\": {}}}", json_str(a), json_str(why)))
+        .collect();
+    o += &miss.join(", ");
+    o += "],\n  \"footprint\": [\n";
+    let fp: Vec<String> = footprint
+        .iter()
+        .map(|s| {
+            format!(
+                "    {{\"t_ms\": {}, \"registered_bytes\": {}, \"live_bytes\": {}, \"registrations\": {}}}",
+                s.t_ms, s.registered, s.live, s.registrations
+            )
+        })
+        .collect();
+    o += &fp.join(",\n");
+    o += "\n  ]\n}\n";
+    o
+}
+
+/// The Figure 4 table with the target ratios.
+pub fn table(med: &BTreeMap<Key, Median>, workloads: &[&str], threads: &[usize]) -> String {
+    let mut o = String::new();
+    let get = |a: &str, w: &str, t: usize| med.get(&(a.to_string(), w.to_string(), t));
+    for w in workloads {
+        let _ = writeln!(o, "\nFigure 4, {w} allocations: Mops per CPU-second (median)");
+        let _ = write!(o, "{:>7}", "threads");
+        for a in ALLOCATORS {
+            let _ = write!(o, " {a:>12}");
+        }
+        let _ = writeln!(o, " {:>14}", "bem/bem-raw");
+        for &t in threads {
+            let _ = write!(o, "{t:>7}");
+            for a in ALLOCATORS {
+                match get(a, w, t) {
+                    Some(m) => {
+                        let _ = write!(o, " {:>12.2}", m.ops_per_cpu_s / 1e6);
+                    }
+                    None => {
+                        let _ = write!(o, " {:>12}", "missing");
+                    }
+                }
+            }
+            let r = match (get("bemalloc", w, t), get("bemalloc-raw", w, t)) {
+                (Some(b), Some(r)) => format!("{:.3}", b.ops_per_cpu_s / r.ops_per_cpu_s),
+                _ => "-".into(),
+            };
+            let _ = writeln!(o, " {r:>14}");
+        }
+        let _ = writeln!(o, "\nFigure 4, {w} allocations: peak RSS MiB (median)");
+        let _ = write!(o, "{:>7}", "threads");
+        for a in ALLOCATORS {
+            let _ = write!(o, " {a:>12}");
+        }
+        let _ =
+            writeln!(o, " {:>14} {:>10} {:>9} {:>9}", "bem/glibc", "reg MiB", "regs", "new@warm");
+        for &t in threads {
+            let _ = write!(o, "{t:>7}");
+            for a in ALLOCATORS {
+                match get(a, w, t) {
+                    Some(m) => {
+                        let _ = write!(o, " {:>12.1}", m.peak_rss_kib as f64 / 1024.0);
+                    }
+                    None => {
+                        let _ = write!(o, " {:>12}", "missing");
+                    }
+                }
+            }
+            let r = match (get("bemalloc", w, t), get("glibc", w, t)) {
+                (Some(b), Some(g)) => {
+                    format!("{:.3}", b.peak_rss_kib as f64 / g.peak_rss_kib as f64)
+                }
+                _ => "-".into(),
+            };
+            let b = get("bemalloc", w, t);
+            let reg = b
+                .and_then(|m| m.registered_bytes)
+                .map_or("-".into(), |v| format!("{:.1}", v as f64 / (1 << 20) as f64));
+            let regs = b.and_then(|m| m.registrations).map_or("-".into(), |v| v.to_string());
+            let new = b
+                .and_then(|m| m.new_registrations_after_warmup)
+                .map_or("-".into(), |v| v.to_string());
+            let _ = writeln!(o, " {r:>14} {reg:>10} {regs:>9} {new:>9}");
+        }
+    }
+    o
+}
+
+/// The Figure 5 table (every `step`-th sample).
+pub fn footprint_table(samples: &[Sample], step: usize) -> String {
+    let mut o = String::from("\nFigure 5: registered footprint over the run\n");
+    let _ = writeln!(
+        o,
+        "{:>8} {:>14} {:>12} {:>14}",
+        "t (ms)", "registered MiB", "live MiB", "registrations"
+    );
+    let last = samples.len().saturating_sub(1);
+    for (i, s) in samples.iter().enumerate() {
+        if i % step.max(1) == 0 || i == last {
+            let _ = writeln!(
+                o,
+                "{:>8} {:>14.1} {:>12.1} {:>14}",
+                s.t_ms,
+                s.registered as f64 / (1 << 20) as f64,
+                s.live as f64 / (1 << 20) as f64,
+                s.registrations
+            );
+        }
+    }
+    o
+}
+
+const COLORS: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#111111"];
+
+/// A named, coloured line of (x, y) points.
+type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
+
+/// One line chart at (`x0`, `y0`) of `w`×`h` pixels.
+struct Chart<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    series: Vec<Series<'a>>,
+}
+
+fn nice_max(v: f64) -> f64 {
+    if v <= 0.0 {
+        return 1.0;
+    }
+    let p = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+        if m * p >= v {
+            return m * p;
+        }
+    }
+    10.0 * p
+}
+
+fn chart(o: &mut String, c: &Chart<'_>, x0: f64, y0: f64, w: f64, h: f64, legend: bool) {
+    let (pl, pr, pt, pb) = (60.0, 10.0, 28.0, 40.0);
+    let (iw, ih) = (w - pl - pr, h - pt - pb);
+    let pts = c.series.iter().flat_map(|s| s.2.iter());
+    let (mut xmin, mut xmax, mut ymax) = (f64::MAX, f64::MIN, 0f64);
+    for &(x, y) in pts {
+        xmin = xmin.min(x);
+        xmax = xmax.max(x);
+        ymax = ymax.max(y);
+    }
+    if xmin > xmax {
+        (xmin, xmax) = (0.0, 1.0);
+    }
+    if xmax == xmin {
+        xmax = xmin + 1.0;
+    }
+    let ymax = nice_max(ymax * 1.05);
+    let px = |x: f64| x0 + pl + (x - xmin) / (xmax - xmin) * iw;
+    let py = |y: f64| y0 + pt + ih - y / ymax * ih;
+    let _ = writeln!(
+        o,
+        r#"<text x="{:.1}" y="{:.1}" font-size="14" text-anchor="middle" font-weight="bold">{}</text>"#,
+        x0 + pl + iw / 2.0,
+        y0 + 18.0,
+        c.title
+    );
+    let _ = writeln!(
+        o,
+        r##"<rect x="{:.1}" y="{:.1}" width="{iw:.1}" height="{ih:.1}" fill="none" stroke="#888"/>"##,
+        x0 + pl,
+        y0 + pt
+    );
+    for i in 0..=4 {
+        let y = ymax * i as f64 / 4.0;
+        let _ = writeln!(
+            o,
+            r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
+            x0 + pl,
+            py(y),
+            x0 + pl + iw,
+            py(y),
+            x0 + pl - 4.0,
+            py(y) + 4.0,
+            fmt_tick(y)
+        );
+    }
+    let xt: Vec<f64> = if xmax - xmin <= 16.0 && xmin.fract() == 0.0 {
+        (xmin as i64..=xmax as i64).map(|v| v as f64).collect()
+    } else {
+        (0..=5).map(|i| xmin + (xmax - xmin) * i as f64 / 5.0).collect()
+    };
+    for x in xt {
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
+            px(x),
+            y0 + pt + ih + 14.0,
+            fmt_tick(x)
+        );
+    }
+    let _ = writeln!(
+        o,
+        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle">{}</text>"#,
+        x0 + pl + iw / 2.0,
+        y0 + h - 8.0,
+        c.x_label
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">{}</text>"#,
+        x0 + 14.0,
+        y0 + pt + ih / 2.0,
+        x0 + 14.0,
+        y0 + pt + ih / 2.0,
+        c.y_label
+    );
+    for (i, (name, color, s)) in c.series.iter().enumerate() {
+        if s.is_empty() {
+            continue;
+        }
+        let d: Vec<String> = s.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+        let _ = writeln!(
+            o,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            d.join(" ")
+        );
+        if s.len() <= 16 {
+            for &(x, y) in s {
+                let _ = writeln!(
+                    o,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                    px(x),
+                    py(y)
+                );
+            }
+        }
+        if legend {
+            let ly = y0 + pt + 14.0 + i as f64 * 15.0;
+            let lx = x0 + pl + 8.0;
+            let _ = writeln!(
+                o,
+                r#"<line x1="{lx:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11">{name}</text>"#,
+                ly - 4.0,
+                lx + 18.0,
+                ly - 4.0,
+                lx + 22.0,
+                ly
+            );
+        }
+    }
+}
+
+fn fmt_tick(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn svg_doc(w: f64, h: f64, body: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n{body}</svg>\n"
+    )
+}
+
+/// Figure 4: four panels (ops and peak memory for large and small) versus threads.
+pub fn figure4_svg(med: &BTreeMap<Key, Median>, threads: &[usize]) -> String {
+    let mut body = String::new();
+    let panels = [
+        ("large", true, "(a) large: Mops per CPU-s", "Mops / CPU-s"),
+        ("large", false, "(b) large: peak RSS", "MiB"),
+        ("small", true, "(c) small: Mops per CPU-s", "Mops / CPU-s"),
+        ("small", false, "(d) small: peak RSS", "MiB"),
+    ];
+    let (w, h) = (440.0, 300.0);
+    for (i, (wl, ops, title, yl)) in panels.iter().enumerate() {
+        let series = ALLOCATORS
+            .iter()
+            .zip(COLORS)
+            .map(|(a, c)| {
+                let pts = threads
+                    .iter()
+                    .filter_map(|&t| {
+                        let m = med.get(&(a.to_string(), wl.to_string(), t))?;
+                        let y = if *ops {
+                            m.ops_per_cpu_s / 1e6
+                        } else {
+                            m.peak_rss_kib as f64 / 1024.0
+                        };
+                        Some((t as f64, y))
+                    })
+                    .collect();
+                (*a, c, pts)
+            })
+            .collect();
+        let c = Chart { title, x_label: "threads", y_label: yl, series };
+        chart(&mut body, &c, (i % 2) as f64 * w, (i / 2) as f64 * h, w, h, i == 0);
+    }
+    svg_doc(2.0 * w, 2.0 * h, &body)
+}
+
+/// Figure 5: registered and live bytes over time.
+pub fn figure5_svg(samples: &[Sample]) -> String {
+    let mut body = String::new();
+    let mib = |v: u64| v as f64 / (1 << 20) as f64;
+    let series = vec![
+        (
+            "registered",
+            COLORS[0],
+            samples.iter().map(|s| (s.t_ms as f64 / 1000.0, mib(s.registered))).collect(),
+        ),
+        (
+            "live",
+            COLORS[1],
+            samples.iter().map(|s| (s.t_ms as f64 / 1000.0, mib(s.live))).collect(),
+        ),
+    ];
+    let c = Chart {
+        title: "Figure 5: bemalloc registered footprint",
+        x_label: "seconds since start",
+        y_label: "MiB",
+        series,
+    };
+    chart(&mut body, &c, 0.0, 0.0, 640.0, 340.0, true);
+    svg_doc(640.0, 340.0, &body)
+}
