@@ -6,5 +6,17 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod config;
+pub(crate) mod engine;
+pub mod error;
+pub mod msg;
 pub mod policy;
 pub mod proto;
+pub mod rdma;
+pub(crate) mod worker;
+
+pub use config::{Config, CounterSnapshot, Counters};
+pub use engine::RemoteTarget;
+pub use error::{Result, TransportError};
+pub use msg::Msg;
+pub use rdma::{RdmaSocket, RdmaTransport};

@@ -91,8 +91,15 @@ impl SoftDevice {
     /// Opens a device whose packets travel as UDP datagrams from `cfg.bind`.
     pub fn open_udp(cfg: UdpConfig) -> Result<SoftDevice> {
         let (wire, local) = udp::UdpWire::bind(&cfg)?;
+        // A real-time device needs keys and QPNs nobody can predict (only the fabric replays
+        // seeds): mix the address, the process and the clock into the configured seed.
+        let mut nic = cfg.nic.clone();
+        let nanos = crate::clock::wall_nanos();
+        nic.seed ^= nanos.rotate_left(17)
+            ^ u64::from(std::process::id()).rotate_left(40)
+            ^ u64::from(local.port());
         let inner = Arc::new(DevInner {
-            core: Mutex::new(NicCore::new(cfg.nic.clone())),
+            core: Mutex::new(NicCore::new(nic)),
             wire: Wire::Udp(wire),
             local,
             name: format!("soft-udp:{local}"),

@@ -1,0 +1,206 @@
+//! Transport configuration and counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bex_rnic::verbs::Mtu;
+
+/// Settings of an RDMA transport (TCP uses the relevant subset). Every number the paper names
+/// has its default here.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// I/O threads; engines are assigned to them round-robin.
+    pub io_threads: usize,
+    /// Send-queue depth = length of each engine's work-request chain (paper: e.g. 32).
+    pub sq_depth: u32,
+    /// Receive-queue depth `d`; receives are re-posted and credits returned `d/2` at a time.
+    pub rq_depth: u32,
+    /// Completion-queue depth of each I/O thread.
+    pub cq_depth: u32,
+    /// Largest message sent eagerly by SEND; larger ones go RTS → CTS → WRITE fragments.
+    pub eager_max: usize,
+    /// Fragment size `S` of large messages (one WRITE per scheduler turn).
+    pub fragment_bytes: usize,
+    /// Per-engine send window (bytes outstanding); `None` = off, the paper's baseline.
+    pub cwnd_bytes: Option<u64>,
+    /// Copy eager payloads into a registered bounce buffer instead of posting the caller's
+    /// buffer directly (kept to compare with the zero-copy path of `paper/002`).
+    pub eager_copy: bool,
+    /// Path MTU of the QPs (the software RNIC also takes `Mtu::Soft`).
+    pub path_mtu: Mtu,
+    /// Keepalive send interval.
+    pub keepalive_interval: Duration,
+    /// An engine whose peer's keepalive does not advance for this long fails.
+    pub keepalive_timeout: Duration,
+    /// Deadline for establishing an engine or opening a socket.
+    pub connect_timeout: Duration,
+    /// The cluster's shared secret; peers without it are refused at bootstrap.
+    pub secret: Vec<u8>,
+    /// How long an idle I/O thread busy-polls before blocking (0: block at once; spinning
+    /// only pays when I/O threads have cores to themselves).
+    pub spin: Duration,
+    /// Messages a socket may have queued before `send` waits (backpressure).
+    pub max_queued_sends: usize,
+    /// QP local ACK timeout code (4.096 µs × 2^code).
+    pub qp_timeout: u8,
+    /// QP retry count for ACK timeouts and sequence NAKs.
+    pub qp_retry_cnt: u8,
+    /// QP RNR retry count (7 = infinite); with credits RNR never happens.
+    pub qp_rnr_retry: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            io_threads: 1,
+            sq_depth: 32,
+            rq_depth: 64,
+            cq_depth: 8192,
+            eager_max: 8 * 1024,
+            fragment_bytes: 16 * 1024,
+            cwnd_bytes: None,
+            eager_copy: false,
+            path_mtu: Mtu::Mtu4096,
+            keepalive_interval: Duration::from_millis(100),
+            keepalive_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(3),
+            secret: b"bex-default-secret".to_vec(),
+            spin: Duration::ZERO,
+            max_queued_sends: 1024,
+            qp_timeout: 14,
+            qp_retry_cnt: 7,
+            qp_rnr_retry: 7,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the settings, naming the first bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |f: &str, why: &str| Err(format!("transport config: {f}: {why}"));
+        if self.io_threads == 0 || self.io_threads > 256 {
+            return bad("io_threads", "must be in 1..=256");
+        }
+        if !(2..=16384).contains(&self.sq_depth) {
+            return bad("sq_depth", "must be in 2..=16384");
+        }
+        if !(4..=16384).contains(&self.rq_depth) {
+            return bad("rq_depth", "must be in 4..=16384");
+        }
+        if self.cq_depth < 2 * (self.sq_depth + self.rq_depth) {
+            return bad("cq_depth", "must hold at least 2 × (sq_depth + rq_depth)");
+        }
+        if self.eager_max < 64 || self.eager_max > 1 << 20 {
+            return bad("eager_max", "must be in 64 B..=1 MiB");
+        }
+        if self.fragment_bytes < 256 || self.fragment_bytes > 1 << 30 {
+            return bad("fragment_bytes", "must be in 256 B..=1 GiB");
+        }
+        if self.cwnd_bytes == Some(0) {
+            return bad("cwnd_bytes", "must be positive (or off)");
+        }
+        if self.keepalive_timeout <= self.keepalive_interval {
+            return bad("keepalive_timeout", "must exceed keepalive_interval");
+        }
+        if self.secret.is_empty() {
+            return bad("secret", "must not be empty");
+        }
+        if self.qp_retry_cnt > 7 || self.qp_rnr_retry > 7 {
+            return bad("qp_retry_cnt/qp_rnr_retry", "are 3-bit fields (0..=7)");
+        }
+        Ok(())
+    }
+}
+
+/// Cumulative transport counters (shared by every I/O thread).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Messages handed to the NIC completely (eager or large).
+    pub messages_sent: AtomicU64,
+    /// Messages delivered to sockets.
+    pub messages_received: AtomicU64,
+    /// Payload bytes sent.
+    pub bytes_sent: AtomicU64,
+    /// Payload bytes received.
+    pub bytes_received: AtomicU64,
+    /// Messages sent eagerly.
+    pub eager_messages: AtomicU64,
+    /// Messages sent by RTS/CTS/WRITE.
+    pub large_messages: AtomicU64,
+    /// Scheduler turns that found no credit (ordinary use).
+    pub credit_stalls: AtomicU64,
+    /// Scheduler turns that found the send window full.
+    pub window_stalls: AtomicU64,
+    /// Largest bytes outstanding on any engine.
+    pub window_high_water: AtomicU64,
+    /// Credit-return messages sent.
+    pub credit_messages: AtomicU64,
+    /// `post_send` calls (doorbells).
+    pub doorbells: AtomicU64,
+    /// Work requests posted.
+    pub work_requests: AtomicU64,
+    /// Engines established.
+    pub engines_up: AtomicU64,
+    /// Engines failed (QP error, keepalive, …).
+    pub engines_failed: AtomicU64,
+    /// Engines failed by keepalive expiry.
+    pub keepalive_failures: AtomicU64,
+    /// Malformed engine messages from peers (counted and dropped).
+    pub malformed: AtomicU64,
+    /// Bootstrap attempts refused (bad secret, bad hello).
+    pub bootstrap_refused: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct CounterSnapshot {
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub eager_messages: u64,
+    pub large_messages: u64,
+    pub credit_stalls: u64,
+    pub window_stalls: u64,
+    pub window_high_water: u64,
+    pub credit_messages: u64,
+    pub doorbells: u64,
+    pub work_requests: u64,
+    pub engines_up: u64,
+    pub engines_failed: u64,
+    pub keepalive_failures: u64,
+    pub malformed: u64,
+    pub bootstrap_refused: u64,
+}
+
+impl Counters {
+    /// Adds `n` to a counter.
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Reads every counter.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CounterSnapshot {
+            messages_sent: g(&self.messages_sent),
+            messages_received: g(&self.messages_received),
+            bytes_sent: g(&self.bytes_sent),
+            bytes_received: g(&self.bytes_received),
+            eager_messages: g(&self.eager_messages),
+            large_messages: g(&self.large_messages),
+            credit_stalls: g(&self.credit_stalls),
+            window_stalls: g(&self.window_stalls),
+            window_high_water: g(&self.window_high_water),
+            credit_messages: g(&self.credit_messages),
+            doorbells: g(&self.doorbells),
+            work_requests: g(&self.work_requests),
+            engines_up: g(&self.engines_up),
+            engines_failed: g(&self.engines_failed),
+            keepalive_failures: g(&self.keepalive_failures),
+            malformed: g(&self.malformed),
+            bootstrap_refused: g(&self.bootstrap_refused),
+        }
+    }
+}

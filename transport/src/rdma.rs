@@ -1,0 +1,580 @@
+//! The RDMA transport: a connection table of engines keyed by the peer's address, I/O threads
+//! that own them, a TCP bootstrap that authenticates peers with the cluster's shared secret,
+//! and sockets multiplexed onto engines.
+//!
+//! Bootstrap (both sides, over one TCP connection): each sends a hello — magic, version,
+//! nonce, its QP endpoint, queue depths, its own listen address — then an HMAC-SHA256 of both
+//! hellos under the shared secret, checks the peer's, connects its QP (receives posted in
+//! INIT, before the peer may send) and sends a ready byte. A peer with another secret gets
+//! a closed connection and a counter increments.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use bemalloc::Pool;
+use bex_rnic::verbs::{InitAttrs, QpCaps, QpEndpoint, RtrAttrs, RtsAttrs};
+use bex_rnic::{bootstrap, Device, QpInit, QueuePair};
+use hmac::{Hmac, Mac};
+use parking_lot::Mutex;
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
+
+use crate::config::{Config, CounterSnapshot, Counters};
+use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
+use crate::error::{Result, TransportError};
+use crate::msg::Msg;
+use crate::worker::{new_wake, Cmd, Worker, WorkerHandle};
+
+const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x01";
+const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2;
+const PROOF_LEN: usize = 32;
+
+#[derive(Clone, Copy, Debug)]
+struct EngineRef {
+    worker: usize,
+    qpn: u32,
+}
+
+type Table = Mutex<HashMap<SocketAddr, Arc<OnceCell<EngineRef>>>>;
+
+/// A bootstrap in progress.
+type Establishing<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(SocketAddr, EngineRef)>> + Send + 'a>,
+>;
+
+/// Creates engines for one device type; the rest of the transport does not know `D`.
+trait Factory: Send + Sync {
+    /// Runs the bootstrap on `stream` and hands the new engine to a worker.
+    fn establish<'a>(
+        &'a self,
+        stream: TcpStream,
+        initiator: bool,
+        peer_hint: Option<SocketAddr>,
+    ) -> Establishing<'a>;
+}
+
+struct FactoryImpl<D: Device> {
+    device: Arc<D>,
+    pd: Arc<D::Pd>,
+    cqs: Vec<Arc<D::Cq>>,
+    engine_tx: Vec<Mutex<Sender<Engine<D>>>>,
+    wakes: Vec<Arc<nix::sys::eventfd::EventFd>>,
+    next_worker: AtomicUsize,
+    cfg: Arc<Config>,
+    pool: &'static Pool,
+    dev_index: usize,
+    counters: Arc<Counters>,
+    accept: mpsc::UnboundedSender<Accepted>,
+    socket_ids: Arc<AtomicU32>,
+    listen_addr: SocketAddr,
+}
+
+struct Hello {
+    nonce: [u8; 16],
+    endpoint: QpEndpoint,
+    rq_depth: u32,
+    sq_depth: u32,
+    listen: SocketAddr,
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(&HELLO_MAGIC);
+        b[8..24].copy_from_slice(&self.nonce);
+        let e = 24 + bootstrap::ENDPOINT_LEN;
+        b[24..e].copy_from_slice(&bootstrap::encode(&self.endpoint));
+        b[e..e + 4].copy_from_slice(&self.rq_depth.to_le_bytes());
+        b[e + 4..e + 8].copy_from_slice(&self.sq_depth.to_le_bytes());
+        b[e + 8..e + 24].copy_from_slice(&QpEndpoint::gid_of(self.listen.ip()));
+        b[e + 24..e + 26].copy_from_slice(&self.listen.port().to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello> {
+        let refuse = |why: &str| TransportError::Refused(format!("bootstrap: {why}"));
+        if b[..8] != HELLO_MAGIC {
+            return Err(refuse("not a bex transport (bad magic or version)"));
+        }
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&b[8..24]);
+        let e = 24 + bootstrap::ENDPOINT_LEN;
+        let mut ep = [0u8; bootstrap::ENDPOINT_LEN];
+        ep.copy_from_slice(&b[24..e]);
+        let endpoint = bootstrap::decode(&ep).map_err(|e| refuse(&e.to_string()))?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let rq_depth = u32_at(e);
+        let sq_depth = u32_at(e + 4);
+        if !(4..=16384).contains(&rq_depth) || !(2..=16384).contains(&sq_depth) {
+            return Err(refuse("queue depths out of range"));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[e + 8..e + 24]);
+        let port = u16::from_le_bytes([b[e + 24], b[e + 25]]);
+        let listen = QpEndpoint { gid, udp_port: port, lid: 0, qpn: 0, psn: 0 }.socket_addr();
+        Ok(Hello { nonce, endpoint, rq_depth, sq_depth, listen })
+    }
+}
+
+fn proof(secret: &[u8], initiator: bool, hello_i: &[u8], hello_a: &[u8]) -> [u8; PROOF_LEN] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(b"bex-transport/1");
+    mac.update(if initiator { b"initiator" } else { b"acceptor!" });
+    mac.update(hello_i);
+    mac.update(hello_a);
+    mac.finalize().into_bytes().into()
+}
+
+fn verify(secret: &[u8], initiator: bool, hello_i: &[u8], hello_a: &[u8], got: &[u8]) -> bool {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(b"bex-transport/1");
+    mac.update(if initiator { b"initiator" } else { b"acceptor!" });
+    mac.update(hello_i);
+    mac.update(hello_a);
+    mac.verify_slice(got).is_ok()
+}
+
+impl<D: Device + 'static> FactoryImpl<D> {
+    async fn bootstrap(
+        &self,
+        mut stream: TcpStream,
+        initiator: bool,
+    ) -> Result<(SocketAddr, EngineRef)> {
+        let _ = stream.set_nodelay(true);
+        let worker = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.cqs.len();
+        let cq = &self.cqs[worker];
+        let caps = QpCaps {
+            max_send_wr: self.cfg.sq_depth,
+            max_recv_wr: self.cfg.rq_depth,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+        };
+        let qp = self.device.create_qp(
+            &self.pd,
+            &QpInit { send_cq: cq, recv_cq: cq, srq: None, thread_domain: None, caps },
+        )?;
+        let mine = Hello {
+            nonce: rand::random(),
+            endpoint: qp.endpoint(),
+            rq_depth: self.cfg.rq_depth,
+            sq_depth: self.cfg.sq_depth,
+            listen: self.listen_addr,
+        }
+        .encode();
+        stream.write_all(&mine).await?;
+        let mut theirs = [0u8; HELLO_LEN];
+        stream.read_exact(&mut theirs).await?;
+        let hello = Hello::decode(&theirs).inspect_err(|_| {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+        })?;
+        let (hi, ha) = if initiator { (&mine, &theirs) } else { (&theirs, &mine) };
+        stream.write_all(&proof(&self.cfg.secret, initiator, hi, ha)).await?;
+        let mut their_proof = [0u8; PROOF_LEN];
+        stream.read_exact(&mut their_proof).await.map_err(|_| {
+            TransportError::Refused("bootstrap: the peer closed during authentication".into())
+        })?;
+        if !verify(&self.cfg.secret, !initiator, hi, ha, &their_proof) {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+            return Err(TransportError::Refused(
+                "bootstrap: the peer does not have the cluster's shared secret".into(),
+            ));
+        }
+        qp.to_init(&InitAttrs::default())?;
+        let peer = if initiator { stream.peer_addr()? } else { hello.listen };
+        let parts = EngineParts {
+            cfg: self.cfg.clone(),
+            pool: self.pool,
+            dev: self.dev_index,
+            counters: self.counters.clone(),
+            worker,
+            peer_addr: peer,
+            peer_rq_depth: hello.rq_depth,
+            accept: Some(self.accept.clone()),
+            socket_ids: self.socket_ids.clone(),
+        };
+        let engine = Engine::<D>::new(qp, parts, crate::clock::now())?;
+        let rtr =
+            RtrAttrs { remote: hello.endpoint, path_mtu: self.cfg.path_mtu, min_rnr_timer: 12 };
+        engine.qp().to_rtr(&rtr)?;
+        engine.qp().to_rts(&RtsAttrs {
+            sq_psn: engine.qp().endpoint().psn,
+            timeout: self.cfg.qp_timeout,
+            retry_cnt: self.cfg.qp_retry_cnt,
+            rnr_retry: self.cfg.qp_rnr_retry,
+        })?;
+        // The worker owns the engine before the peer learns it may send (the ready byte), so
+        // no completion of this QP can reach a worker that does not know it.
+        let qpn = engine.qpn;
+        self.engine_tx[worker].lock().send(engine).map_err(|_| TransportError::Shutdown)?;
+        let _ = self.wakes[worker].write(1);
+        stream.write_all(&[1]).await?;
+        let mut ready = [0u8; 1];
+        stream.read_exact(&mut ready).await?;
+        Counters::add(&self.counters.engines_up, 1);
+        Ok((peer, EngineRef { worker, qpn }))
+    }
+}
+
+impl<D: Device + 'static> Factory for FactoryImpl<D> {
+    fn establish<'a>(
+        &'a self,
+        stream: TcpStream,
+        initiator: bool,
+        _peer_hint: Option<SocketAddr>,
+    ) -> Establishing<'a> {
+        Box::pin(self.bootstrap(stream, initiator))
+    }
+}
+
+struct Inner {
+    cfg: Arc<Config>,
+    workers: Vec<WorkerHandle>,
+    factory: Arc<dyn Factory>,
+    table: Arc<Table>,
+    accept_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Accepted>>,
+    local_addr: SocketAddr,
+    counters: Arc<Counters>,
+    socket_ids: Arc<AtomicU32>,
+    shutdown: Arc<AtomicBool>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pool: &'static Pool,
+}
+
+/// An RDMA transport over one device.
+#[derive(Clone)]
+pub struct RdmaTransport {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RdmaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaTransport").field("local_addr", &self.inner.local_addr).finish()
+    }
+}
+
+impl RdmaTransport {
+    /// Starts I/O threads on `device` and a bootstrap listener on `listen` (port 0: any).
+    /// `pool` must be registered with `device` in `pd` as its device number `dev_index`.
+    pub async fn start<D: Device + 'static>(
+        device: Arc<D>,
+        pd: Arc<D::Pd>,
+        pool: &'static Pool,
+        dev_index: usize,
+        listen: SocketAddr,
+        cfg: Config,
+    ) -> Result<RdmaTransport> {
+        cfg.validate().map_err(TransportError::Invalid)?;
+        if dev_index >= pool.devices() {
+            return Err(TransportError::Invalid(format!(
+                "dev_index {dev_index}: the pool has {} device(s)",
+                pool.devices()
+            )));
+        }
+        let cfg = Arc::new(cfg);
+        let listener = TcpListener::bind(listen).await?;
+        let mut local_addr = listener.local_addr()?;
+        if local_addr.ip().is_unspecified() {
+            local_addr.set_ip(IpAddr::from([127, 0, 0, 1]));
+        }
+        let counters = Arc::new(Counters::default());
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let table: Arc<Table> = Arc::new(Mutex::new(HashMap::new()));
+        let (accept_tx, accept_rx) = mpsc::unbounded_channel();
+        let socket_ids = Arc::new(AtomicU32::new(1));
+        let mut workers = Vec::new();
+        let mut cqs = Vec::new();
+        let mut engine_tx = Vec::new();
+        let mut wakes = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.io_threads {
+            let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (etx, erx) = std::sync::mpsc::channel();
+            let wake = new_wake()?;
+            let table2 = table.clone();
+            let on_gone: crate::worker::OnEngineGone = Arc::new(move |peer, w, qpn| {
+                let mut t = table2.lock();
+                if let Some(cell) = t.get(&peer) {
+                    if cell.get().is_some_and(|r| r.worker == w && r.qpn == qpn) {
+                        t.remove(&peer);
+                    }
+                }
+            });
+            let worker = Worker::<D>::new(
+                i,
+                cq.clone(),
+                rx,
+                erx,
+                wake.clone(),
+                shutdown.clone(),
+                cfg.spin,
+                on_gone,
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("bex-io-{i}"))
+                .spawn(move || worker.run())
+                .map_err(|e| TransportError::Io(format!("spawn I/O thread: {e}")))?;
+            threads.push(handle);
+            workers.push(WorkerHandle { tx: Mutex::new(tx), wake: wake.clone() });
+            cqs.push(cq);
+            engine_tx.push(Mutex::new(etx));
+            wakes.push(wake);
+        }
+        let factory: Arc<dyn Factory> = Arc::new(FactoryImpl {
+            device,
+            pd,
+            cqs,
+            engine_tx,
+            wakes,
+            next_worker: AtomicUsize::new(0),
+            cfg: cfg.clone(),
+            pool,
+            dev_index,
+            counters: counters.clone(),
+            accept: accept_tx,
+            socket_ids: socket_ids.clone(),
+            listen_addr: local_addr,
+        });
+        let f2 = factory.clone();
+        let c2 = counters.clone();
+        let timeout = cfg.connect_timeout;
+        let listener_task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, from)) = listener.accept().await else { continue };
+                let f = f2.clone();
+                let c = c2.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(timeout, f.establish(stream, false, None)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::warn!(%from, %e, "inbound bootstrap failed"),
+                        Err(_) => {
+                            Counters::add(&c.bootstrap_refused, 1);
+                            tracing::warn!(%from, "inbound bootstrap timed out");
+                        }
+                    }
+                });
+            }
+        });
+        Ok(RdmaTransport {
+            inner: Arc::new(Inner {
+                cfg,
+                workers,
+                factory,
+                table,
+                accept_rx: tokio::sync::Mutex::new(accept_rx),
+                local_addr,
+                counters,
+                socket_ids,
+                shutdown,
+                threads: Mutex::new(threads),
+                listener: Mutex::new(Some(listener_task)),
+                pool,
+            }),
+        })
+    }
+
+    /// The bootstrap address peers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The registered-memory pool messages come from.
+    pub fn pool(&self) -> &'static Pool {
+        self.inner.pool
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.inner.counters.snapshot()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Number of engines in the connection table.
+    pub fn engines(&self) -> usize {
+        self.inner.table.lock().values().filter(|c| c.get().is_some()).count()
+    }
+
+    async fn engine_for(&self, addr: SocketAddr) -> Result<EngineRef> {
+        let cell = self.inner.table.lock().entry(addr).or_default().clone();
+        let factory = self.inner.factory.clone();
+        let timeout = self.inner.cfg.connect_timeout;
+        let r = cell
+            .get_or_try_init(|| async move {
+                let attempt = async {
+                    let stream = TcpStream::connect(addr).await.map_err(|e| {
+                        TransportError::Refused(format!("bootstrap connect to {addr}: {e}"))
+                    })?;
+                    factory.establish(stream, true, Some(addr)).await
+                };
+                match tokio::time::timeout(timeout, attempt).await {
+                    Ok(r) => r.map(|(_, e)| e),
+                    Err(_) => Err(TransportError::ConnectTimeout(addr.to_string())),
+                }
+            })
+            .await
+            .copied();
+        if r.is_err() {
+            let mut t = self.inner.table.lock();
+            if t.get(&addr).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                t.remove(&addr);
+            }
+        }
+        r
+    }
+
+    /// Opens a socket to the transport listening at `addr`: attaches to the engine for that
+    /// address, creating it (bootstrap) if there is none.
+    pub async fn connect(&self, addr: SocketAddr) -> Result<RdmaSocket> {
+        let engine = self.engine_for(addr).await?;
+        let id = self.inner.socket_ids.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (reply, done) = oneshot::channel();
+        let w = &self.inner.workers[engine.worker];
+        w.send(Cmd::Open { engine: engine.qpn, socket: id, inbox: tx, reply })?;
+        match tokio::time::timeout(self.inner.cfg.connect_timeout, done).await {
+            Ok(Ok(Ok(()))) => Ok(self.socket(id, engine.worker, rx, addr)),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(TransportError::Shutdown),
+            Err(_) => {
+                let _ = w.send(Cmd::Close { socket: id });
+                Err(TransportError::ConnectTimeout(addr.to_string()))
+            }
+        }
+    }
+
+    /// Waits for a socket opened by a peer.
+    pub async fn accept(&self) -> Result<RdmaSocket> {
+        let a = self.inner.accept_rx.lock().await.recv().await.ok_or(TransportError::Shutdown)?;
+        Ok(self.socket(a.id, a.worker, a.inbox, a.peer))
+    }
+
+    fn socket(
+        &self,
+        id: u32,
+        worker: usize,
+        inbox: mpsc::UnboundedReceiver<Result<Msg>>,
+        peer: SocketAddr,
+    ) -> RdmaSocket {
+        RdmaSocket {
+            id,
+            worker,
+            peer,
+            transport: self.inner.clone(),
+            inbox: tokio::sync::Mutex::new(inbox),
+            slots: Arc::new(Semaphore::new(self.inner.cfg.max_queued_sends)),
+        }
+    }
+
+    /// Stops the I/O threads and the listener; every socket fails.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        for w in &self.inner.workers {
+            let _ = w.wake.write(1);
+        }
+        if let Some(l) = self.inner.listener.lock().take() {
+            l.abort();
+        }
+        let threads = std::mem::take(&mut *self.inner.threads.lock());
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::Release);
+        for w in &self.workers {
+            let _ = w.wake.write(1);
+        }
+        if let Some(l) = self.listener.lock().take() {
+            l.abort();
+        }
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A logical connection over an engine.
+pub struct RdmaSocket {
+    id: u32,
+    worker: usize,
+    peer: SocketAddr,
+    transport: Arc<Inner>,
+    inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Result<Msg>>>,
+    slots: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for RdmaSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaSocket").field("id", &self.id).field("peer", &self.peer).finish()
+    }
+}
+
+impl RdmaSocket {
+    /// The peer transport's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn worker(&self) -> &WorkerHandle {
+        &self.transport.workers[self.worker]
+    }
+
+    async fn submit(&self, msg: Msg, target: Option<RemoteTarget>) -> Result<()> {
+        let _permit = self.slots.acquire().await.map_err(|_| TransportError::Shutdown)?;
+        let (done, rx) = oneshot::channel();
+        self.worker().send(Cmd::Send { socket: self.id, msg, target, done })?;
+        rx.await.map_err(|_| TransportError::Shutdown)?
+    }
+
+    /// Sends a message; resolves when the NIC is done with its buffer. Many sends may be in
+    /// flight at once; beyond `max_queued_sends` this waits (backpressure).
+    pub async fn send(&self, msg: Msg) -> Result<()> {
+        self.submit(msg, None).await
+    }
+
+    /// Writes a message straight into a buffer the peer exposed, skipping RTS/CTS.
+    pub async fn send_to(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
+        self.submit(msg, Some(target)).await
+    }
+
+    /// Exposes `buf` so the peer can [`RdmaSocket::send_to`] into it; when the peer's write
+    /// completes, the whole buffer arrives on this socket's `recv` (the peer's message fills
+    /// its start; the length travels in the application's own protocol).
+    pub async fn expose(&self, buf: Msg) -> Result<RemoteTarget> {
+        let (reply, rx) = oneshot::channel();
+        self.worker().send(Cmd::Expose { socket: self.id, buf, reply })?;
+        rx.await.map_err(|_| TransportError::Shutdown)?
+    }
+
+    /// The next message, in order.
+    pub async fn recv(&self) -> Result<Msg> {
+        match self.inbox.lock().await.recv().await {
+            Some(r) => r,
+            None => Err(TransportError::Closed),
+        }
+    }
+
+    /// Fails the engine under this socket, as a QP error would (every socket on it fails).
+    pub fn fail_engine(&self, why: &str) {
+        let _ = self.worker().send(Cmd::FailEngine { socket: self.id, why: why.to_string() });
+    }
+}
+
+impl Drop for RdmaSocket {
+    fn drop(&mut self) {
+        let _ = self.worker().send(Cmd::Close { socket: self.id });
+    }
+}
