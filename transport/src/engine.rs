@@ -414,18 +414,19 @@ impl<D: Device> Engine<D> {
             self.fail(format!("work completion {:?} (wr {:#x})", wc.status, wc.wr_id));
             return;
         }
-        self.keepalive.on_traffic(now);
         if wc.wr_id & RECV_TAG == 0 {
             self.on_send_done(wc.wr_id as usize);
             return;
         }
+        // Only what the peer sends proves it alive: a hung host's NIC still ACKs our sends.
+        self.keepalive.on_traffic(now);
         let i = (wc.wr_id & !RECV_TAG) as usize;
         if i >= self.recv_bufs.len() {
             Counters::add(&self.counters.malformed, 1);
             return;
         }
         match wc.opcode {
-            WcOpcode::Recv => self.on_recv(i, wc.byte_len as usize),
+            WcOpcode::Recv => self.on_recv(i, wc.byte_len as usize, now),
             WcOpcode::RecvRdmaWithImm => {
                 self.on_large_done(wc.imm.unwrap_or(REFUSED));
                 self.recycle_receive(i);
@@ -475,7 +476,7 @@ impl<D: Device> Engine<D> {
         self.sockets.get_mut(&id)
     }
 
-    fn on_recv(&mut self, i: usize, byte_len: usize) {
+    fn on_recv(&mut self, i: usize, byte_len: usize, now: Instant) {
         let buf = self.recv_bufs[i].as_ref().expect("consumed receive has a buffer");
         let h = match Header::decode(&buf.as_slice()[..byte_len.min(buf.len())]) {
             Ok(h) => h,
@@ -535,7 +536,7 @@ impl<D: Device> Engine<D> {
                 }
             }
             Kind::Credit => {}
-            Kind::Keepalive => self.keepalive.on_peer(h.aux, crate::clock::now()),
+            Kind::Keepalive => self.keepalive.on_peer(h.aux, now),
         }
         self.recycle_receive(i);
     }

@@ -13,6 +13,7 @@ pub mod msg;
 pub mod policy;
 pub mod proto;
 pub mod rdma;
+pub mod sim;
 pub(crate) mod worker;
 
 pub use config::{Config, CounterSnapshot, Counters};

@@ -92,6 +92,8 @@ pub(crate) struct Worker<D: Device> {
     pub shutdown: Arc<AtomicBool>,
     pub spin: Duration,
     pub on_gone: OnEngineGone,
+    /// A frozen worker is not driven (simulation of a hung host).
+    pub frozen: bool,
     engines: HashMap<u32, Engine<D>>,
     socket_engine: HashMap<u32, u32>,
     wcs: Vec<WorkCompletion>,
@@ -118,6 +120,7 @@ impl<D: Device> Worker<D> {
             shutdown,
             spin,
             on_gone,
+            frozen: false,
             engines: HashMap::new(),
             socket_engine: HashMap::new(),
             wcs: vec![WorkCompletion::default(); 64],
@@ -220,7 +223,8 @@ impl<D: Device> Worker<D> {
         !wcs.is_empty()
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
+    /// The earliest engine timer.
+    pub fn next_deadline(&self) -> Option<Instant> {
         self.engines.values().filter_map(|e| e.next_deadline()).min()
     }
 

@@ -158,6 +158,19 @@ impl Fabric {
 
     /// One round of work; `false` when nothing is pending anywhere (idle forever).
     pub fn step(&self) -> bool {
+        self.step_within(None)
+    }
+
+    /// Moves the clock forward to `t` (never backward): for drivers whose own timers (an
+    /// application's, say) fall between fabric events.
+    pub fn advance_to(&self, t: Instant) {
+        let mut st = self.st.lock();
+        st.now = st.now.max(t);
+    }
+
+    /// Like [`Fabric::step`], but an idle jump of the clock stops at `horizon` (the next
+    /// deadline of something outside the fabric).
+    pub fn step_within(&self, horizon: Option<Instant>) -> bool {
         let mut st = self.st.lock();
         let st = &mut *st;
         let now = st.now;
@@ -201,12 +214,20 @@ impl Fabric {
         if busy {
             return true;
         }
-        match next {
-            Some(t) => {
+        match (next, horizon) {
+            (Some(t), Some(h)) if h < t => {
+                st.now = st.now.max(h);
+                true
+            }
+            (Some(t), _) => {
                 st.now = t;
                 true
             }
-            None => false,
+            (None, Some(h)) if h > st.now => {
+                st.now = h;
+                true
+            }
+            (None, _) => false,
         }
     }
 

@@ -1,0 +1,321 @@
+//! Deterministic simulation of transports: engines and I/O workers running unmodified over
+//! software devices on an in-memory [`Fabric`], driven by hand on its virtual clock. No
+//! thread, socket or wall-clock read is involved after construction, so a run is a function
+//! of its seed (tests print it; replay with the same seed).
+//!
+//! The application side uses the same channels as [`crate::RdmaSocket`], polled without an
+//! async runtime: [`SimNet::send`] returns a [`SendTicket`], [`SimSocket::try_recv`] takes
+//! the next message if one has arrived.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bemalloc::Pool;
+use bex_rnic::soft::{Fabric, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
+use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
+use bex_rnic::{Device, QpInit, QueuePair};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::{Config, CounterSnapshot, Counters};
+use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
+use crate::error::{Result, TransportError};
+use crate::msg::Msg;
+use crate::worker::{new_wake, Cmd, Worker};
+
+struct Node {
+    device: SoftDevice,
+    pd: Arc<SoftPd>,
+    pool: &'static Pool,
+    cq: Arc<SoftCq>,
+    worker: Worker<SoftDevice>,
+    cmd_tx: Sender<Cmd>,
+    engine_tx: Sender<Engine<SoftDevice>>,
+    accept_tx: mpsc::UnboundedSender<Accepted>,
+    accept_rx: mpsc::UnboundedReceiver<Accepted>,
+    counters: Arc<Counters>,
+    cfg: Arc<Config>,
+}
+
+/// A simulated network of transport nodes.
+pub struct SimNet {
+    fabric: Fabric,
+    nodes: Vec<Node>,
+    socket_ids: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for SimNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimNet").field("nodes", &self.nodes.len()).finish()
+    }
+}
+
+/// A socket of a simulated node.
+#[derive(Debug)]
+pub struct SimSocket {
+    node: usize,
+    id: u32,
+    inbox: mpsc::UnboundedReceiver<Result<Msg>>,
+}
+
+impl SimSocket {
+    /// The next message, if one has arrived.
+    pub fn try_recv(&mut self) -> Option<Result<Msg>> {
+        self.inbox.try_recv().ok()
+    }
+    /// The node it belongs to.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+}
+
+/// The completion of one send.
+#[derive(Debug)]
+pub struct SendTicket(oneshot::Receiver<Result<()>>);
+
+impl SendTicket {
+    /// `Some` once the send finished.
+    pub fn poll(&mut self) -> Option<Result<()>> {
+        match self.0.try_recv() {
+            Ok(r) => Some(r),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(TransportError::Shutdown)),
+        }
+    }
+}
+
+impl SimNet {
+    /// An empty network; `seed` decides every random choice of the fabric and devices.
+    pub fn new(seed: u64, link: LinkModel) -> SimNet {
+        SimNet {
+            fabric: Fabric::new(seed, link),
+            nodes: Vec::new(),
+            socket_ids: Arc::new(AtomicU32::new(1)),
+        }
+    }
+
+    /// The fabric (faults, stats, clock).
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// Current virtual time.
+    pub fn now(&self) -> Instant {
+        self.fabric.now()
+    }
+
+    /// Adds a node with its own device, pool and I/O worker.
+    pub fn add_node(&mut self, cfg: Config) -> Result<usize> {
+        cfg.validate().map_err(TransportError::Invalid)?;
+        let device = self.fabric.add_device(NicConfig::default());
+        let pd = Arc::new(device.alloc_pd()?);
+        let pool = Pool::new(vec![Arc::new(device.registrar(&pd))])
+            .map_err(|e| TransportError::Alloc(e.to_string()))?
+            .leak();
+        let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
+        let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
+        let (engine_tx, engine_rx) = std::sync::mpsc::channel();
+        let wake = new_wake()?;
+        let worker = Worker::new(
+            self.nodes.len(),
+            cq.clone(),
+            cmd_rx,
+            engine_rx,
+            wake,
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            Duration::ZERO,
+            Arc::new(|_, _, _| {}),
+        );
+        let (accept_tx, accept_rx) = mpsc::unbounded_channel();
+        self.nodes.push(Node {
+            device,
+            pd,
+            pool,
+            cq,
+            worker,
+            cmd_tx,
+            engine_tx,
+            accept_tx,
+            accept_rx,
+            counters: Arc::new(Counters::default()),
+            cfg: Arc::new(cfg),
+        });
+        Ok(self.nodes.len() - 1)
+    }
+
+    /// A node's pool.
+    pub fn pool(&self, node: usize) -> &'static Pool {
+        self.nodes[node].pool
+    }
+
+    /// A node's device (counters of the software RNIC).
+    pub fn device(&self, node: usize) -> &SoftDevice {
+        &self.nodes[node].device
+    }
+
+    /// A node's transport counters.
+    pub fn counters(&self, node: usize) -> CounterSnapshot {
+        self.nodes[node].counters.snapshot()
+    }
+
+    fn engine_parts(&self, node: usize, peer: usize, peer_rq_depth: u32) -> EngineParts {
+        let n = &self.nodes[node];
+        EngineParts {
+            cfg: n.cfg.clone(),
+            pool: n.pool,
+            dev: 0,
+            counters: n.counters.clone(),
+            worker: node,
+            peer_addr: self.nodes[peer].device.local_addr(),
+            peer_rq_depth,
+            accept: Some(n.accept_tx.clone()),
+            socket_ids: self.socket_ids.clone(),
+        }
+    }
+
+    /// Wires an engine between nodes `a` and `b` directly (no bootstrap); returns its QP
+    /// number at `a`.
+    pub fn connect(&mut self, a: usize, b: usize) -> Result<u32> {
+        let now = self.now();
+        let make_qp = |n: &Node| -> Result<_> {
+            let caps = QpCaps {
+                max_send_wr: n.cfg.sq_depth,
+                max_recv_wr: n.cfg.rq_depth,
+                max_send_sge: 2,
+                max_recv_sge: 1,
+            };
+            let qp = n.device.create_qp(
+                &n.pd,
+                &QpInit { send_cq: &n.cq, recv_cq: &n.cq, srq: None, thread_domain: None, caps },
+            )?;
+            qp.to_init(&InitAttrs::default())?;
+            Ok(qp)
+        };
+        let qa = make_qp(&self.nodes[a])?;
+        let qb = make_qp(&self.nodes[b])?;
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        let parts_a = self.engine_parts(a, b, self.nodes[b].cfg.rq_depth);
+        let parts_b = self.engine_parts(b, a, self.nodes[a].cfg.rq_depth);
+        let engine_a = Engine::<SoftDevice>::new(qa, parts_a, now)?;
+        let engine_b = Engine::<SoftDevice>::new(qb, parts_b, now)?;
+        for (e, remote, cfg) in
+            [(&engine_a, eb, &self.nodes[a].cfg), (&engine_b, ea, &self.nodes[b].cfg)]
+        {
+            e.qp().to_rtr(&RtrAttrs { remote, path_mtu: cfg.path_mtu, min_rnr_timer: 12 })?;
+            e.qp().to_rts(&RtsAttrs {
+                sq_psn: e.qp().endpoint().psn,
+                timeout: cfg.qp_timeout,
+                retry_cnt: cfg.qp_retry_cnt,
+                rnr_retry: cfg.qp_rnr_retry,
+            })?;
+        }
+        let qpn = engine_a.qpn;
+        let gone = || TransportError::Shutdown;
+        self.nodes[a].engine_tx.send(engine_a).map_err(|_| gone())?;
+        self.nodes[b].engine_tx.send(engine_b).map_err(|_| gone())?;
+        Counters::add(&self.nodes[a].counters.engines_up, 1);
+        Counters::add(&self.nodes[b].counters.engines_up, 1);
+        Ok(qpn)
+    }
+
+    /// Opens a socket on engine `engine` of node `a`, running the network until the peer
+    /// answers (at most `limit` of virtual time).
+    pub fn open(&mut self, a: usize, engine: u32, limit: Duration) -> Result<SimSocket> {
+        let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, inbox) = mpsc::unbounded_channel();
+        let (reply, mut rx) = oneshot::channel();
+        self.nodes[a]
+            .cmd_tx
+            .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
+            .map_err(|_| TransportError::Shutdown)?;
+        let mut result = None;
+        self.run_until(
+            |_| {
+                if let Ok(r) = rx.try_recv() {
+                    result = Some(r);
+                }
+                result.is_some()
+            },
+            limit,
+        );
+        result.unwrap_or(Err(TransportError::ConnectTimeout(format!("node {a}"))))?;
+        Ok(SimSocket { node: a, id, inbox })
+    }
+
+    /// A socket the peer opened on node `b`, if one is waiting.
+    pub fn accept(&mut self, b: usize) -> Option<SimSocket> {
+        let acc = self.nodes[b].accept_rx.try_recv().ok()?;
+        Some(SimSocket { node: b, id: acc.id, inbox: acc.inbox })
+    }
+
+    /// Queues a message on a socket.
+    pub fn send(&mut self, s: &SimSocket, msg: Msg) -> SendTicket {
+        self.send_cmd(s, msg, None)
+    }
+
+    /// Writes a message into a buffer the peer exposed.
+    pub fn send_to(&mut self, s: &SimSocket, msg: Msg, target: RemoteTarget) -> SendTicket {
+        self.send_cmd(s, msg, Some(target))
+    }
+
+    fn send_cmd(&mut self, s: &SimSocket, msg: Msg, target: Option<RemoteTarget>) -> SendTicket {
+        let (done, rx) = oneshot::channel();
+        // A closed channel shows as a failed ticket.
+        let _ = self.nodes[s.node].cmd_tx.send(Cmd::Send { socket: s.id, msg, target, done });
+        SendTicket(rx)
+    }
+
+    /// Fails the engine under `s` as a QP error would.
+    pub fn fail_engine(&mut self, s: &SimSocket, why: &str) {
+        let _ = self.nodes[s.node].cmd_tx.send(Cmd::FailEngine { socket: s.id, why: why.into() });
+    }
+
+    /// Stops node `n` answering anything (its worker stops; the fabric still carries its
+    /// packets to a device nobody drives, like a hung host).
+    pub fn freeze(&mut self, n: usize) {
+        self.nodes[n].worker.frozen = true;
+    }
+
+    /// One round: every worker takes a turn at the current time, then the fabric steps (its
+    /// clock stops at the earliest worker deadline). False when nothing at all is pending.
+    pub fn step(&mut self) -> bool {
+        let now = self.fabric.now();
+        let mut busy = false;
+        for n in &mut self.nodes {
+            if !n.worker.frozen {
+                busy |= n.worker.turn(now);
+            }
+        }
+        // A worker that did something may have more to do at this same instant: the clock
+        // only moves when every worker is idle.
+        let horizon = if busy {
+            Some(now)
+        } else {
+            self.nodes
+                .iter()
+                .filter(|n| !n.worker.frozen)
+                .filter_map(|n| n.worker.next_deadline())
+                .min()
+        };
+        let fab = self.fabric.step_within(horizon);
+        busy || fab || horizon.is_some()
+    }
+
+    /// Steps until `done(self)` or `limit` of virtual time passes; returns `done`'s verdict.
+    pub fn run_until(
+        &mut self,
+        mut done: impl FnMut(&mut SimNet) -> bool,
+        limit: Duration,
+    ) -> bool {
+        let deadline = self.now() + limit;
+        loop {
+            if done(self) {
+                return true;
+            }
+            if self.now() > deadline || !self.step() {
+                return done(self);
+            }
+        }
+    }
+}
