@@ -48,8 +48,8 @@ fn parse_opts(args: &[String]) -> Opts {
         reps: if quick { 1 } else { 3 },
         allocators: ALLOCATORS.iter().map(|s| s.to_string()).collect(),
         out: PathBuf::from("target/alloc-bench"),
-        large_steps: if quick { 4_000 } else { 60_000 },
-        small_steps: if quick { 40_000 } else { 600_000 },
+        large_steps: if quick { 4_000 } else { 100_000 },
+        small_steps: if quick { 100_000 } else { 4_000_000 },
         footprint_ms: if quick { 1_500 } else { 8_000 },
     };
     if quick {
