@@ -29,6 +29,10 @@ cargo test --locked --workspace
 step "cargo test (--features bex-rnic-verbs/verbs)"
 cargo test --locked -p bex-rnic-verbs --features verbs
 
+step "alloc-bench --quick (bemalloc against glibc/jemalloc/mimalloc/rpmalloc, Figures 4 and 5)"
+cargo build --locked --release -q -p bemalloc-bench
+target/release/alloc-bench --quick --out target/alloc-bench
+
 if [ "$(id -u)" -eq 0 ]; then
     step "software RNIC across two network namespaces with 1% and 5% iptables loss"
     scripts/netns-loss.sh 0.01 0.05

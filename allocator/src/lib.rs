@@ -30,11 +30,12 @@
 //! - a **reservation** of address space (default 64 GiB, `PROT_NONE`, nothing committed) and
 //!   a flat **block table** with one entry per granule (default 512 KiB) of it
 //!   (`region.rs`);
-//! - a dedicated jemalloc **arena** (`arenas.create`) whose custom extent hooks carve blocks
-//!   from the reservation. The `alloc` hook is the only place a block is made: it commits it
+//! - dedicated jemalloc **arenas** (`arenas.create`; one per CPU by default, threads assigned
+//!   round-robin, since allocations above jemalloc's 32 KiB thread-cache limit take an arena
+//!   lock) whose custom extent hooks (one set, shared) carve blocks from the reservation. The `alloc` hook is the only place a block is made: it commits it
 //!   and registers it once with every device, then publishes it in the table. `dalloc`,
 //!   `decommit`, `purge_lazy` and `purge_forced` are absent, so jemalloc keeps every extent
-//!   mapped, committed and registered and reuses it; time-based decay is off for the arena.
+//!   mapped, committed and registered and reuses it; time-based decay is off for the arenas.
 //!   `split` is allowed; `merge` is refused unless both extents lie in one block, so no
 //!   allocation straddles two registrations. Hooks are a table load or two.
 //! - one **explicit thread cache** per (pool, thread) (`tcache.create`), used with
@@ -45,7 +46,7 @@
 //! Blocks grow geometrically as jemalloc asks (2, 2.5, 3 … MiB, capped at
 //! [`PoolConfig::max_block_bytes`]), so registrations are few and stop once the pool reaches
 //! its working size; nothing is deregistered until the pool is dropped (then all at once,
-//! after the arena is destroyed). Where jemalloc refuses to destroy the arena, the pool's
+//! after the arenas are destroyed). Where jemalloc refuses to destroy an arena, the pool's
 //! memory is leaked rather than unmapped under it.
 //!
 //! Deviations from the lead's sketch, with reasons: the granule is 512 KiB rather than 4 MiB

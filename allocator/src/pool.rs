@@ -1,11 +1,11 @@
-//! The pool: one jemalloc arena over one registered [`Space`](crate::region), explicit thread
-//! caches per (pool, thread), and the allocation API.
+//! The pool: jemalloc arenas (one per CPU by default) over one registered
+//! [`Space`](crate::region), explicit thread caches per (pool, thread), and the allocation API.
 
 use std::cell::RefCell;
 use std::ffi::c_uint;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bex_rnic::verbs::MrKeys;
@@ -35,11 +35,20 @@ pub struct PoolConfig {
     /// bounds the registered memory beyond what is live. Requests larger than this get a
     /// block of their own size.
     pub max_block_bytes: usize,
+    /// jemalloc arenas over the pool's memory; threads are spread over them round-robin
+    /// (large allocations, above jemalloc's 32 KiB thread-cache limit, take an arena lock,
+    /// so one arena for all threads contends). 0 means one per CPU.
+    pub arenas: usize,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig { reserve_bytes: 64 << 30, granule_bytes: 512 << 10, max_block_bytes: 64 << 20 }
+        PoolConfig {
+            reserve_bytes: 64 << 30,
+            granule_bytes: 512 << 10,
+            max_block_bytes: 64 << 20,
+            arenas: 0,
+        }
     }
 }
 
@@ -137,16 +146,19 @@ static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 ///
 /// Every block the pool obtains is registered once with each of its devices, so every
 /// allocation lies inside one memory region per device whose keys [`Pool::mr_of`] returns in
-/// O(1). Allocation, thread caches and cross-thread frees are jemalloc's: a dedicated arena and
-/// one explicit thread cache per (pool, thread), so thread caches never mix registered and
-/// ordinary memory.
+/// O(1). Allocation, thread caches and cross-thread frees are jemalloc's: dedicated arenas
+/// (threads spread over them) and one explicit thread cache per (pool, thread), so thread
+/// caches never mix registered and ordinary memory.
 ///
 /// A process usually makes one pool at start-up and keeps it (see [`Pool::leak`] for a
 /// `&'static` one, like the paper's static pool). Dropping a pool deregisters and unmaps
 /// everything; the borrow checker ensures no [`RegisteredBuf`] outlives it.
 pub struct Pool {
     id: u64,
-    arena: c_uint,
+    /// The pool's arenas (all over the same `space`, through the same hooks).
+    arenas: Vec<c_uint>,
+    /// Round-robin assignment of threads to arenas.
+    next_arena: AtomicUsize,
     /// Boxed for a stable address: jemalloc holds a pointer to its hooks. Freed by `drop`
     /// only after the arena is destroyed; leaked if jemalloc refuses to destroy it.
     space: ManuallyDrop<Box<Space>>,
@@ -158,7 +170,7 @@ impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("id", &self.id)
-            .field("arena", &self.arena)
+            .field("arenas", &self.arenas)
             .field("space", &self.space)
             .finish_non_exhaustive()
     }
@@ -197,34 +209,45 @@ impl Pool {
         if reserve / g > u32::MAX as usize - 1 {
             return Err(PoolError::Config("more than 2^32 granules; raise granule_bytes"));
         }
+        let narenas = match config.arenas {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+        .min(256);
         let mut space = Space::reserve(reserve, g, devices).map_err(PoolError::Reserve)?;
-        // SAFETY: `space` is boxed and owned by the returned pool, whose drop destroys the
-        // arena before freeing it, or leaks both if jemalloc refuses to destroy the arena.
-        let arena = match unsafe { je::create_arena(space.hooks_ptr()) } {
-            Ok(a) => a,
-            Err(e) => {
-                // The hooks may have run (jemalloc allocates the arena's metadata through
-                // them) and the arena may half exist: keep everything.
-                let failure = space.last_failure.lock().take();
-                space.leak();
-                Box::leak(space);
-                return Err(match failure {
-                    Some(f) => PoolError::Register(failure_to_error(f, 0)),
-                    None => PoolError::Jemalloc(e.to_string()),
-                });
+        let mut arenas = Vec::with_capacity(narenas);
+        for _ in 0..narenas {
+            // SAFETY: `space` is boxed and owned by the pool, whose drop destroys every arena
+            // before freeing it, or leaks it if jemalloc refuses to destroy one.
+            match unsafe { je::create_arena(space.hooks_ptr()) } {
+                Ok(a) => arenas.push(a),
+                Err(e) => {
+                    // The hooks may have run (jemalloc allocates an arena's metadata through
+                    // them) and an arena may half exist: keep everything.
+                    let failure = space.last_failure.lock().take();
+                    space.leak();
+                    Box::leak(space);
+                    return Err(match failure {
+                        Some(f) => PoolError::Register(failure_to_error(f, 0)),
+                        None => PoolError::Jemalloc(e.to_string()),
+                    });
+                }
             }
-        };
+        }
         let registry = Arc::new(Registry::default());
         registry.st.lock().alive = true;
         let pool = Pool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
-            arena,
+            arenas,
+            next_arena: AtomicUsize::new(0),
             space: ManuallyDrop::new(space),
             registry,
             max_alloc: reserve,
         };
-        je::configure_arena(arena, config.max_block_bytes.max(2 << 20))
-            .map_err(|e| PoolError::Jemalloc(e.to_string()))?;
+        for &a in &pool.arenas {
+            je::configure_arena(a, config.max_block_bytes.max(2 << 20))
+                .map_err(|e| PoolError::Jemalloc(e.to_string()))?;
+        }
         if let Some(f) = pool.space.last_failure.lock().take() {
             // jemalloc's metadata block could not be registered.
             return Err(PoolError::Register(failure_to_error(f, 0)));
@@ -266,7 +289,7 @@ impl Pool {
                     }
                     None => {
                         let f = f.take().expect("called once");
-                        return f(je::flags(self.arena, None), None);
+                        return f(je::flags(self.arenas[0], None), None);
                     }
                 },
             };
@@ -278,7 +301,7 @@ impl Pool {
             Ok(r) => r,
             Err(_) => {
                 let f = f.take().expect("try_with did not run the closure");
-                f(je::flags(self.arena, None), None)
+                f(je::flags(self.arenas[0], None), None)
             }
         }
     }
@@ -295,9 +318,11 @@ impl Pool {
         };
         let slot = Arc::new(ThreadSlot { tcache, counts: ThreadCounts::default() });
         self.registry.st.lock().slots.push(slot.clone());
+        let arena =
+            self.arenas[self.next_arena.fetch_add(1, Ordering::Relaxed) % self.arenas.len()];
         Some(ThreadEntry {
             pool_id: self.id,
-            flags: je::flags(self.arena, Some(tcache)),
+            flags: je::flags(arena, Some(tcache)),
             slot,
             registry: self.registry.clone(),
         })
@@ -448,19 +473,21 @@ impl Drop for Pool {
                 tracing::warn!("bemalloc: {e}");
             }
         }
-        // SAFETY: every explicit cache of this arena is destroyed above, no buffer outlives
-        // the pool (borrow), and raw allocations are documented to die with it.
-        match unsafe { je::destroy_arena(self.arena) } {
-            Ok(()) => {
-                self.space.release();
-                // SAFETY: the arena that pointed at the hooks inside `space` is destroyed and
-                // `space` is not used after this line.
-                unsafe { ManuallyDrop::drop(&mut self.space) };
-            }
-            Err(e) => {
-                // `space` stays allocated (ManuallyDrop): jemalloc may still call its hooks.
+        let mut all_destroyed = true;
+        for &a in &self.arenas {
+            // SAFETY: every explicit cache of the pool is destroyed above, no buffer outlives
+            // the pool (borrow), and raw allocations are documented to die with it.
+            if let Err(e) = unsafe { je::destroy_arena(a) } {
                 tracing::warn!("bemalloc: {e}; the pool's memory stays mapped and registered");
+                all_destroyed = false;
             }
         }
+        if all_destroyed {
+            self.space.release();
+            // SAFETY: every arena that pointed at the hooks inside `space` is destroyed and
+            // `space` is not used after this line.
+            unsafe { ManuallyDrop::drop(&mut self.space) };
+        }
+        // Otherwise `space` stays allocated (ManuallyDrop): jemalloc may still call its hooks.
     }
 }

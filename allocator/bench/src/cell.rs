@@ -38,7 +38,7 @@ pub struct CellResult {
     pub base_rss_kib: u64,
     /// Frees by a thread other than the allocating one.
     pub cross_frees: u64,
-    /// Hand-offs freed locally because the queue was full.
+    /// Hand-offs that waited for room in a full queue.
     pub handoff_full: u64,
     /// Failed allocations.
     pub failures: u64,

@@ -12,7 +12,8 @@
 //! - every thread keeps a fixed number of live slots; each step frees the block in a random
 //!   slot and allocates a new one of a random size, writing one byte in every page of it;
 //! - about 10 % of frees go to another thread through a bounded hand-off (batches of 16 on a
-//!   queue of 4 batches per thread; when the queue is full the block is freed locally and
+//!   queue of 4 batches per thread, so at most 64 blocks per thread are in flight; a sender
+//!   that finds the queue full frees its own incoming blocks and yields until there is room,
 //!   counted as `handoff_full`). With one thread the hand-off goes to the thread itself
 //!   (a deferred free);
 //! - sizes: large 64 KiB–1 MiB with exponential falloff (density at 1 MiB is 1 % of that at

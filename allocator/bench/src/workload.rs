@@ -1,7 +1,7 @@
 //! The Figure 4 workload: threads replacing random live blocks, with cross-thread frees.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Barrier;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -70,7 +70,7 @@ pub struct Counts {
     pub ops: u64,
     /// Frees made by a thread other than the allocating one.
     pub cross_frees: u64,
-    /// Hand-offs that found the queue full (freed locally instead).
+    /// Hand-offs that found the peer's queue full and waited (draining their own queue).
     pub handoff_full: u64,
     /// Allocations that returned null.
     pub failures: u64,
@@ -83,6 +83,13 @@ impl std::ops::AddAssign for Counts {
         self.handoff_full += o.handoff_full;
         self.failures += o.failures;
     }
+}
+
+/// The warm-up rendezvous: workers arrive, the coordinator reads the counters, then opens.
+#[derive(Debug, Default)]
+struct WarmGate {
+    arrived: AtomicUsize,
+    go: AtomicBool,
 }
 
 /// A batch of blocks handed to another thread to free: (address, size).
@@ -145,17 +152,32 @@ impl<A: BenchAlloc> Thread<'_, A> {
         }
     }
 
+    /// Sends the batch for `to`. The queue is bounded: while it is full this thread frees
+    /// what others sent it (so two threads waiting on each other both progress) and yields.
     fn flush(&mut self, to: usize) {
-        let batch = std::mem::replace(&mut self.out[to], Vec::with_capacity(BATCH));
+        let mut batch = std::mem::replace(&mut self.out[to], Vec::with_capacity(BATCH));
         if batch.is_empty() {
             return;
         }
-        match self.peers[to].try_send(batch) {
-            Ok(()) => {}
-            Err(TrySendError::Full(b) | TrySendError::Disconnected(b)) => {
-                self.counts.handoff_full += b.len() as u64;
-                for (p, s) in b {
-                    self.free_local(p, s);
+        let mut waited = false;
+        loop {
+            match self.peers[to].try_send(batch) {
+                Ok(()) => return,
+                Err(TrySendError::Full(b)) => {
+                    batch = b;
+                    if !waited {
+                        self.counts.handoff_full += 1;
+                        waited = true;
+                    }
+                    self.drain_inbox();
+                    std::thread::yield_now();
+                }
+                Err(TrySendError::Disconnected(b)) => {
+                    // The peer has finished: free here.
+                    for (p, s) in b {
+                        self.free_local(p, s);
+                    }
+                    return;
                 }
             }
         }
@@ -208,6 +230,16 @@ impl<A: BenchAlloc> Thread<'_, A> {
         }
     }
 
+    /// Waits at the warm-up point, freeing incoming blocks meanwhile (a blocking barrier
+    /// could deadlock with a peer waiting for room in this thread's queue).
+    fn wait_warm(&mut self, warm: &WarmGate) {
+        warm.arrived.fetch_add(1, Ordering::AcqRel);
+        while !warm.go.load(Ordering::Acquire) {
+            self.drain_inbox();
+            std::thread::yield_now();
+        }
+    }
+
     fn finish(mut self) -> Counts {
         for to in 0..self.threads {
             self.flush(to);
@@ -242,7 +274,7 @@ pub fn run<A: BenchAlloc>(
 ) -> Counts {
     let (txs, rxs): (Vec<_>, Vec<_>) =
         (0..threads).map(|_| sync_channel::<Batch>(QUEUE_BATCHES)).unzip();
-    let barrier = Barrier::new(threads + 1);
+    let gate = WarmGate::default();
     let warm = steps / 3;
     let mut total = Counts::default();
     std::thread::scope(|s| {
@@ -251,7 +283,7 @@ pub fn run<A: BenchAlloc>(
             .enumerate()
             .map(|(me, inbox)| {
                 let peers = txs.clone();
-                let barrier = &barrier;
+                let gate = &gate;
                 s.spawn(move || {
                     let mut t = Thread {
                         alloc,
@@ -267,17 +299,18 @@ pub fn run<A: BenchAlloc>(
                     };
                     t.fill();
                     t.run(warm);
-                    barrier.wait();
-                    barrier.wait();
+                    t.wait_warm(gate);
                     t.run(steps - warm);
                     t.finish()
                 })
             })
             .collect();
         drop(txs);
-        barrier.wait();
+        while gate.arrived.load(Ordering::Acquire) < threads {
+            std::thread::yield_now();
+        }
         at_warm();
-        barrier.wait();
+        gate.go.store(true, Ordering::Release);
         for h in handles {
             total += h.join().expect("bench thread panicked");
         }

@@ -10,7 +10,8 @@
 //! Writes `DIR/alloc-bench.json`, `DIR/figure4.svg`, `DIR/figure5.svg` (default DIR:
 //! `target/alloc-bench`) and prints the tables. Each cell is a child process of this binary
 //! (`--cell …`, `--footprint …`); rpmalloc cells run `alloc-bench-rpmalloc` from the same
-//! directory.
+//! directory. Exits 1 if a bemalloc cell fails; a competitor that cannot run here is reported
+//! as missing (in the table and the JSON), never given a number.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,8 +49,8 @@ fn parse_opts(args: &[String]) -> Opts {
         reps: if quick { 1 } else { 3 },
         allocators: ALLOCATORS.iter().map(|s| s.to_string()).collect(),
         out: PathBuf::from("target/alloc-bench"),
-        large_steps: if quick { 4_000 } else { 60_000 },
-        small_steps: if quick { 40_000 } else { 600_000 },
+        large_steps: if quick { 4_000 } else { 100_000 },
+        small_steps: if quick { 100_000 } else { 4_000_000 },
         footprint_ms: if quick { 1_500 } else { 8_000 },
     };
     if quick {
@@ -212,6 +213,14 @@ fn main() {
             std::process::exit(1);
         }
         eprintln!("wrote {}", p.display());
+    }
+    // A competitor that cannot run here is reported as missing; bemalloc itself must run.
+    let broken = missing.iter().any(|(a, _)| a.starts_with("bemalloc"))
+        || results.iter().any(|r| r.alloc.starts_with("bemalloc") && r.failures > 0)
+        || footprint.is_empty();
+    if broken {
+        eprintln!("alloc-bench: a bemalloc cell failed (see above)");
+        std::process::exit(1);
     }
 }
 
