@@ -39,7 +39,8 @@ pub struct Config {
     /// How long an idle I/O thread busy-polls before blocking (0: block at once; spinning
     /// only pays when I/O threads have cores to themselves).
     pub spin: Duration,
-    /// Messages a socket may have queued before `send` waits (backpressure).
+    /// Messages a socket may have queued before `send` waits (backpressure); on TCP also the
+    /// received messages a socket holds before the connection stops reading.
     pub max_queued_sends: usize,
     /// QP local ACK timeout code (4.096 µs × 2^code).
     pub qp_timeout: u8,
@@ -101,6 +102,9 @@ impl Config {
         }
         if self.keepalive_timeout <= self.keepalive_interval {
             return bad("keepalive_timeout", "must exceed keepalive_interval");
+        }
+        if self.max_queued_sends == 0 || self.max_queued_sends > 1 << 24 {
+            return bad("max_queued_sends", "must be in 1..=2^24");
         }
         if self.secret.is_empty() {
             return bad("secret", "must not be empty");

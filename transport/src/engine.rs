@@ -39,7 +39,7 @@ pub struct RemoteTarget {
     pub addr: u64,
     /// Its rkey.
     pub rkey: u32,
-    /// The receiver's slot for it (from [`crate::Socket::expose`]).
+    /// The receiver's slot for it (from [`crate::RdmaSocket::expose`]).
     pub slot: u32,
     /// Capacity in bytes.
     pub len: u64,
