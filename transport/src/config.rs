@@ -39,6 +39,9 @@ pub struct Config {
     /// How long an idle I/O thread busy-polls before blocking (0: block at once; spinning
     /// only pays when I/O threads have cores to themselves).
     pub spin: Duration,
+    /// Largest message a peer may announce (RTS length, TCP frame): bounds what an
+    /// authenticated but misbehaving peer can make this side allocate and register.
+    pub max_message_bytes: u64,
     /// Messages a socket may have queued before `send` waits (backpressure); on TCP also the
     /// received messages a socket holds before the connection stops reading.
     pub max_queued_sends: usize,
@@ -68,6 +71,7 @@ impl Default for Config {
             secret: b"bex-default-secret".to_vec(),
             spin: Duration::ZERO,
             max_queued_sends: 1024,
+            max_message_bytes: 1 << 30,
             qp_timeout: 14,
             qp_retry_cnt: 7,
             qp_rnr_retry: 7,
@@ -105,6 +109,9 @@ impl Config {
         }
         if self.max_queued_sends == 0 || self.max_queued_sends > 1 << 24 {
             return bad("max_queued_sends", "must be in 1..=2^24");
+        }
+        if self.max_message_bytes == 0 {
+            return bad("max_message_bytes", "must be positive");
         }
         if self.secret.is_empty() {
             return bad("secret", "must not be empty");

@@ -547,7 +547,8 @@ impl<D: Device> Engine<D> {
         reply.msg_id = h.msg_id;
         reply.len = h.len;
         let socket = h.dst_socket;
-        let fits = h.len <= self.pool.max_allocation() as u64 && self.sockets.contains_key(&socket);
+        let fits = h.len <= self.cfg.max_message_bytes.min(self.pool.max_allocation() as u64)
+            && self.sockets.contains_key(&socket);
         match fits.then(|| Msg::alloc(self.pool, h.len as usize)) {
             Some(Ok(buf)) => {
                 let slot = self.alloc_large_slot();

@@ -49,6 +49,8 @@ type Establishing<'a> = std::pin::Pin<
 
 /// Creates engines for one device type; the rest of the transport does not know `D`.
 trait Factory: Send + Sync {
+    /// The device's protocol counters.
+    fn device_stats(&self) -> bex_rnic::DeviceStats;
     /// Runs the bootstrap on `stream` and hands the new engine to a worker.
     fn establish<'a>(
         &'a self,
@@ -221,6 +223,10 @@ impl<D: Device + 'static> FactoryImpl<D> {
 }
 
 impl<D: Device + 'static> Factory for FactoryImpl<D> {
+    fn device_stats(&self) -> bex_rnic::DeviceStats {
+        self.device.stats()
+    }
+
     fn establish<'a>(
         &'a self,
         stream: TcpStream,
@@ -346,7 +352,15 @@ impl RdmaTransport {
         let timeout = cfg.connect_timeout;
         let listener_task = tokio::spawn(async move {
             loop {
-                let Ok((stream, from)) = listener.accept().await else { continue };
+                let (stream, from) = match listener.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of descriptors and the like: do not spin.
+                        tracing::warn!(%e, "bootstrap accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
                 let f = f2.clone();
                 let c = c2.clone();
                 tokio::spawn(async move {
@@ -392,6 +406,11 @@ impl RdmaTransport {
     /// Counters.
     pub fn counters(&self) -> CounterSnapshot {
         self.inner.counters.snapshot()
+    }
+
+    /// The NIC's protocol counters (RNR NAKs, retransmissions, …).
+    pub fn device_stats(&self) -> bex_rnic::DeviceStats {
+        self.inner.factory.device_stats()
     }
 
     /// The configuration.
@@ -471,6 +490,7 @@ impl RdmaTransport {
             peer,
             transport: self.inner.clone(),
             inbox: tokio::sync::Mutex::new(inbox),
+            ended: Mutex::new(None),
             slots: Arc::new(Semaphore::new(self.inner.cfg.max_queued_sends)),
         }
     }
@@ -513,6 +533,8 @@ pub struct RdmaSocket {
     peer: SocketAddr,
     transport: Arc<Inner>,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Result<Msg>>>,
+    /// The error that ended the socket, repeated by every later `recv`.
+    ended: Mutex<Option<TransportError>>,
     slots: Arc<Semaphore>,
 }
 
@@ -561,10 +583,14 @@ impl RdmaSocket {
 
     /// The next message, in order.
     pub async fn recv(&self) -> Result<Msg> {
-        match self.inbox.lock().await.recv().await {
-            Some(r) => r,
-            None => Err(TransportError::Closed),
+        if let Some(e) = self.ended.lock().clone() {
+            return Err(e);
         }
+        let r = self.inbox.lock().await.recv().await.unwrap_or(Err(TransportError::Closed));
+        if let Err(e) = &r {
+            *self.ended.lock() = Some(e.clone());
+        }
+        r
     }
 
     /// Fails the engine under this socket, as a QP error would (every socket on it fails).

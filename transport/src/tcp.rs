@@ -192,16 +192,18 @@ enum ReadError {
 async fn read_frame(
     r: &mut BufReader<OwnedReadHalf>,
     pool: &'static Pool,
+    max_message: u64,
 ) -> std::result::Result<Option<Msg>, ReadError> {
     if r.fill_buf().await.map_err(ReadError::Io)?.is_empty() {
         return Err(ReadError::Eof);
     }
     let mut h = [0u8; HEADER_LEN];
     r.read_exact(&mut h).await.map_err(ReadError::Io)?;
-    match Frame::decode(&h, pool.max_allocation() as u64).map_err(ReadError::Malformed)? {
+    let limit = max_message.min(pool.max_allocation() as u64);
+    match Frame::decode(&h, limit).map_err(ReadError::Malformed)? {
         Frame::Close => Ok(None),
         Frame::Data(len) => {
-            // `decode` bounded `len` by `max_allocation`, a `usize`.
+            // `decode` bounded `len` by `max_allocation`, a `usize`, and the configured limit.
             let mut msg = Msg::alloc(pool, len as usize).map_err(|e| ReadError::Alloc(len, e))?;
             r.read_exact(msg.as_mut_slice()).await.map_err(ReadError::Io)?;
             Ok(Some(msg))
@@ -221,7 +223,7 @@ async fn read_loop(
         let frame = tokio::select! {
             biased;
             _ = shut(&mut shutdown) => break TransportError::Shutdown,
-            f = read_frame(&mut r, shared.pool) => f,
+            f = read_frame(&mut r, shared.pool, shared.cfg.max_message_bytes) => f,
         };
         // `biased` orders the branches within one poll, not across the poll: the thread may
         // pause between them while the shutdown makes the peer close. Shutdown wins.
