@@ -15,6 +15,11 @@ pub struct Config {
     pub sq_depth: u32,
     /// Receive-queue depth `d`; receives are re-posted and credits returned `d/2` at a time.
     pub rq_depth: u32,
+    /// SRQ mode: the engines of an I/O thread share one receive queue of `srq_depth`
+    /// buffers, and receive credits are off (the QPs' RNR retry absorbs exhaustion).
+    pub srq: bool,
+    /// Depth of each I/O thread's shared receive queue (SRQ mode).
+    pub srq_depth: u32,
     /// Completion-queue depth of each I/O thread.
     pub cq_depth: u32,
     /// Largest message sent eagerly by SEND; larger ones go RTS → CTS → WRITE fragments.
@@ -59,6 +64,8 @@ impl Default for Config {
             io_threads: 1,
             sq_depth: 32,
             rq_depth: 64,
+            srq: false,
+            srq_depth: 1024,
             cq_depth: 8192,
             eager_max: 8 * 1024,
             fragment_bytes: 16 * 1024,
@@ -91,6 +98,12 @@ impl Config {
         }
         if !(4..=16384).contains(&self.rq_depth) {
             return bad("rq_depth", "must be in 4..=16384");
+        }
+        if self.srq && !(4..=65536).contains(&self.srq_depth) {
+            return bad("srq_depth", "must be in 4..=65536");
+        }
+        if self.srq && self.qp_rnr_retry != 7 {
+            return bad("qp_rnr_retry", "must be 7 (infinite) in SRQ mode, which has no credits");
         }
         if self.cq_depth < 2 * (self.sq_depth + self.rq_depth) {
             return bad("cq_depth", "must hold at least 2 × (sq_depth + rq_depth)");

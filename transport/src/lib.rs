@@ -17,6 +17,7 @@ pub mod msg;
 pub mod policy;
 pub mod proto;
 pub mod rdma;
+pub(crate) mod recv;
 pub mod sim;
 pub mod tcp;
 pub(crate) mod worker;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bemalloc::Pool;
 use bex_rnic::verbs::{InitAttrs, QpCaps, QpEndpoint, RtrAttrs, RtsAttrs};
-use bex_rnic::{bootstrap, Device, QpInit, QueuePair};
+use bex_rnic::{bootstrap, Device, QpInit, QueuePair, SharedReceiveQueue};
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
@@ -28,6 +28,8 @@ use crate::config::{Config, CounterSnapshot, Counters};
 use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
+use crate::proto::HEADER_LEN;
+use crate::recv::RecvRing;
 use crate::worker::{new_wake, Cmd, Worker, WorkerHandle};
 
 const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x01";
@@ -41,6 +43,9 @@ struct EngineRef {
 }
 
 type Table = Mutex<HashMap<SocketAddr, Arc<OnceCell<EngineRef>>>>;
+
+/// An I/O thread's shared receive ring and SRQ.
+type SharedRecv<D> = (Arc<Mutex<RecvRing>>, Arc<<D as Device>::Srq>);
 
 /// A bootstrap in progress.
 type Establishing<'a> = std::pin::Pin<
@@ -64,6 +69,8 @@ struct FactoryImpl<D: Device> {
     device: Arc<D>,
     pd: Arc<D::Pd>,
     cqs: Vec<Arc<D::Cq>>,
+    /// Per I/O thread in SRQ mode: the shared receive ring and its SRQ.
+    srqs: Vec<Option<SharedRecv<D>>>,
     engine_tx: Vec<Mutex<Sender<Engine<D>>>>,
     wakes: Vec<Arc<nix::sys::eventfd::EventFd>>,
     next_worker: AtomicUsize,
@@ -112,7 +119,8 @@ impl Hello {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let rq_depth = u32_at(e);
         let sq_depth = u32_at(e + 4);
-        if !(4..=16384).contains(&rq_depth) || !(2..=16384).contains(&sq_depth) {
+        let rq_ok = rq_depth == 0 || (4..=16384).contains(&rq_depth);
+        if !rq_ok || !(2..=16384).contains(&sq_depth) {
             return Err(refuse("queue depths out of range"));
         }
         let mut gid = [0u8; 16];
@@ -156,14 +164,17 @@ impl<D: Device + 'static> FactoryImpl<D> {
             max_send_sge: 2,
             max_recv_sge: 1,
         };
+        let shared = self.srqs[worker].clone();
+        let srq = shared.as_ref().map(|(_, s)| &**s);
         let qp = self.device.create_qp(
             &self.pd,
-            &QpInit { send_cq: cq, recv_cq: cq, srq: None, thread_domain: None, caps },
+            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: None, caps },
         )?;
         let mine = Hello {
             nonce: rand::random(),
             endpoint: qp.endpoint(),
-            rq_depth: self.cfg.rq_depth,
+            // 0 tells the peer this side draws on an SRQ and takes no credits.
+            rq_depth: if self.cfg.srq { 0 } else { self.cfg.rq_depth },
             sq_depth: self.cfg.sq_depth,
             listen: self.listen_addr,
         }
@@ -198,6 +209,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
             peer_rq_depth: hello.rq_depth,
             accept: Some(self.accept.clone()),
             socket_ids: self.socket_ids.clone(),
+            shared_recv: shared,
         };
         let engine = Engine::<D>::new(qp, parts, crate::clock::now())?;
         let rtr =
@@ -295,11 +307,21 @@ impl RdmaTransport {
         let socket_ids = Arc::new(AtomicU32::new(1));
         let mut workers = Vec::new();
         let mut cqs = Vec::new();
+        let mut srqs = Vec::new();
         let mut engine_tx = Vec::new();
         let mut wakes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..cfg.io_threads {
             let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
+            srqs.push(if cfg.srq {
+                let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
+                let ring =
+                    RecvRing::new(pool, dev_index, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
+                srq.post_recv(&ring.all())?;
+                Some((Arc::new(Mutex::new(ring)), srq))
+            } else {
+                None
+            });
             let (tx, rx) = std::sync::mpsc::channel();
             let (etx, erx) = std::sync::mpsc::channel();
             let wake = new_wake()?;
@@ -336,6 +358,7 @@ impl RdmaTransport {
             device,
             pd,
             cqs,
+            srqs,
             engine_tx,
             wakes,
             next_worker: AtomicUsize::new(0),
