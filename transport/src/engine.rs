@@ -26,7 +26,7 @@ use crate::policy::keepalive::Keepalive;
 use crate::policy::sched::RoundRobin;
 use crate::policy::window::SendWindow;
 use crate::proto::{Header, Kind, HEADER_LEN};
-use crate::recv::{Receives, RecvRing};
+use crate::recv::{Receives, RecvRing, SharedRecv};
 
 /// Receive work requests carry this bit in their id (send ids are chain slots).
 pub(crate) const RECV_TAG: u64 = 1 << 63;
@@ -174,7 +174,7 @@ pub(crate) struct EngineParts<D: Device> {
     pub accept: Option<mpsc::UnboundedSender<Accepted>>,
     pub socket_ids: Arc<std::sync::atomic::AtomicU32>,
     /// The I/O thread's shared receive ring and SRQ (SRQ mode); `None`: a ring of its own.
-    pub shared_recv: Option<(Arc<parking_lot::Mutex<RecvRing>>, Arc<D::Srq>)>,
+    pub shared_recv: Option<SharedRecv<D>>,
 }
 
 impl<D: Device> Engine<D> {

@@ -29,7 +29,7 @@ use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
 use crate::proto::HEADER_LEN;
-use crate::recv::RecvRing;
+use crate::recv::{RecvRing, SharedRecv};
 use crate::worker::{new_wake, Cmd, Worker, WorkerHandle};
 
 const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x01";
@@ -44,8 +44,6 @@ struct EngineRef {
 
 type Table = Mutex<HashMap<SocketAddr, Arc<OnceCell<EngineRef>>>>;
 
-/// An I/O thread's shared receive ring and SRQ.
-type SharedRecv<D> = (Arc<Mutex<RecvRing>>, Arc<<D as Device>::Srq>);
 
 /// A bootstrap in progress.
 type Establishing<'a> = std::pin::Pin<

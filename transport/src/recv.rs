@@ -85,6 +85,9 @@ impl RecvRing {
     }
 }
 
+/// An I/O thread's shared receive ring and its SRQ (SRQ mode).
+pub(crate) type SharedRecv<D> = (Arc<Mutex<RecvRing>>, Arc<<D as Device>::Srq>);
+
 /// Where an engine's receives come from.
 pub(crate) enum Receives<D: Device> {
     /// Its own ring on its QP; credits are returned to the peer.

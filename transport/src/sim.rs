@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bemalloc::Pool;
-use bex_rnic::soft::{Fabric, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd, SoftSrq};
+use bex_rnic::soft::{Fabric, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
 use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
 use bex_rnic::{Device, QpInit, QueuePair, SharedReceiveQueue};
 use tokio::sync::{mpsc, oneshot};
@@ -23,12 +23,12 @@ use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
 use crate::proto::HEADER_LEN;
-use crate::recv::RecvRing;
+use crate::recv::{RecvRing, SharedRecv};
 use crate::worker::{new_wake, Cmd, Worker};
 
 struct Node {
     device: SoftDevice,
-    srq: Option<(Arc<parking_lot::Mutex<RecvRing>>, Arc<SoftSrq>)>,
+    srq: Option<SharedRecv<SoftDevice>>,
     pd: Arc<SoftPd>,
     pool: &'static Pool,
     cq: Arc<SoftCq>,
