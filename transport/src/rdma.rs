@@ -44,7 +44,6 @@ struct EngineRef {
 
 type Table = Mutex<HashMap<SocketAddr, Arc<OnceCell<EngineRef>>>>;
 
-
 /// A bootstrap in progress.
 type Establishing<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<(SocketAddr, EngineRef)>> + Send + 'a>,
