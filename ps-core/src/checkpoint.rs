@@ -192,8 +192,13 @@ impl<W: Write> Write for CrcWriter<W> {
     }
 }
 
-/// Rows exported per lock acquisition while writing.
-const EXPORT_BATCH: usize = 4096;
+/// Bytes of rows copied per stripe-lock acquisition (writing) or per read (restoring).
+const BATCH_BYTES: usize = 4 << 20;
+
+/// Rows per batch for records of `record_len` bytes (at least one).
+fn batch_rows(record_len: usize) -> usize {
+    (BATCH_BYTES / record_len.max(1)).max(1)
+}
 
 /// Writes `tables` to `path` atomically (see the module docs).
 pub fn write_checkpoint(
@@ -251,7 +256,12 @@ fn write_tmp(
             let mut from = 0;
             while from < count {
                 buf.clear();
-                let n = t.export_records(s, from, EXPORT_BATCH.min(count - from), &mut buf);
+                let n = t.export_records(
+                    s,
+                    from,
+                    batch_rows(t.record_len()).min(count - from),
+                    &mut buf,
+                );
                 if n == 0 {
                     return Err(CheckpointError::Truncated("stripe shrank while writing".into()));
                 }
@@ -390,7 +400,7 @@ pub fn read_checkpoint(
         })?;
         let mut left = total;
         while left > 0 {
-            let n = left.min(rl * EXPORT_BATCH as u64) as usize;
+            let n = left.min(rl * batch_rows(rl as usize) as u64) as usize;
             buf.resize(n, 0);
             body.read_exact_body(&mut buf, "rows")?;
             t.import_records(&buf)?;
