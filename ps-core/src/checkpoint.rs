@@ -67,6 +67,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::control::SnapshotCursor;
 use crate::optim::OptimizerKind;
@@ -191,8 +192,13 @@ impl<W: Write> Write for CrcWriter<W> {
     }
 }
 
-/// Rows exported per lock acquisition while writing.
-const EXPORT_BATCH: usize = 4096;
+/// Bytes of rows copied per stripe-lock acquisition (writing) or per read (restoring).
+const BATCH_BYTES: usize = 4 << 20;
+
+/// Rows per batch for records of `record_len` bytes (at least one).
+fn batch_rows(record_len: usize) -> usize {
+    (BATCH_BYTES / record_len.max(1)).max(1)
+}
 
 /// Writes `tables` to `path` atomically (see the module docs).
 pub fn write_checkpoint(
@@ -250,7 +256,12 @@ fn write_tmp(
             let mut from = 0;
             while from < count {
                 buf.clear();
-                let n = t.export_records(s, from, EXPORT_BATCH.min(count - from), &mut buf);
+                let n = t.export_records(
+                    s,
+                    from,
+                    batch_rows(t.record_len()).min(count - from),
+                    &mut buf,
+                );
                 if n == 0 {
                     return Err(CheckpointError::Truncated("stripe shrank while writing".into()));
                 }
@@ -389,7 +400,7 @@ pub fn read_checkpoint(
         })?;
         let mut left = total;
         while left > 0 {
-            let n = left.min(rl * EXPORT_BATCH as u64) as usize;
+            let n = left.min(rl * batch_rows(rl as usize) as u64) as usize;
             buf.resize(n, 0);
             body.read_exact_body(&mut buf, "rows")?;
             t.import_records(&buf)?;
@@ -407,6 +418,37 @@ pub fn read_checkpoint(
         return Err(CheckpointError::Checksum { what: "body", stored: stored_crc, computed: crc });
     }
     Ok((set, meta))
+}
+
+/// When the next periodic checkpoint is due (pure; `now` from the caller's clock). On-demand
+/// checkpoints also count as done, postponing the next periodic one by a full interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointSchedule {
+    interval: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl CheckpointSchedule {
+    /// Every `interval` from `now` (`Duration::ZERO`: never periodic).
+    pub fn new(interval: Duration, now: Instant) -> CheckpointSchedule {
+        let interval = (!interval.is_zero()).then_some(interval);
+        CheckpointSchedule { interval, next: interval.map(|i| now + i) }
+    }
+
+    /// The deadline of the next periodic checkpoint, if any (for a timer).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.next
+    }
+
+    /// True when a periodic checkpoint is due at `now`.
+    pub fn is_due(&self, now: Instant) -> bool {
+        self.next.is_some_and(|n| now >= n)
+    }
+
+    /// A checkpoint (periodic or on demand) finished at `now`.
+    pub fn completed(&mut self, now: Instant) {
+        self.next = self.interval.map(|i| now + i);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -638,6 +680,20 @@ mod tests {
             out.push((id, recs.concat()));
         }
         out
+    }
+
+    #[test]
+    fn schedule() {
+        let t0 = crate::test_clock::origin();
+        let s = Duration::from_secs;
+        let mut c = CheckpointSchedule::new(s(300), t0);
+        assert!(!c.is_due(t0 + s(299)));
+        assert!(c.is_due(t0 + s(300)));
+        c.completed(t0 + s(100)); // on demand at +100 s
+        assert_eq!(c.next_deadline(), Some(t0 + s(400)));
+        let off = CheckpointSchedule::new(Duration::ZERO, t0);
+        assert!(!off.is_due(t0 + s(1_000_000)));
+        assert_eq!(off.next_deadline(), None);
     }
 
     #[test]

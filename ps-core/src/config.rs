@@ -824,6 +824,14 @@ impl Config {
         }
     }
 
+    /// The push dedupe sizes of a server.
+    pub fn dedupe_config(&self) -> crate::dedupe::DedupeConfig {
+        crate::dedupe::DedupeConfig {
+            window: self.server.dedupe_window,
+            max_clients: self.server.dedupe_max_clients,
+        }
+    }
+
     /// Checkpoint file of (pod, shard): `<data_dir>/pod<pod>/shard<shard>.ckpt`.
     pub fn checkpoint_path(&self, pod: u32, shard: u32) -> PathBuf {
         self.cluster.data_dir.join(format!("pod{pod}")).join(format!("shard{shard}.ckpt"))

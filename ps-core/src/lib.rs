@@ -16,6 +16,7 @@
 //!   that bootstrap a replica from a peer.
 //! - [`fanout`]: client-side planning — dedup keys, split by shard, merge in request order.
 //! - [`metrics`]: a small Prometheus text-format registry.
+//! - [`replication`]: the training pod's replication lag bookkeeping.
 //!
 //! Nothing here reads a clock or sleeps; callers pass times in.
 #![forbid(unsafe_code)]
@@ -28,6 +29,7 @@ pub mod fanout;
 pub mod init;
 pub mod metrics;
 pub mod optim;
+pub mod replication;
 pub mod shard;
 pub mod table;
 pub mod topology;
@@ -39,3 +41,13 @@ pub use shard::shard_of;
 pub use table::{Table, TableSet, TableSpec};
 pub use topology::Topology;
 pub use wire::{Limits, Op, Status, WireError};
+
+/// The tests' one wall-clock read (an origin to add durations to; nothing waits on it).
+#[cfg(test)]
+pub(crate) mod test_clock {
+    /// Some instant.
+    #[allow(clippy::disallowed_methods)] // the single sanctioned wall-clock read of this crate
+    pub fn origin() -> std::time::Instant {
+        std::time::Instant::now()
+    }
+}

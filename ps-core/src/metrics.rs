@@ -4,7 +4,8 @@
 //!
 //! Handles are cheap clones of an `Arc` of atomics: record on the hot path without locks;
 //! only registration and rendering take the registry's lock. Registering the same name and
-//! labels again returns the same series.
+//! labels again returns the same series (for a computed gauge it is an error instead: the
+//! function cannot be shared).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

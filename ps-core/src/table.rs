@@ -37,7 +37,7 @@ use crate::config::FieldError;
 use crate::control::{TableInfo, TableStats};
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::wire::{LeF32s, LeU64s, MAX_DIM};
+use crate::wire::{LeF32s, LeU64s, Status, MAX_DIM};
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
 pub const STRIPES: usize = 64;
@@ -112,6 +112,32 @@ pub enum TableError {
     /// The table definitions are invalid.
     #[error("invalid table definitions: {0:?}")]
     Invalid(Vec<FieldError>),
+    /// No table has this id.
+    #[error("unknown table {0}")]
+    UnknownTable(u32),
+    /// A request's dimension differs from the table's.
+    #[error("table {table} has dim {dim}, request has {got}")]
+    WrongDim {
+        /// Table id.
+        table: u32,
+        /// The table's dimension.
+        dim: u32,
+        /// The request's dimension.
+        got: u32,
+    },
+}
+
+impl TableError {
+    /// The response status a server answers this error with.
+    pub fn status(&self) -> Status {
+        match self {
+            TableError::NonFinite { .. } => Status::BadValue,
+            TableError::UnknownTable(_) => Status::UnknownTable,
+            TableError::WrongDim { .. } => Status::WrongDim,
+            TableError::WrongLength { .. } => Status::BadFrame,
+            TableError::Invalid(_) => Status::BadControl,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -586,6 +612,16 @@ impl TableSet {
         self.tables.get(id as usize)
     }
 
+    /// The table a data request addresses, checking its dimension: the server's first step
+    /// for Fetch, Push and Replicate (answer [`TableError::status`] on error).
+    pub fn resolve(&self, id: u32, dim: u32) -> Result<&Table, TableError> {
+        let t = self.get(id).ok_or(TableError::UnknownTable(id))?;
+        if t.spec.dim != dim {
+            return Err(TableError::WrongDim { table: id, dim: t.spec.dim, got: dim });
+        }
+        Ok(t)
+    }
+
     /// The id of the table named `name`.
     pub fn id_of(&self, name: &str) -> Option<u32> {
         self.by_name.get(name).copied()
@@ -794,6 +830,11 @@ mod tests {
         assert_eq!(ok.id_of("b"), Some(1));
         assert_eq!(ok.get(1).unwrap().dim(), 3);
         assert!(ok.get(2).is_none());
+        assert_eq!(ok.resolve(1, 3).unwrap().spec().name, "b");
+        let e = ok.resolve(1, 4).unwrap_err();
+        assert_eq!(e, TableError::WrongDim { table: 1, dim: 3, got: 4 });
+        assert_eq!(e.status(), Status::WrongDim);
+        assert_eq!(ok.resolve(9, 3).unwrap_err().status(), Status::UnknownTable);
         assert_ne!(ok.epoch(), 0);
     }
 
