@@ -91,17 +91,31 @@ impl PsClient {
         (0..self.topo.pods()).map(|p| index(&self.topo, p, shard)).collect()
     }
 
-    async fn call(&self, replicas: &[usize], op: Op, frame: &[u8]) -> Result<bex_transport::Msg, PsError> {
+    async fn call(
+        &self,
+        replicas: &[usize],
+        op: Op,
+        frame: &[u8],
+    ) -> Result<bex_transport::Msg, PsError> {
         let m = self.rpc.call(replicas, op as u16, frame).await?;
-        let r = wire::decode_response(m.as_slice(), &self.limits).map_err(|e| PsError::Protocol(e.to_string()))?;
+        let r = wire::decode_response(m.as_slice(), &self.limits)
+            .map_err(|e| PsError::Protocol(e.to_string()))?;
         if !r.header.status.is_success() {
-            return Err(PsError::Server { status: r.header.status, message: r.message().into_owned() });
+            return Err(PsError::Server {
+                status: r.header.status,
+                message: r.message().into_owned(),
+            });
         }
         Ok(m)
     }
 
     /// Rows of `keys` (with duplicates, in request order) from table `table` of `dim`.
-    pub async fn fetch(self: &Arc<Self>, table: u32, dim: u32, keys: &[u64]) -> Result<Vec<f32>, PsError> {
+    pub async fn fetch(
+        self: &Arc<Self>,
+        table: u32,
+        dim: u32,
+        keys: &[u64],
+    ) -> Result<Vec<f32>, PsError> {
         let plan = FanoutPlan::new(keys, self.topo.shards());
         let mut tasks = Vec::new();
         for part in plan.parts() {
@@ -110,9 +124,11 @@ impl PsClient {
             tasks.push(tokio::spawn(async move {
                 let h = DataHeader { table, dim, client: me.client_id, seq: 0, flags: 0 };
                 let mut frame = vec![0u8; wire::fetch_request_len(keys.len())];
-                wire::encode_fetch_into(&mut frame, &h, &keys).map_err(|e| PsError::Protocol(e.to_string()))?;
+                wire::encode_fetch_into(&mut frame, &h, &keys)
+                    .map_err(|e| PsError::Protocol(e.to_string()))?;
                 let m = me.call(&me.replicas(shard), Op::Fetch, &frame).await?;
-                let r = wire::decode_response(m.as_slice(), &me.limits).map_err(|e| PsError::Protocol(e.to_string()))?;
+                let r = wire::decode_response(m.as_slice(), &me.limits)
+                    .map_err(|e| PsError::Protocol(e.to_string()))?;
                 Ok::<Vec<f32>, PsError>(r.rows().to_vec())
             }));
         }
@@ -126,9 +142,16 @@ impl PsClient {
 
     /// Pushes gradients (`keys.len() × dim`, request order; duplicate keys' gradients are
     /// summed) to the training pod.
-    pub async fn push(self: &Arc<Self>, table: u32, dim: u32, keys: &[u64], grads: &[f32]) -> Result<(), PsError> {
+    pub async fn push(
+        self: &Arc<Self>,
+        table: u32,
+        dim: u32,
+        keys: &[u64],
+        grads: &[f32],
+    ) -> Result<(), PsError> {
         let plan = FanoutPlan::new(keys, self.topo.shards());
-        let per_part = plan.split_grads(dim as usize, grads).map_err(|e| PsError::Protocol(e.to_string()))?;
+        let per_part =
+            plan.split_grads(dim as usize, grads).map_err(|e| PsError::Protocol(e.to_string()))?;
         let mut tasks = Vec::new();
         for (part, g) in plan.parts().iter().zip(per_part) {
             let me = self.clone();
@@ -137,7 +160,8 @@ impl PsClient {
             tasks.push(tokio::spawn(async move {
                 let h = DataHeader { table, dim, client: me.client_id, seq, flags: 0 };
                 let mut frame = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
-                wire::encode_push_into(&mut frame, &h, &keys, &g).map_err(|e| PsError::Protocol(e.to_string()))?;
+                wire::encode_push_into(&mut frame, &h, &keys, &g)
+                    .map_err(|e| PsError::Protocol(e.to_string()))?;
                 let target = [index(&me.topo, me.topo.training_pod(), shard)];
                 match me.call(&target, Op::Push, &frame).await {
                     Ok(_) => Ok(()),
@@ -154,7 +178,13 @@ impl PsClient {
     }
 
     /// A raw request frame to one server (tests, admin tools): the decoded response bytes.
-    pub async fn raw(&self, pod: u32, shard: u32, op: Op, frame: &[u8]) -> Result<bex_transport::Msg, PsError> {
+    pub async fn raw(
+        &self,
+        pod: u32,
+        shard: u32,
+        op: Op,
+        frame: &[u8],
+    ) -> Result<bex_transport::Msg, PsError> {
         self.call(&[index(&self.topo, pod, shard)], op, frame).await
     }
 }

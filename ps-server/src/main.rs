@@ -48,7 +48,9 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--config" => config = Some(PathBuf::from(v)),
             "--pod" => pod = Some(v.parse().map_err(|_| format!("--pod: not a number: {v}"))?),
-            "--shard" => shard = Some(v.parse().map_err(|_| format!("--shard: not a number: {v}"))?),
+            "--shard" => {
+                shard = Some(v.parse().map_err(|_| format!("--shard: not a number: {v}"))?)
+            }
             _ => return Err(format!("unknown option {a}")),
         }
     }
@@ -83,9 +85,11 @@ async fn bootstrap(client: &Client, tables: &TableSet) -> Result<u64, String> {
     let mut rows = 0u64;
     for seq in 1.. {
         let req = SnapshotRequest { cursor, max_bytes: 1 << 20 };
-        let frame = wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
+        let frame =
+            wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
         let m = client.call(&[0], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
-        let r = wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+        let r =
+            wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
         if !r.header.status.is_success() {
             return Err(r.message().into_owned());
         }
@@ -105,7 +109,16 @@ async fn main() {
     let cfg = Config::load(&args.config).unwrap_or_else(|e| die(2, &e.to_string()));
     let topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
     let Some(addrs) = topo.server(args.pod, args.shard).copied() else {
-        die(2, &format!("pod {} shard {} is not in the cluster ({} pods × {} shards)", args.pod, args.shard, topo.pods(), topo.shards()))
+        die(
+            2,
+            &format!(
+                "pod {} shard {} is not in the cluster ({} pods × {} shards)",
+                args.pod,
+                args.shard,
+                topo.pods(),
+                topo.shards()
+            ),
+        )
     };
     let secret = cluster_secret(&cfg.cluster.name);
     let tcfg = transport_config(&cfg.transport, &secret);
@@ -114,12 +127,19 @@ async fn main() {
     let (tables, update_seq, restored) = if cfg.server.restore_on_start && ckpt.exists() {
         match checkpoint::read_checkpoint(&ckpt, &specs) {
             Ok((t, meta)) => (t, meta.update_seq, true),
-            Err(e) => die(1, &format!("checkpoint {} is unusable: {e} (move it away to start empty)", ckpt.display())),
+            Err(e) => die(
+                1,
+                &format!(
+                    "checkpoint {} is unusable: {e} (move it away to start empty)",
+                    ckpt.display()
+                ),
+            ),
         }
     } else {
         (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, false)
     };
-    let node = Node::start(addrs.rdma, addrs.tcp, tcfg).await.unwrap_or_else(|e| die(1, &e.to_string()));
+    let node =
+        Node::start(addrs.rdma, addrs.tcp, tcfg).await.unwrap_or_else(|e| die(1, &e.to_string()));
     let (rdma, tcp) = node.transports();
     let ccfg = client_config(&cfg.rpc, args.pod, u64::from(args.pod) << 32 | u64::from(args.shard));
     // The training pod forwards to the same shard in every other pod.
@@ -143,7 +163,10 @@ async fn main() {
             shard: args.shard,
             tables,
             limits,
-            dedupe: DedupeConfig { window: cfg.server.dedupe_window, max_clients: cfg.server.dedupe_max_clients },
+            dedupe: DedupeConfig {
+                window: cfg.server.dedupe_window,
+                max_clients: cfg.server.dedupe_max_clients,
+            },
             pool: node.pool(),
             checkpoint_path: ckpt.clone(),
             update_seq,
@@ -161,9 +184,12 @@ async fn main() {
             vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
             ccfg.clone(),
         );
-        match tokio::time::timeout(Duration::from_secs(10), bootstrap(&peer, server.tables())).await {
+        match tokio::time::timeout(Duration::from_secs(10), bootstrap(&peer, server.tables())).await
+        {
             Ok(Ok(rows)) => eprintln!("ps-server: bootstrapped {rows} rows from the training pod"),
-            Ok(Err(e)) => eprintln!("ps-server: no bootstrap from the training pod ({e}); starting empty"),
+            Ok(Err(e)) => {
+                eprintln!("ps-server: no bootstrap from the training pod ({e}); starting empty")
+            }
             Err(_) => eprintln!("ps-server: bootstrap timed out; starting empty"),
         }
     }
@@ -188,7 +214,13 @@ async fn main() {
             }
         });
     }
-    println!("ready pod={} shard={} rdma={} tcp={} http={http_addr}", args.pod, args.shard, node.rdma.local_addr(), node.tcp.local_addr());
+    println!(
+        "ready pod={} shard={} rdma={} tcp={} http={http_addr}",
+        args.pod,
+        args.shard,
+        node.rdma.local_addr(),
+        node.tcp.local_addr()
+    );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .unwrap_or_else(|e| die(1, &format!("SIGTERM handler: {e}")));
     tokio::select! {
@@ -203,6 +235,6 @@ async fn main() {
             Err(e) => eprintln!("ps-server: shutdown checkpoint failed: {e}"),
         }
     }
-    let _ = Transport::Rdma(node.rdma.clone()).shutdown();
+    Transport::Rdma(node.rdma.clone()).shutdown();
     std::process::exit(0);
 }

@@ -67,24 +67,35 @@ pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64) -> ClientConfig {
 /// The shared secret: `BEX_SECRET` from the environment, or the cluster's name (a local
 /// default; real clusters set the variable).
 pub fn cluster_secret(cluster_name: &str) -> Vec<u8> {
-    std::env::var("BEX_SECRET").map(String::into_bytes).unwrap_or_else(|_| {
-        format!("bex-cluster:{cluster_name}").into_bytes()
-    })
+    std::env::var("BEX_SECRET")
+        .map(String::into_bytes)
+        .unwrap_or_else(|_| format!("bex-cluster:{cluster_name}").into_bytes())
 }
 
 impl Node {
     /// Starts both transports: RDMA bootstrap on `rdma` (the soft RNIC on its IP), TCP on
     /// `tcp`; port 0 picks free ports.
-    pub async fn start(rdma: SocketAddr, tcp: SocketAddr, cfg: Config) -> anyhow_like::Result<Node> {
+    pub async fn start(
+        rdma: SocketAddr,
+        tcp: SocketAddr,
+        cfg: Config,
+    ) -> anyhow_like::Result<Node> {
         let device = SoftDevice::open_udp(UdpConfig::new(SocketAddr::new(rdma.ip(), 0)))
             .map_err(|e| anyhow_like::err("open the software RNIC", e))?;
         let pd = device.alloc_pd().map_err(|e| anyhow_like::err("alloc pd", e))?;
         let pool: &'static Pool = Pool::new(vec![Arc::new(device.registrar(&pd))])
             .map_err(|e| anyhow_like::err("registered pool", e))?
             .leak();
-        let r = RdmaTransport::start(Arc::new(device.clone()), Arc::new(pd), pool, 0, rdma, cfg.clone())
-            .await
-            .map_err(|e| anyhow_like::err(&format!("RDMA transport on {rdma}"), e))?;
+        let r = RdmaTransport::start(
+            Arc::new(device.clone()),
+            Arc::new(pd),
+            pool,
+            0,
+            rdma,
+            cfg.clone(),
+        )
+        .await
+        .map_err(|e| anyhow_like::err(&format!("RDMA transport on {rdma}"), e))?;
         let t = TcpTransport::start(pool, tcp, cfg)
             .await
             .map_err(|e| anyhow_like::err(&format!("TCP transport on {tcp}"), e))?;

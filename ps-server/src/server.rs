@@ -53,7 +53,11 @@ impl Metrics {
         let requests = Op::ALL
             .into_iter()
             .map(|op| {
-                let c = registry.counter("bex_ps_requests_total", "Requests by op", &[("op", op.name())]);
+                let c = registry.counter(
+                    "bex_ps_requests_total",
+                    "Requests by op",
+                    &[("op", op.name())],
+                );
                 (op, c.expect("metric names are static and valid"))
             })
             .collect();
@@ -61,18 +65,44 @@ impl Metrics {
             .into_iter()
             .filter(|s| !s.is_success())
             .map(|s| {
-                let c = registry.counter("bex_ps_errors_total", "Error responses by status", &[("status", s.name())]);
+                let c = registry.counter(
+                    "bex_ps_errors_total",
+                    "Error responses by status",
+                    &[("status", s.name())],
+                );
                 (s, c.expect("metric names are static and valid"))
             })
             .collect();
         Metrics {
             requests,
             errors,
-            fetched_keys: registry.counter("bex_ps_fetched_keys_total", "Keys fetched", &[]).expect("static metric"),
-            pushed_keys: registry.counter("bex_ps_pushed_keys_total", "Gradient rows applied", &[]).expect("static metric"),
-            duplicates: registry.counter("bex_ps_duplicate_pushes_total", "Pushes and replications recognised as retries", &[]).expect("static metric"),
-            replicated_batches: registry.counter("bex_ps_replicated_batches_total", "Batches forwarded to replicas and acknowledged", &[]).expect("static metric"),
-            replication_dropped: registry.counter("bex_ps_replication_dropped_total", "Batches dropped because a replica's queue was full", &[]).expect("static metric"),
+            fetched_keys: registry
+                .counter("bex_ps_fetched_keys_total", "Keys fetched", &[])
+                .expect("static metric"),
+            pushed_keys: registry
+                .counter("bex_ps_pushed_keys_total", "Gradient rows applied", &[])
+                .expect("static metric"),
+            duplicates: registry
+                .counter(
+                    "bex_ps_duplicate_pushes_total",
+                    "Pushes and replications recognised as retries",
+                    &[],
+                )
+                .expect("static metric"),
+            replicated_batches: registry
+                .counter(
+                    "bex_ps_replicated_batches_total",
+                    "Batches forwarded to replicas and acknowledged",
+                    &[],
+                )
+                .expect("static metric"),
+            replication_dropped: registry
+                .counter(
+                    "bex_ps_replication_dropped_total",
+                    "Batches dropped because a replica's queue was full",
+                    &[],
+                )
+                .expect("static metric"),
             registry,
         }
     }
@@ -175,7 +205,14 @@ impl PsServer {
                 let (tx, rx) = mpsc::channel(queue_batches.max(1));
                 repl.push(tx);
                 let me = u64::from(parts.pod) << 32 | u64::from(parts.shard);
-                tokio::spawn(forward(client.clone(), target, rx, me, repl_lag.clone(), metrics.clone()));
+                tokio::spawn(forward(
+                    client.clone(),
+                    target,
+                    rx,
+                    me,
+                    repl_lag.clone(),
+                    metrics.clone(),
+                ));
             }
         }
         Arc::new(PsServer {
@@ -269,7 +306,13 @@ impl PsServer {
         Ok(m)
     }
 
-    fn error(&self, op: Option<Op>, status: Status, seq: u64, message: &str) -> Result<Msg, RpcError> {
+    fn error(
+        &self,
+        op: Option<Op>,
+        status: Status,
+        seq: u64,
+        message: &str,
+    ) -> Result<Msg, RpcError> {
         self.metrics.error(status);
         self.reply(&wire::error_response_vec(op, status, seq, message))
     }
@@ -301,16 +344,29 @@ impl PsServer {
                     return self.error(Some(op), Status::UnknownTable, seq, "no such table");
                 };
                 if t.dim() != h.dim as usize {
-                    return self.error(Some(op), Status::WrongDim, seq, "dimension differs from the table's");
+                    return self.error(
+                        Some(op),
+                        Status::WrongDim,
+                        seq,
+                        "dimension differs from the table's",
+                    );
                 }
                 let Some(len) = wire::fetch_response_len(h.count as usize, h.dim as usize) else {
                     return self.error(Some(op), Status::TooLarge, seq, "response too large");
                 };
                 // Rows go straight into the registered reply buffer.
                 let mut m = alloc_frame(self.pool, len)?;
-                let (_, rows) = wire::begin_fetch_response(&mut m.as_mut_slice()[HEADER_LEN..], seq, h.count, h.dim)
-                    .map_err(|e| RpcError::Protocol(e.to_string()))?;
-                if let Err(e) = t.fetch_into_le(v.keys, rows, true) {
+                let (_, rows) = wire::begin_fetch_response(
+                    &mut m.as_mut_slice()[HEADER_LEN..],
+                    seq,
+                    h.count,
+                    h.dim,
+                )
+                .map_err(|e| RpcError::Protocol(e.to_string()))?;
+                // Only the training pod stores rows it has never seen; replicas answer
+                // unseen keys with the (deterministic) initial values without storing them.
+                let create = self.role == Role::Training && h.flags & wire::flags::NO_CREATE == 0;
+                if let Err(e) = t.fetch_into_le(v.keys, rows, create) {
                     return self.error(Some(op), Status::Internal, seq, &e.to_string());
                 }
                 self.metrics.fetched_keys.add(u64::from(h.count));
@@ -318,7 +374,12 @@ impl PsServer {
             }
             Op::Push | Op::Replicate => {
                 if op == Op::Push && self.role != Role::Training {
-                    return self.error(Some(op), Status::NotTraining, seq, "only the training pod applies pushes");
+                    return self.error(
+                        Some(op),
+                        Status::NotTraining,
+                        seq,
+                        "only the training pod applies pushes",
+                    );
                 }
                 if self.read_only.load(Ordering::Acquire) {
                     return self.error(Some(op), Status::Unavailable, seq, "read-only");
@@ -327,7 +388,12 @@ impl PsServer {
                     return self.error(Some(op), Status::UnknownTable, seq, "no such table");
                 };
                 if t.dim() != h.dim as usize {
-                    return self.error(Some(op), Status::WrongDim, seq, "dimension differs from the table's");
+                    return self.error(
+                        Some(op),
+                        Status::WrongDim,
+                        seq,
+                        "dimension differs from the table's",
+                    );
                 }
                 match self.dedupe.admit(h.client, seq) {
                     Verdict::New => {}
@@ -336,7 +402,12 @@ impl PsServer {
                         return self.status(op, Status::Duplicate, seq, h.count);
                     }
                     Verdict::TooOld => {
-                        return self.error(Some(op), Status::TooOld, seq, "sequence older than the dedupe window");
+                        return self.error(
+                            Some(op),
+                            Status::TooOld,
+                            seq,
+                            "sequence older than the dedupe window",
+                        );
                     }
                 }
                 if op == Op::Replicate {
@@ -394,9 +465,16 @@ impl PsServer {
                 let max = (req.max_bytes as usize).clamp(4096, 16 << 20);
                 match checkpoint::snapshot_chunk(&self.tables, req.cursor, max, &mut chunk) {
                     Ok(rows) => {
-                        let mut m = alloc_frame(self.pool, wire::RESPONSE_HEADER_LEN + chunk.len())?;
-                        let (_, body) = wire::begin_body_response(&mut m.as_mut_slice()[HEADER_LEN..], op, seq, rows, chunk.len())
-                            .map_err(|e| RpcError::Protocol(e.to_string()))?;
+                        let mut m =
+                            alloc_frame(self.pool, wire::RESPONSE_HEADER_LEN + chunk.len())?;
+                        let (_, body) = wire::begin_body_response(
+                            &mut m.as_mut_slice()[HEADER_LEN..],
+                            op,
+                            seq,
+                            rows,
+                            chunk.len(),
+                        )
+                        .map_err(|e| RpcError::Protocol(e.to_string()))?;
                         body.copy_from_slice(&chunk);
                         Ok(m)
                     }
@@ -444,7 +522,12 @@ impl bex_rpc::Handler for Handler {
         }
         match wire::decode_request(body.as_slice(), &s.limits) {
             Ok(v) if v.header.op == op => s.handle_request(op, v).await,
-            Ok(v) => s.error(Some(op), Status::BadFrame, v.header.seq, "frame op differs from the RPC method"),
+            Ok(v) => s.error(
+                Some(op),
+                Status::BadFrame,
+                v.header.seq,
+                "frame op differs from the RPC method",
+            ),
             Err(e) => s.error(Some(op), e.status(), 0, &e.to_string()),
         }
     }
