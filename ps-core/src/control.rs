@@ -138,6 +138,9 @@ pub enum AdminRequest {
     ResetDedupe,
     /// Begin a clean shutdown.
     Shutdown,
+    /// Takes this server's RDMA transport out of service (`false`) or back in (`true`):
+    /// clients see an RDMA failure and fall back to TCP, then re-probe.
+    SetRdma(bool),
 }
 
 /// Body of an Admin response.

@@ -193,6 +193,7 @@ async fn main() {
             Err(_) => eprintln!("ps-server: bootstrap timed out; starting empty"),
         }
     }
+    server.set_rdma(node.rdma.clone());
     let stats = Arc::new(ServerStats::default());
     let handler = Arc::new(Handler(server.clone()));
     tokio::spawn(serve(rdma, handler.clone(), stats.clone()));

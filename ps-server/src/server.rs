@@ -137,6 +137,8 @@ pub struct PsServer {
     pub metrics: Arc<Metrics>,
     /// Notified by an admin Shutdown request.
     pub shutdown: Arc<Notify>,
+    /// The RDMA transport, for the SetRdma admin drill.
+    rdma: Mutex<Option<bex_transport::RdmaTransport>>,
 }
 
 impl std::fmt::Debug for PsServer {
@@ -234,7 +236,13 @@ impl PsServer {
             last_checkpoint: Mutex::new(None),
             metrics,
             shutdown: Arc::new(Notify::new()),
+            rdma: Mutex::new(None),
         })
+    }
+
+    /// Gives the server its RDMA transport (for the SetRdma admin request).
+    pub fn set_rdma(&self, t: bex_transport::RdmaTransport) {
+        *self.rdma.lock() = Some(t);
     }
 
     /// The tables.
@@ -496,6 +504,13 @@ impl PsServer {
                         self.dedupe.clear();
                         "dedupe state cleared".into()
                     }
+                    AdminRequest::SetRdma(on) => match self.rdma.lock().as_ref() {
+                        Some(t) => {
+                            t.set_in_service(on);
+                            format!("RDMA in service: {on}")
+                        }
+                        None => "no RDMA transport".into(),
+                    },
                     AdminRequest::Shutdown => {
                         self.shutdown.notify_waiters();
                         "shutting down".into()

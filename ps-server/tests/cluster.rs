@@ -36,6 +36,10 @@ fn base_port(salt: u16) -> u16 {
 
 impl Cluster {
     fn new(name: &str, salt: u16) -> Cluster {
+        Cluster::with(name, salt, |_| {})
+    }
+
+    fn with(name: &str, salt: u16, tweak: impl FnOnce(&mut Config)) -> Cluster {
         let dir = std::env::temp_dir().join(format!("bex-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -59,6 +63,7 @@ impl Cluster {
         cfg.rpc.request_timeout_ms = 500;
         // Failover is tested deterministically: a timed-out request is always retried.
         cfg.rpc.retry_probability = 1.0;
+        tweak(&mut cfg);
         cfg.validate().unwrap();
         let config = dir.join("cluster.toml");
         std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
@@ -97,20 +102,17 @@ impl Cluster {
     }
 
     async fn client(&self, local_pod: u32, secret: &[u8]) -> Arc<PsClient> {
+        self.client_on(local_pod, secret, true).await
+    }
+
+    async fn client_on(&self, local_pod: u32, secret: &[u8], rdma: bool) -> Arc<PsClient> {
         let tcfg = transport_config(&self.cfg.transport, secret);
-        let node =
-            Node::start("127.0.0.1:0".parse().unwrap(), "127.0.0.1:0".parse().unwrap(), tcfg)
-                .await
-                .unwrap();
-        let (rdma, tcp) = node.transports();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let node = Node::start(any, any, tcfg).await.unwrap();
+        let (r, tcp) = node.transports();
         let ccfg = client_config(&self.cfg.rpc, local_pod, 99);
-        Arc::new(PsClient::new(
-            Some(rdma),
-            tcp,
-            self.cfg.topology().unwrap(),
-            ccfg,
-            1000 + u64::from(local_pod),
-        ))
+        let id = 1000 + u64::from(local_pod) + if rdma { 0 } else { 500 };
+        Arc::new(PsClient::new(rdma.then_some(r), tcp, self.cfg.topology().unwrap(), ccfg, id))
     }
 }
 
@@ -237,4 +239,141 @@ async fn a_client_without_the_shared_secret_is_refused() {
     let intruder = c.client(0, b"not the cluster secret").await;
     let r = intruder.fetch(TABLE, DIM, &keys(10)).await;
     assert!(matches!(r, Err(PsError::Rpc(_))), "{r:?}");
+}
+
+fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
+    let c = Cluster::with("rdma", 3, |cfg| cfg.rpc.rdma_reprobe_s = 1);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let cl = c.client(0, &secret).await;
+    // Admin commands go over TCP, which the drill leaves alone.
+    let admin = c.client_on(0, &secret, false).await;
+    let ks = keys(100);
+    let want = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    let s = cl.rpc().stats().clone();
+    assert_eq!(relaxed(&s.tcp_calls), 0, "RDMA while it works");
+    let set_rdma = |on: bool| {
+        let admin = admin.clone();
+        async move {
+            for pod in 0..2 {
+                for shard in 0..2 {
+                    let req = bex_ps_core::control::AdminRequest::SetRdma(on);
+                    let f = wire::control_request_vec(Op::Admin, 0, 1, 1, &req).unwrap();
+                    admin.raw(pod, shard, Op::Admin, &f).await.unwrap();
+                }
+            }
+        }
+    };
+    set_rdma(false).await;
+    for _ in 0..5 {
+        assert_eq!(cl.fetch(TABLE, DIM, &ks).await.unwrap(), want, "served over TCP");
+    }
+    assert!(relaxed(&s.fallbacks) >= 1, "fell back");
+    assert!(relaxed(&s.tcp_calls) >= 5, "calls went over TCP");
+    set_rdma(true).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for _ in 0..3 {
+        assert_eq!(cl.fetch(TABLE, DIM, &ks).await.unwrap(), want);
+    }
+    assert!(relaxed(&s.recoveries) >= 1, "RDMA came back after the re-probe");
+    let tcp_before = relaxed(&s.tcp_calls);
+    cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert_eq!(relaxed(&s.tcp_calls), tcp_before, "and is used again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_engages_at_exactly_m_plus_one_failures() {
+    let mut c = Cluster::with("quarantine", 4, |cfg| {
+        cfg.rpc.quarantine_connect_failures = 3;
+        cfg.rpc.rdma_reprobe_s = 60;
+    });
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    c.kill9(1, 0);
+    // A ranker in pod 1 asks shard 0: its local replica is dead.
+    let cl = c.client(1, &secret).await;
+    let ks: Vec<u64> =
+        keys(400).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(20).collect();
+    let dead = 2; // endpoint index of (pod 1, shard 0)
+    let s = cl.rpc().stats().clone();
+    let mut calls = 0;
+    while !cl.rpc().is_quarantined(dead) {
+        cl.fetch(TABLE, DIM, &ks).await.unwrap();
+        calls += 1;
+        assert!(calls < 10, "never quarantined");
+    }
+    // Call 1: RDMA connect + reconnect fail, fall back, TCP fails (3); call 2: TCP fails (4 > M).
+    assert_eq!(relaxed(&s.connect_failures), 4);
+    assert_eq!(relaxed(&s.quarantines), 1);
+    let before = relaxed(&s.connect_failures);
+    for _ in 0..5 {
+        cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    }
+    assert_eq!(relaxed(&s.connect_failures), before, "a quarantined destination is not tried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
+    let c = Cluster::new("bad", 5);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let cl = c.client(0, &secret).await;
+    let ks = keys(8);
+    let h = DataHeader { table: TABLE, dim: DIM, client: 5, seq: 0, flags: 0 };
+    let mut ok = vec![0u8; wire::fetch_request_len(ks.len())];
+    wire::encode_fetch_into(&mut ok, &h, &ks).unwrap();
+    let cases: Vec<(Vec<u8>, Status)> = vec![
+        (b"garbage".to_vec(), Status::BadFrame),
+        (ok[..ok.len() - 3].to_vec(), Status::BadFrame),
+        (
+            {
+                let mut f = ok.clone();
+                wire::encode_fetch_into(&mut f, &DataHeader { table: 9, ..h }, &ks).unwrap();
+                f
+            },
+            Status::UnknownTable,
+        ),
+        (
+            {
+                let mut f = ok.clone();
+                wire::encode_fetch_into(&mut f, &DataHeader { dim: DIM + 1, ..h }, &ks).unwrap();
+                f
+            },
+            Status::WrongDim,
+        ),
+    ];
+    for (frame, want) in cases {
+        match cl.raw(0, 0, Op::Fetch, &frame).await {
+            Err(PsError::Server { status, .. }) => assert_eq!(status, want),
+            other => panic!("expected {want:?}, got {other:?}"),
+        }
+    }
+    // Oversize: more keys than the server accepts.
+    let big: Vec<u64> = (0..(c.cfg.server.max_keys_per_request as u64 + 1)).collect();
+    let mut f = vec![0u8; wire::fetch_request_len(big.len())];
+    wire::encode_fetch_into(&mut f, &h, &big).unwrap();
+    match cl.raw(0, 0, Op::Fetch, &f).await {
+        Err(PsError::Server { status, .. }) => assert_eq!(status, Status::TooLarge),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(
+        cl.fetch(TABLE, DIM, &ks).await.unwrap().len(),
+        ks.len() * DIM as usize,
+        "still serving"
+    );
+    let http = c.cfg.topology().unwrap().server(0, 0).unwrap().http;
+    let (code, metrics) = bex_ps_server::http::get(http, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    for status in ["bad_frame", "unknown_table", "wrong_dim", "too_large"] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("bex_ps_errors_total") && l.contains(status))
+            .unwrap_or_else(|| panic!("no {status} counter in\n{metrics}"));
+        assert!(!line.ends_with(" 0"), "{line}");
+    }
+    let (code, health) = bex_ps_server::http::get(http, "/health").await.unwrap();
+    assert_eq!(code, 200, "{health}");
+    assert!(health.contains("Serving"), "{health}");
 }
