@@ -71,6 +71,8 @@ struct FactoryImpl<D: Device> {
     engine_tx: Vec<Mutex<Sender<Engine<D>>>>,
     wakes: Vec<Arc<nix::sys::eventfd::EventFd>>,
     next_worker: AtomicUsize,
+    /// Engines per I/O thread (each may have `sq_depth + rq_depth` completions queued).
+    engine_counts: Arc<Vec<AtomicUsize>>,
     cfg: Arc<Config>,
     pool: &'static Pool,
     dev_index: usize,
@@ -153,7 +155,8 @@ impl<D: Device + 'static> FactoryImpl<D> {
         initiator: bool,
     ) -> Result<(SocketAddr, EngineRef)> {
         let _ = stream.set_nodelay(true);
-        let worker = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.cqs.len();
+        let worker = self.place_engine()?;
+        let placed = PlacedEngine { counts: self.engine_counts.clone(), worker, keep: false };
         let cq = &self.cqs[worker];
         let caps = QpCaps {
             max_send_wr: self.cfg.sq_depth,
@@ -226,8 +229,63 @@ impl<D: Device + 'static> FactoryImpl<D> {
         stream.write_all(&[1]).await?;
         let mut ready = [0u8; 1];
         stream.read_exact(&mut ready).await?;
+        placed.keep();
         Counters::add(&self.counters.engines_up, 1);
         Ok((peer, EngineRef { worker, qpn }))
+    }
+}
+
+/// An engine's place on an I/O thread, given back unless the bootstrap completes.
+struct PlacedEngine {
+    counts: Arc<Vec<AtomicUsize>>,
+    worker: usize,
+    keep: bool,
+}
+
+impl PlacedEngine {
+    fn keep(mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for PlacedEngine {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.counts[self.worker].fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<D: Device + 'static> FactoryImpl<D> {
+    /// Completion entries one engine may need on its I/O thread's CQ.
+    fn cq_entries_per_engine(&self) -> usize {
+        let receives = if self.cfg.srq { 0 } else { self.cfg.rq_depth };
+        (self.cfg.sq_depth + receives) as usize
+    }
+
+    /// Picks an I/O thread (round-robin) whose CQ has room for one more engine.
+    fn place_engine(&self) -> Result<usize> {
+        let n = self.cqs.len();
+        let shared = if self.cfg.srq { self.cfg.srq_depth as usize } else { 0 };
+        let room =
+            (self.cfg.cq_depth as usize).saturating_sub(shared) / self.cq_entries_per_engine();
+        let start = self.next_worker.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            let w = (start + k) % n;
+            let c = &self.engine_counts[w];
+            let mut cur = c.load(Ordering::Acquire);
+            while cur < room {
+                match c.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Ok(w),
+                    Err(now) => cur = now,
+                }
+            }
+        }
+        Err(TransportError::Refused(format!(
+            "every I/O thread's CQ is full ({room} engines of {} entries each per {} entries): raise cq_depth or io_threads",
+            self.cq_entries_per_engine(),
+            self.cfg.cq_depth
+        )))
     }
 }
 
@@ -310,6 +368,8 @@ impl RdmaTransport {
         let mut engine_tx = Vec::new();
         let mut wakes = Vec::new();
         let mut threads = Vec::new();
+        let engine_counts: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..cfg.io_threads).map(|_| AtomicUsize::new(0)).collect());
         for i in 0..cfg.io_threads {
             let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
             srqs.push(if cfg.srq {
@@ -325,7 +385,9 @@ impl RdmaTransport {
             let (etx, erx) = std::sync::mpsc::channel();
             let wake = new_wake()?;
             let table2 = table.clone();
+            let counts2 = engine_counts.clone();
             let on_gone: crate::worker::OnEngineGone = Arc::new(move |peer, w, qpn| {
+                counts2[w].fetch_sub(1, Ordering::AcqRel);
                 let mut t = table2.lock();
                 if let Some(cell) = t.get(&peer) {
                     if cell.get().is_some_and(|r| r.worker == w && r.qpn == qpn) {
@@ -361,6 +423,7 @@ impl RdmaTransport {
             engine_tx,
             wakes,
             next_worker: AtomicUsize::new(0),
+            engine_counts,
             cfg: cfg.clone(),
             pool,
             dev_index,

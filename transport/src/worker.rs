@@ -188,8 +188,14 @@ impl<D: Device> Worker<D> {
             let n = match self.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
+                    // An overrun CQ has lost completions: nothing on it can be trusted.
                     tracing::error!(worker = self.index, %e, "polling the CQ failed");
-                    0
+                    for eng in self.engines.values_mut() {
+                        eng.fail(format!("completion queue failed: {e}"));
+                    }
+                    self.wcs = wcs;
+                    busy = true;
+                    break;
                 }
             };
             busy |= self.dispatch(&wcs[..n], now);

@@ -117,3 +117,32 @@ async fn srq_mode_delivers_every_size_too() {
     tokio::time::timeout(Duration::from_secs(20), server).await.unwrap().unwrap();
     assert_eq!(a.counters().credit_stalls, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_beyond_the_cq_capacity_are_refused_clearly() {
+    // 192 CQ entries hold two engines of 32 + 64 entries each.
+    let (a, _da) = rdma(Config { cq_depth: 192, ..Config::default() }).await;
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        let (p, d) = rdma(Config::default()).await;
+        let p2 = p.clone();
+        tokio::spawn(async move {
+            while let Ok(s) = p2.accept().await {
+                tokio::spawn(async move {
+                    while let Ok(m) = s.recv().await {
+                        let _ = s.send(m).await;
+                    }
+                });
+            }
+        });
+        peers.push((p, d));
+    }
+    let s0 = a.connect(peers[0].0.local_addr()).await.unwrap();
+    let s1 = a.connect(peers[1].0.local_addr()).await.unwrap();
+    let err = a.connect(peers[2].0.local_addr()).await.unwrap_err();
+    assert!(err.to_string().contains("CQ is full"), "{err}");
+    for (i, s) in [s0, s1].iter().enumerate() {
+        s.send(pattern(a.pool(), 100, i as u64)).await.unwrap();
+        check(&s.recv().await.unwrap(), 100, i as u64);
+    }
+}
