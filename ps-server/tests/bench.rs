@@ -46,6 +46,9 @@ fn quick_run_writes_sane_json_and_reaps_its_server() {
     assert!(cmd.contains(&"--quick"), "{cmd:?}");
     assert!(doc["server"].as_str().unwrap().starts_with("ready"), "{}", doc["server"]);
     assert!(doc["setup"]["rpc_request_timeout_ms"].as_u64().unwrap() >= 1000);
+    // The RDMA cells really ran over RDMA (no TCP calls, no fallback).
+    assert_eq!(doc["rdma_client_tcp_calls_and_fallbacks"], 0, "{}", doc["rdma_client_rpc_stats"]);
+    assert!(doc["transport"]["eager_max"].as_u64().unwrap() > 0);
 
     // 2 ops × 2 modes × 2 key counts × 2 outstanding × 2 transports.
     let results = doc["results"].as_array().unwrap();

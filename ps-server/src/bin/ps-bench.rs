@@ -48,10 +48,14 @@ options:
   --modes LIST            warm,insert (default both)
   --seconds S             measured time per cell (default 2; quick 0.15)
   --warmup-seconds S      unmeasured time before each cell (default 0.3; quick 0.05)
-  --max-insert-rows N     fresh rows per insert-heavy cell measured (default 400000; quick
-                          50000; the warm-up inserts at most a quarter of that)
+  --max-insert-rows N     fresh rows per insert-heavy cell measured, at least 100 requests'
+                          worth (default 400000; quick 50000; the warm-up inserts at most a
+                          quarter of that)
   --server PATH           the ps-server executable (default: next to this one)
   --base-port P           ports P..P+2 for the server (default: derived from the pid)
+  --transport-set K=N     override [transport] K (eager_max, fragment_bytes, path_mtu,
+                          spin_us, io_threads, sq_depth, rq_depth, cwnd_bytes) for the
+                          server and the client; repeatable (default: the config defaults)
   --quiet                 no per-cell progress on stderr
   -h, --help              this text";
 
@@ -85,6 +89,8 @@ struct Args {
     server: Option<PathBuf>,
     base_port: Option<u16>,
     quiet: bool,
+    /// `[transport]` overrides (server and client), `key=value`.
+    transport_set: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +160,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         server: None,
         base_port: None,
         quiet: false,
+        transport_set: Vec::new(),
     };
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -214,6 +221,13 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                     v.parse().map_err(|_| format!("--max-insert-rows: not a number: {v}"))?
             }
             "--server" => a.server = Some(PathBuf::from(v)),
+            "--transport-set" => {
+                let (key, n) = v
+                    .split_once('=')
+                    .and_then(|(k, n)| Some((k.trim().to_string(), n.trim().parse().ok()?)))
+                    .ok_or(format!("--transport-set: expected KEY=NUMBER, got {v:?}"))?;
+                a.transport_set.push((key, n));
+            }
             "--base-port" => {
                 a.base_port = Some(v.parse().map_err(|_| format!("--base-port: not a port: {v}"))?)
             }
@@ -265,6 +279,26 @@ fn bench_config(dir: &Path, base_port: u16) -> Config {
     cfg.rpc.retry_probability = 0.0;
     cfg.rpc.max_attempts = 1;
     cfg
+}
+
+fn apply_transport_set(cfg: &mut Config, set: &[(String, u64)]) -> Result<(), String> {
+    let t = &mut cfg.transport;
+    for (k, n) in set {
+        let n = *n;
+        let small = || u32::try_from(n).map_err(|_| format!("{k}={n}: too large"));
+        match k.as_str() {
+            "eager_max" => t.eager_max = n as usize,
+            "fragment_bytes" => t.fragment_bytes = n as usize,
+            "path_mtu" => t.path_mtu = small()?,
+            "spin_us" => t.spin_us = n,
+            "io_threads" => t.io_threads = n as usize,
+            "sq_depth" => t.sq_depth = small()?,
+            "rq_depth" => t.rq_depth = small()?,
+            "cwnd_bytes" => t.cwnd_bytes = n,
+            _ => return Err(format!("--transport-set: unknown key {k:?}")),
+        }
+    }
+    Ok(())
 }
 
 fn server_exe(args: &Args) -> Result<PathBuf, String> {
@@ -439,7 +473,9 @@ async fn run_cell(
     // measured window and a quarter of that in the warm-up.
     let warm_rows = Arc::new(AtomicU64::new(0));
     let measured_rows = Arc::new(AtomicU64::new(0));
-    let (max_rows, max_warm_rows) = (args.max_insert_rows, args.max_insert_rows / 4);
+    // At least 100 measured requests' worth, so 10 000-key cells have some samples.
+    let max_rows = args.max_insert_rows.max(100 * k as u64);
+    let max_warm_rows = max_rows / 4;
     let capped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for t in 0..spec.outstanding {
@@ -707,7 +743,15 @@ fn table(results: &[CellResult], targets: &[Value], ratios: &[Value]) -> String 
     s
 }
 
-async fn bench(args: &Args, cfg: &Config, ready: &str) -> Result<Value, String> {
+/// Resident set of process `pid` in MiB (Linux), if readable.
+fn rss_mib(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 =
+        s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Result<Value, String> {
     let secret = cluster_secret(&cfg.cluster.name);
     let tcfg = transport_config(&cfg.transport, &secret);
     let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
@@ -753,6 +797,9 @@ async fn bench(args: &Args, cfg: &Config, ready: &str) -> Result<Value, String> 
         results.push(r);
     }
     let rpc_stats = format!("{:?}", clients.rdma.rpc().stats());
+    // Proof that the RDMA cells ran over RDMA: the RDMA client made no TCP calls.
+    let rdma_client_tcp_calls = clients.rdma.rpc().stats().tcp_calls.load(Ordering::Relaxed)
+        + clients.rdma.rpc().stats().fallbacks.load(Ordering::Relaxed);
     let (targets, ratios) = evaluate(&results);
     let text = table(&results, &targets, &ratios);
     print!("{text}");
@@ -780,6 +827,9 @@ async fn bench(args: &Args, cfg: &Config, ready: &str) -> Result<Value, String> 
         "ratios": ratios,
         "targets": targets,
         "rdma_client_rpc_stats": rpc_stats,
+        "server_rss_mib_at_end": rss_mib(server_pid).map(num),
+        "rdma_client_tcp_calls_and_fallbacks": rdma_client_tcp_calls,
+        "transport": serde_json::to_value(&cfg.transport).map_err(|e| e.to_string())?,
         "table": text,
     }))
 }
@@ -808,9 +858,11 @@ fn run(args: &Args) -> Result<(), String> {
     let base_port = args.base_port.unwrap_or(30_000 + (std::process::id() % 11_000) as u16 * 3);
     let dir = std::env::temp_dir().join(format!("bex-ps-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = bench_config(&dir, base_port);
+    let mut cfg = bench_config(&dir, base_port);
+    apply_transport_set(&mut cfg, &args.transport_set)?;
     cfg.validate().map_err(|e| e.to_string())?;
     let (server, ready) = spawn_server(&exe, &cfg, dir)?;
+    let server_pid = server.child.id();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -820,7 +872,7 @@ fn run(args: &Args) -> Result<(), String> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("SIGTERM handler: {e}"))?;
         tokio::select! {
-            r = bench(args, &cfg, &ready) => r,
+            r = bench(args, &cfg, &ready, server_pid) => r,
             _ = term.recv() => Err("interrupted (SIGTERM)".to_string()),
             _ = tokio::signal::ctrl_c() => Err("interrupted (SIGINT)".to_string()),
         }
