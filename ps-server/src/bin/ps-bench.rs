@@ -173,6 +173,23 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => {}
         }
+        const VALUED: [&str; 12] = [
+            "--json",
+            "--keys",
+            "--outstanding",
+            "--transports",
+            "--ops",
+            "--modes",
+            "--seconds",
+            "--warmup-seconds",
+            "--max-insert-rows",
+            "--server",
+            "--base-port",
+            "--transport-set",
+        ];
+        if !VALUED.contains(&k.as_str()) {
+            return Err(format!("unknown option {k}"));
+        }
         let v = it.next().ok_or(format!("{k} needs a value"))?;
         let num = |what: &str| v.parse::<f64>().map_err(|_| format!("{what}: not a number: {v}"));
         match k.as_str() {
