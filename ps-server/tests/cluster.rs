@@ -377,3 +377,52 @@ async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
     assert_eq!(code, 200, "{health}");
     assert!(health.contains("Serving"), "{health}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
+    let mut c = Cluster::new("bootstrap", 6);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let trainer = c.client(0, &secret).await;
+    let ks = keys(300);
+    trainer.push(TABLE, DIM, &ks, &vec![0.25f32; ks.len() * DIM as usize]).await.unwrap();
+    let trained = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
+    // Let replication finish, so nothing is in flight towards pod 1 when it is replaced.
+    let old = c.client(1, &secret).await;
+    let start = bex_ps_server::clock::now();
+    while old.fetch(TABLE, DIM, &ks).await.unwrap() != trained {
+        assert!(
+            bex_ps_server::clock::now() - start < Duration::from_secs(2),
+            "replication stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Replace pod 1's servers: killed with their state gone (no checkpoint on SIGKILL).
+    c.kill9(1, 0);
+    c.kill9(1, 1);
+    let _ = std::fs::remove_dir_all(c.cfg.cluster.data_dir.join("pod1"));
+    for shard in 0..2 {
+        let p = c.spawn(1, shard);
+        c.procs[Cluster::index(1, shard)] = Some(p);
+    }
+    // Each fresh replica reports, before any request, the rows it copied.
+    let topo = c.cfg.topology().unwrap();
+    let mut rows = 0u64;
+    for shard in 0..2 {
+        let (code, body) =
+            bex_ps_server::http::get(topo.server(1, shard).unwrap().http, "/health").await.unwrap();
+        assert_eq!(code, 200, "{body}");
+        let h: serde_json::Value = serde_json::from_str(&body).unwrap();
+        rows += h["tables"][0]["rows"].as_u64().unwrap();
+    }
+    assert_eq!(rows, ks.len() as u64, "every trained row was copied");
+    // The fresh replicas copied the training pod's rows before serving: pod 1 answers with
+    // the trained values at once, without any push having been replicated to it.
+    let reader = c.client(1, &secret).await;
+    let seen = reader.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert!(
+        seen.iter().zip(&trained).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "bootstrapped rows differ"
+    );
+    let s = reader.rpc().stats();
+    assert_eq!(relaxed(&s.remote_pod_calls), 0, "served by pod 1 itself");
+}
