@@ -15,6 +15,11 @@ pub struct Config {
     pub sq_depth: u32,
     /// Receive-queue depth `d`; receives are re-posted and credits returned `d/2` at a time.
     pub rq_depth: u32,
+    /// SRQ mode: the engines of an I/O thread share one receive queue of `srq_depth`
+    /// buffers, and receive credits are off (the QPs' RNR retry absorbs exhaustion).
+    pub srq: bool,
+    /// Depth of each I/O thread's shared receive queue (SRQ mode).
+    pub srq_depth: u32,
     /// Completion-queue depth of each I/O thread.
     pub cq_depth: u32,
     /// Largest message sent eagerly by SEND; larger ones go RTS → CTS → WRITE fragments.
@@ -39,7 +44,11 @@ pub struct Config {
     /// How long an idle I/O thread busy-polls before blocking (0: block at once; spinning
     /// only pays when I/O threads have cores to themselves).
     pub spin: Duration,
-    /// Messages a socket may have queued before `send` waits (backpressure).
+    /// Largest message a peer may announce (RTS length, TCP frame): bounds what an
+    /// authenticated but misbehaving peer can make this side allocate and register.
+    pub max_message_bytes: u64,
+    /// Messages a socket may have queued before `send` waits (backpressure); on TCP also the
+    /// received messages a socket holds before the connection stops reading.
     pub max_queued_sends: usize,
     /// QP local ACK timeout code (4.096 µs × 2^code).
     pub qp_timeout: u8,
@@ -55,6 +64,8 @@ impl Default for Config {
             io_threads: 1,
             sq_depth: 32,
             rq_depth: 64,
+            srq: false,
+            srq_depth: 1024,
             cq_depth: 8192,
             eager_max: 8 * 1024,
             fragment_bytes: 16 * 1024,
@@ -67,6 +78,7 @@ impl Default for Config {
             secret: b"bex-default-secret".to_vec(),
             spin: Duration::ZERO,
             max_queued_sends: 1024,
+            max_message_bytes: 1 << 30,
             qp_timeout: 14,
             qp_retry_cnt: 7,
             qp_rnr_retry: 7,
@@ -87,6 +99,12 @@ impl Config {
         if !(4..=16384).contains(&self.rq_depth) {
             return bad("rq_depth", "must be in 4..=16384");
         }
+        if self.srq && !(4..=65536).contains(&self.srq_depth) {
+            return bad("srq_depth", "must be in 4..=65536");
+        }
+        if self.srq && self.qp_rnr_retry != 7 {
+            return bad("qp_rnr_retry", "must be 7 (infinite) in SRQ mode, which has no credits");
+        }
         if self.cq_depth < 2 * (self.sq_depth + self.rq_depth) {
             return bad("cq_depth", "must hold at least 2 × (sq_depth + rq_depth)");
         }
@@ -101,6 +119,12 @@ impl Config {
         }
         if self.keepalive_timeout <= self.keepalive_interval {
             return bad("keepalive_timeout", "must exceed keepalive_interval");
+        }
+        if self.max_queued_sends == 0 || self.max_queued_sends > 1 << 24 {
+            return bad("max_queued_sends", "must be in 1..=2^24");
+        }
+        if self.max_message_bytes == 0 {
+            return bad("max_message_bytes", "must be positive");
         }
         if self.secret.is_empty() {
             return bad("secret", "must not be empty");

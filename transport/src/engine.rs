@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bemalloc::Pool;
-use bex_rnic::verbs::{RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
+use bex_rnic::verbs::{SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
 use bex_rnic::{Device, QueuePair};
 use tokio::sync::{mpsc, oneshot};
 
@@ -21,11 +21,12 @@ use crate::config::{Config, Counters};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
 use crate::policy::chain::WrChain;
-use crate::policy::credits::{RecvCredits, SendCredits, Use};
+use crate::policy::credits::{SendCredits, Use};
 use crate::policy::keepalive::Keepalive;
 use crate::policy::sched::RoundRobin;
 use crate::policy::window::SendWindow;
 use crate::proto::{Header, Kind, HEADER_LEN};
+use crate::recv::{Receives, RecvRing, SharedRecv};
 
 /// Receive work requests carry this bit in their id (send ids are chain slots).
 pub(crate) const RECV_TAG: u64 = 1 << 63;
@@ -39,7 +40,7 @@ pub struct RemoteTarget {
     pub addr: u64,
     /// Its rkey.
     pub rkey: u32,
-    /// The receiver's slot for it (from [`crate::Socket::expose`]).
+    /// The receiver's slot for it (from [`crate::RdmaSocket::expose`]).
     pub slot: u32,
     /// Capacity in bytes.
     pub len: u64,
@@ -145,10 +146,8 @@ pub(crate) struct Engine<D: Device> {
     headers: Msg,
     bounce: Option<Msg>,
     credits: SendCredits,
-    recv_credits: RecvCredits,
     window: SendWindow,
-    recv_bufs: Vec<Option<Msg>>,
-    free_recv: Vec<usize>,
+    recv: Receives<D>,
     large_in: HashMap<u32, LargeIn>,
     next_large_slot: u32,
     ctrl: VecDeque<Header>,
@@ -164,7 +163,7 @@ pub(crate) struct Engine<D: Device> {
 }
 
 /// What an engine needs besides its QP.
-pub(crate) struct EngineParts {
+pub(crate) struct EngineParts<D: Device> {
     pub cfg: Arc<Config>,
     pub pool: &'static Pool,
     pub dev: usize,
@@ -174,25 +173,37 @@ pub(crate) struct EngineParts {
     pub peer_rq_depth: u32,
     pub accept: Option<mpsc::UnboundedSender<Accepted>>,
     pub socket_ids: Arc<std::sync::atomic::AtomicU32>,
+    /// The I/O thread's shared receive ring and SRQ (SRQ mode); `None`: a ring of its own.
+    pub shared_recv: Option<SharedRecv<D>>,
 }
 
 impl<D: Device> Engine<D> {
     /// Allocates the engine's registered memory and posts its receives. The QP must be in
     /// INIT (or later) so the receives can be posted before the peer can send.
-    pub fn new(qp: D::Qp, parts: EngineParts, now: Instant) -> Result<Engine<D>> {
+    pub fn new(qp: D::Qp, parts: EngineParts<D>, now: Instant) -> Result<Engine<D>> {
         let cfg = parts.cfg;
         let sq = cfg.sq_depth as usize;
-        let rq = cfg.rq_depth as usize;
         let headers = Msg::alloc(parts.pool, sq * HEADER_LEN)?;
         let bounce = if cfg.eager_copy {
             Some(Msg::alloc(parts.pool, sq * (HEADER_LEN + cfg.eager_max))?)
         } else {
             None
         };
-        let mut recv_bufs = Vec::with_capacity(rq);
-        for _ in 0..rq {
-            recv_bufs.push(Some(Msg::alloc(parts.pool, HEADER_LEN + cfg.eager_max)?));
-        }
+        let recv = match parts.shared_recv {
+            Some((ring, srq)) => Receives::Shared(ring, srq),
+            None => Receives::Own(RecvRing::new(
+                parts.pool,
+                parts.dev,
+                cfg.rq_depth,
+                HEADER_LEN + cfg.eager_max,
+            )?),
+        };
+        // A peer on an SRQ announces depth 0: it takes no credits (RNR retry instead).
+        let credits = if parts.peer_rq_depth == 0 {
+            SendCredits::unlimited()
+        } else {
+            SendCredits::new(parts.peer_rq_depth)
+        };
         let e: Engine<D> = Engine {
             qpn: qp.qpn(),
             worker: parts.worker,
@@ -213,11 +224,9 @@ impl<D: Device> Engine<D> {
             wrs: Vec::with_capacity(sq),
             headers,
             bounce,
-            credits: SendCredits::new(parts.peer_rq_depth),
-            recv_credits: RecvCredits::new(cfg.rq_depth),
+            credits,
             window: SendWindow::new(cfg.cwnd_bytes),
-            recv_bufs,
-            free_recv: Vec::with_capacity(rq),
+            recv,
             large_in: HashMap::new(),
             next_large_slot: 1,
             ctrl: VecDeque::new(),
@@ -233,19 +242,16 @@ impl<D: Device> Engine<D> {
             counters: parts.counters,
             cfg,
         };
-        let all: Vec<RecvWr> = (0..rq).map(|i| e.recv_wr(i)).collect();
-        e.qp.post_recv(&all)?;
+        // An SRQ's ring is posted once by its I/O thread, not per engine.
+        if let Receives::Own(ring) = &e.recv {
+            e.qp.post_recv(&ring.all())?;
+        }
         Ok(e)
     }
 
     /// The QP (for state transitions during setup).
     pub fn qp(&self) -> &D::Qp {
         &self.qp
-    }
-
-    fn recv_wr(&self, i: usize) -> RecvWr {
-        let buf = self.recv_bufs[i].as_ref().expect("posted receive has a buffer");
-        RecvWr { wr_id: RECV_TAG | i as u64, sg_list: SgList::one(buf.sge(self.dev, 0, buf.len())) }
     }
 
     /// Opens a socket to the peer; `reply` resolves when the peer accepts or refuses.
@@ -421,7 +427,7 @@ impl<D: Device> Engine<D> {
         // Only what the peer sends proves it alive: a hung host's NIC still ACKs our sends.
         self.keepalive.on_traffic(now);
         let i = (wc.wr_id & !RECV_TAG) as usize;
-        if i >= self.recv_bufs.len() {
+        if self.recv.with(|r| r.get(i).is_none()) {
             Counters::add(&self.counters.malformed, 1);
             return;
         }
@@ -452,23 +458,10 @@ impl<D: Device> Engine<D> {
 
     /// A receive slot was consumed: put a buffer back in it and re-post a batch when due.
     fn recycle_receive(&mut self, i: usize) {
-        if self.recv_bufs[i].is_none() {
-            match Msg::alloc(self.pool, HEADER_LEN + self.cfg.eager_max) {
-                Ok(b) => self.recv_bufs[i] = Some(b),
-                Err(e) => {
-                    self.fail(format!("cannot replace a receive buffer: {e}"));
-                    return;
-                }
-            }
-        }
-        self.free_recv.push(i);
-        if let Some(k) = self.recv_credits.consumed() {
-            let take = (k as usize).min(self.free_recv.len());
-            let slots: Vec<usize> = self.free_recv.drain(..take).collect();
-            let wrs: Vec<RecvWr> = slots.iter().map(|&s| self.recv_wr(s)).collect();
-            if let Err(e) = self.qp.post_recv(&wrs) {
-                self.fail(format!("post_recv: {e}"));
-            }
+        let batch = self.recv.with(|r| r.recycle(i));
+        let r = batch.and_then(|wrs| self.recv.post(&self.qp, &wrs));
+        if let Err(e) = r {
+            self.fail(format!("re-posting receives: {e}"));
         }
     }
 
@@ -477,8 +470,10 @@ impl<D: Device> Engine<D> {
     }
 
     fn on_recv(&mut self, i: usize, byte_len: usize, now: Instant) {
-        let buf = self.recv_bufs[i].as_ref().expect("consumed receive has a buffer");
-        let h = match Header::decode(&buf.as_slice()[..byte_len.min(buf.len())]) {
+        let decoded = self.recv.with(|r| {
+            r.get(i).map(|buf| Header::decode(&buf.as_slice()[..byte_len.min(buf.len())]))
+        });
+        let h = match decoded.unwrap_or(Err(crate::proto::HeaderError::Truncated)) {
             Ok(h) => h,
             Err(_) => {
                 Counters::add(&self.counters.malformed, 1);
@@ -494,7 +489,7 @@ impl<D: Device> Engine<D> {
                 if h.len != payload as u64 {
                     Counters::add(&self.counters.malformed, 1);
                 } else if let Some(s) = self.sockets.get(&h.dst_socket) {
-                    let buf = self.recv_bufs[i].take().expect("checked above");
+                    let buf = self.recv.with(|r| r.take(i)).expect("checked above");
                     Counters::add(&self.counters.messages_received, 1);
                     Counters::add(&self.counters.bytes_received, payload as u64);
                     let _ = s.inbox.send(Ok(Msg::view(buf.into_buf(), HEADER_LEN, payload)));
@@ -547,7 +542,8 @@ impl<D: Device> Engine<D> {
         reply.msg_id = h.msg_id;
         reply.len = h.len;
         let socket = h.dst_socket;
-        let fits = h.len <= self.pool.max_allocation() as u64 && self.sockets.contains_key(&socket);
+        let fits = h.len <= self.cfg.max_message_bytes.min(self.pool.max_allocation() as u64)
+            && self.sockets.contains_key(&socket);
         match fits.then(|| Msg::alloc(self.pool, h.len as usize)) {
             Some(Ok(buf)) => {
                 let slot = self.alloc_large_slot();
@@ -649,9 +645,7 @@ impl<D: Device> Engine<D> {
     /// True when there is work [`Engine::fill`] could post if resources allow.
     pub fn has_work(&self) -> bool {
         self.state == EngineState::Ready
-            && (!self.ctrl.is_empty()
-                || !self.rr.is_empty()
-                || self.recv_credits.owed() >= self.recv_credits.batch())
+            && (!self.ctrl.is_empty() || !self.rr.is_empty() || self.credits_due())
     }
 
     /// Prepares work while the chain has free slots — control messages first, then one
@@ -689,10 +683,7 @@ impl<D: Device> Engine<D> {
             }
         }
         // Owed credits that rode on nothing go back in a credit message.
-        if self.recv_credits.owed() >= self.recv_credits.batch()
-            && self.chain.free() > 0
-            && self.credits.try_take(Use::CreditReturn)
-        {
+        if self.credits_due() && self.chain.free() > 0 && self.credits.try_take(Use::CreditReturn) {
             Counters::add(&self.counters.credit_messages, 1);
             self.prepare_send(Header::new(Kind::Credit), None, Release::None);
             prepared += 1;
@@ -725,6 +716,14 @@ impl<D: Device> Engine<D> {
         self.counters.window_high_water.fetch_max(hw, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// A whole batch of credits is owed and nothing carried it yet.
+    fn credits_due(&self) -> bool {
+        match &self.recv {
+            Receives::Own(r) => r.credits.owed() >= r.credits.batch(),
+            Receives::Shared(..) => false,
+        }
+    }
+
     fn pending_wr(&self, slot: usize) -> SendWr {
         let mut wr = self.prepared[slot];
         wr.wr_id = slot as u64;
@@ -734,7 +733,10 @@ impl<D: Device> Engine<D> {
     /// Reserves a chain slot for a SEND of `h` (plus `payload`), piggybacking owed credits.
     fn prepare_send(&mut self, mut h: Header, payload: Option<&Msg>, release: Release) {
         let slot = self.chain.reserve().expect("caller checked for a free slot");
-        h.credits = self.recv_credits.take_owed(u32::from(u16::MAX)) as u16;
+        h.credits = match &mut self.recv {
+            Receives::Own(r) => r.credits.take_owed(u32::from(u16::MAX)) as u16,
+            Receives::Shared(..) => 0,
+        };
         let len = payload.map_or(0, |m| m.len());
         let sg_list = match (&mut self.bounce, payload) {
             // Copy mode: header and payload contiguous in this slot's bounce buffer.

@@ -70,6 +70,13 @@ impl Msg {
         self.len == 0
     }
 
+    /// Drops the first `n` bytes from the view (a header, say) without copying.
+    pub fn advance(&mut self, n: usize) {
+        let n = n.min(self.len);
+        self.off += n;
+        self.len -= n;
+    }
+
     /// Shortens the message to `len` bytes.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bemalloc::Pool;
 use bex_rnic::verbs::{InitAttrs, QpCaps, QpEndpoint, RtrAttrs, RtsAttrs};
-use bex_rnic::{bootstrap, Device, QpInit, QueuePair};
+use bex_rnic::{bootstrap, Device, QpInit, QueuePair, SharedReceiveQueue};
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
@@ -28,6 +28,8 @@ use crate::config::{Config, CounterSnapshot, Counters};
 use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
+use crate::proto::HEADER_LEN;
+use crate::recv::{RecvRing, SharedRecv};
 use crate::worker::{new_wake, Cmd, Worker, WorkerHandle};
 
 const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x01";
@@ -49,6 +51,8 @@ type Establishing<'a> = std::pin::Pin<
 
 /// Creates engines for one device type; the rest of the transport does not know `D`.
 trait Factory: Send + Sync {
+    /// The device's protocol counters.
+    fn device_stats(&self) -> bex_rnic::DeviceStats;
     /// Runs the bootstrap on `stream` and hands the new engine to a worker.
     fn establish<'a>(
         &'a self,
@@ -62,6 +66,8 @@ struct FactoryImpl<D: Device> {
     device: Arc<D>,
     pd: Arc<D::Pd>,
     cqs: Vec<Arc<D::Cq>>,
+    /// Per I/O thread in SRQ mode: the shared receive ring and its SRQ.
+    srqs: Vec<Option<SharedRecv<D>>>,
     engine_tx: Vec<Mutex<Sender<Engine<D>>>>,
     wakes: Vec<Arc<nix::sys::eventfd::EventFd>>,
     next_worker: AtomicUsize,
@@ -110,7 +116,8 @@ impl Hello {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let rq_depth = u32_at(e);
         let sq_depth = u32_at(e + 4);
-        if !(4..=16384).contains(&rq_depth) || !(2..=16384).contains(&sq_depth) {
+        let rq_ok = rq_depth == 0 || (4..=16384).contains(&rq_depth);
+        if !rq_ok || !(2..=16384).contains(&sq_depth) {
             return Err(refuse("queue depths out of range"));
         }
         let mut gid = [0u8; 16];
@@ -154,14 +161,17 @@ impl<D: Device + 'static> FactoryImpl<D> {
             max_send_sge: 2,
             max_recv_sge: 1,
         };
+        let shared = self.srqs[worker].clone();
+        let srq = shared.as_ref().map(|(_, s)| &**s);
         let qp = self.device.create_qp(
             &self.pd,
-            &QpInit { send_cq: cq, recv_cq: cq, srq: None, thread_domain: None, caps },
+            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: None, caps },
         )?;
         let mine = Hello {
             nonce: rand::random(),
             endpoint: qp.endpoint(),
-            rq_depth: self.cfg.rq_depth,
+            // 0 tells the peer this side draws on an SRQ and takes no credits.
+            rq_depth: if self.cfg.srq { 0 } else { self.cfg.rq_depth },
             sq_depth: self.cfg.sq_depth,
             listen: self.listen_addr,
         }
@@ -196,6 +206,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
             peer_rq_depth: hello.rq_depth,
             accept: Some(self.accept.clone()),
             socket_ids: self.socket_ids.clone(),
+            shared_recv: shared,
         };
         let engine = Engine::<D>::new(qp, parts, crate::clock::now())?;
         let rtr =
@@ -221,6 +232,10 @@ impl<D: Device + 'static> FactoryImpl<D> {
 }
 
 impl<D: Device + 'static> Factory for FactoryImpl<D> {
+    fn device_stats(&self) -> bex_rnic::DeviceStats {
+        self.device.stats()
+    }
+
     fn establish<'a>(
         &'a self,
         stream: TcpStream,
@@ -289,11 +304,21 @@ impl RdmaTransport {
         let socket_ids = Arc::new(AtomicU32::new(1));
         let mut workers = Vec::new();
         let mut cqs = Vec::new();
+        let mut srqs = Vec::new();
         let mut engine_tx = Vec::new();
         let mut wakes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..cfg.io_threads {
             let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
+            srqs.push(if cfg.srq {
+                let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
+                let ring =
+                    RecvRing::new(pool, dev_index, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
+                srq.post_recv(&ring.all())?;
+                Some((Arc::new(Mutex::new(ring)), srq))
+            } else {
+                None
+            });
             let (tx, rx) = std::sync::mpsc::channel();
             let (etx, erx) = std::sync::mpsc::channel();
             let wake = new_wake()?;
@@ -330,6 +355,7 @@ impl RdmaTransport {
             device,
             pd,
             cqs,
+            srqs,
             engine_tx,
             wakes,
             next_worker: AtomicUsize::new(0),
@@ -346,7 +372,15 @@ impl RdmaTransport {
         let timeout = cfg.connect_timeout;
         let listener_task = tokio::spawn(async move {
             loop {
-                let Ok((stream, from)) = listener.accept().await else { continue };
+                let (stream, from) = match listener.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of descriptors and the like: do not spin.
+                        tracing::warn!(%e, "bootstrap accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
                 let f = f2.clone();
                 let c = c2.clone();
                 tokio::spawn(async move {
@@ -392,6 +426,11 @@ impl RdmaTransport {
     /// Counters.
     pub fn counters(&self) -> CounterSnapshot {
         self.inner.counters.snapshot()
+    }
+
+    /// The NIC's protocol counters (RNR NAKs, retransmissions, …).
+    pub fn device_stats(&self) -> bex_rnic::DeviceStats {
+        self.inner.factory.device_stats()
     }
 
     /// The configuration.
@@ -471,6 +510,7 @@ impl RdmaTransport {
             peer,
             transport: self.inner.clone(),
             inbox: tokio::sync::Mutex::new(inbox),
+            ended: Mutex::new(None),
             slots: Arc::new(Semaphore::new(self.inner.cfg.max_queued_sends)),
         }
     }
@@ -513,6 +553,8 @@ pub struct RdmaSocket {
     peer: SocketAddr,
     transport: Arc<Inner>,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Result<Msg>>>,
+    /// The error that ended the socket, repeated by every later `recv`.
+    ended: Mutex<Option<TransportError>>,
     slots: Arc<Semaphore>,
 }
 
@@ -561,10 +603,14 @@ impl RdmaSocket {
 
     /// The next message, in order.
     pub async fn recv(&self) -> Result<Msg> {
-        match self.inbox.lock().await.recv().await {
-            Some(r) => r,
-            None => Err(TransportError::Closed),
+        if let Some(e) = self.ended.lock().clone() {
+            return Err(e);
         }
+        let r = self.inbox.lock().await.recv().await.unwrap_or(Err(TransportError::Closed));
+        if let Err(e) = &r {
+            *self.ended.lock() = Some(e.clone());
+        }
+        r
     }
 
     /// Fails the engine under this socket, as a QP error would (every socket on it fails).

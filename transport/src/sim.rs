@@ -15,17 +15,20 @@ use std::time::{Duration, Instant};
 use bemalloc::Pool;
 use bex_rnic::soft::{Fabric, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
 use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
-use bex_rnic::{Device, QpInit, QueuePair};
+use bex_rnic::{Device, QpInit, QueuePair, SharedReceiveQueue};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
+use crate::proto::HEADER_LEN;
+use crate::recv::{RecvRing, SharedRecv};
 use crate::worker::{new_wake, Cmd, Worker};
 
 struct Node {
     device: SoftDevice,
+    srq: Option<SharedRecv<SoftDevice>>,
     pd: Arc<SoftPd>,
     pool: &'static Pool,
     cq: Arc<SoftCq>,
@@ -114,6 +117,14 @@ impl SimNet {
             .map_err(|e| TransportError::Alloc(e.to_string()))?
             .leak();
         let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
+        let srq = if cfg.srq {
+            let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
+            let ring = RecvRing::new(pool, 0, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
+            srq.post_recv(&ring.all())?;
+            Some((Arc::new(parking_lot::Mutex::new(ring)), srq))
+        } else {
+            None
+        };
         let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
         let (engine_tx, engine_rx) = std::sync::mpsc::channel();
         let wake = new_wake()?;
@@ -130,6 +141,7 @@ impl SimNet {
         let (accept_tx, accept_rx) = mpsc::unbounded_channel();
         self.nodes.push(Node {
             device,
+            srq,
             pd,
             pool,
             cq,
@@ -159,7 +171,12 @@ impl SimNet {
         self.nodes[node].counters.snapshot()
     }
 
-    fn engine_parts(&self, node: usize, peer: usize, peer_rq_depth: u32) -> EngineParts {
+    fn engine_parts(
+        &self,
+        node: usize,
+        peer: usize,
+        peer_rq_depth: u32,
+    ) -> EngineParts<SoftDevice> {
         let n = &self.nodes[node];
         EngineParts {
             cfg: n.cfg.clone(),
@@ -171,6 +188,7 @@ impl SimNet {
             peer_rq_depth,
             accept: Some(n.accept_tx.clone()),
             socket_ids: self.socket_ids.clone(),
+            shared_recv: n.srq.clone(),
         }
     }
 
@@ -185,9 +203,10 @@ impl SimNet {
                 max_send_sge: 2,
                 max_recv_sge: 1,
             };
+            let srq = n.srq.as_ref().map(|(_, s)| &**s);
             let qp = n.device.create_qp(
                 &n.pd,
-                &QpInit { send_cq: &n.cq, recv_cq: &n.cq, srq: None, thread_domain: None, caps },
+                &QpInit { send_cq: &n.cq, recv_cq: &n.cq, srq, thread_domain: None, caps },
             )?;
             qp.to_init(&InitAttrs::default())?;
             Ok(qp)
@@ -195,8 +214,10 @@ impl SimNet {
         let qa = make_qp(&self.nodes[a])?;
         let qb = make_qp(&self.nodes[b])?;
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
-        let parts_a = self.engine_parts(a, b, self.nodes[b].cfg.rq_depth);
-        let parts_b = self.engine_parts(b, a, self.nodes[a].cfg.rq_depth);
+        // A node on an SRQ announces depth 0: no credits towards it.
+        let depth = |n: &Node| if n.cfg.srq { 0 } else { n.cfg.rq_depth };
+        let parts_a = self.engine_parts(a, b, depth(&self.nodes[b]));
+        let parts_b = self.engine_parts(b, a, depth(&self.nodes[a]));
         let engine_a = Engine::<SoftDevice>::new(qa, parts_a, now)?;
         let engine_b = Engine::<SoftDevice>::new(qb, parts_b, now)?;
         for (e, remote, cfg) in

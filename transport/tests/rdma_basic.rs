@@ -96,3 +96,24 @@ async fn a_peer_without_the_secret_is_refused() {
     assert_eq!(b.counters().bootstrap_refused, 1);
     assert_eq!(b.engines(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn srq_mode_delivers_every_size_too() {
+    let cfg = Config { srq: true, srq_depth: 32, ..Config::default() };
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(cfg).await;
+    let addr = b.local_addr();
+    let server = tokio::spawn(async move {
+        let s = b.accept().await.unwrap();
+        for (i, len) in [0usize, 100, 9000, 1 << 20].into_iter().enumerate() {
+            check(&s.recv().await.unwrap(), len, i as u64);
+        }
+        b
+    });
+    let s = a.connect(addr).await.unwrap();
+    for (i, len) in [0usize, 100, 9000, 1 << 20].into_iter().enumerate() {
+        s.send(pattern(a.pool(), len, i as u64)).await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(20), server).await.unwrap().unwrap();
+    assert_eq!(a.counters().credit_stalls, 0);
+}

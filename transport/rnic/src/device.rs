@@ -86,6 +86,25 @@ pub struct DeviceCaps {
     pub soft_mtu: bool,
 }
 
+/// Protocol counters a device reports (zero where a backend cannot see them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// RNR NAKs this device received (its sends found no receive posted at the peer).
+    pub rnr_naks_received: u64,
+    /// RNR NAKs this device sent.
+    pub rnr_naks_sent: u64,
+    /// Sequence NAKs received.
+    pub seq_naks_received: u64,
+    /// Data packets sent again (timeouts, NAKs, RNR).
+    pub retransmitted_packets: u64,
+    /// Local ACK timeouts.
+    pub ack_timeouts: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Packets received.
+    pub rx_packets: u64,
+}
+
 /// A registered memory region.
 pub trait MemoryRegion: Send + Sync {
     /// Its keys and extent.
@@ -229,6 +248,10 @@ pub trait Device: Send + Sync {
 
     /// What the device can do.
     fn caps(&self) -> DeviceCaps;
+    /// Protocol counters, where the backend can read them.
+    fn stats(&self) -> DeviceStats {
+        DeviceStats::default()
+    }
     /// Allocates a protection domain.
     fn alloc_pd(&self) -> Result<Self::Pd>;
     /// Allocates a thread domain, or [`Error::Unsupported`] where the device has none.

@@ -16,7 +16,7 @@ pub mod device;
 pub mod verbs;
 
 pub use device::{
-    CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, QpInit, QueuePair, Registrar, Result,
-    SharedReceiveQueue,
+    CompletionQueue, Device, DeviceCaps, DeviceStats, Error, MemoryRegion, QpInit, QueuePair,
+    Registrar, Result, SharedReceiveQueue,
 };
 pub mod soft;

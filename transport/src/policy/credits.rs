@@ -29,6 +29,10 @@ impl SendCredits {
     pub fn new(initial: u32) -> SendCredits {
         SendCredits { available: initial, stalls: 0 }
     }
+    /// No accounting: the peer draws on a shared receive queue and relies on RNR retry.
+    pub fn unlimited() -> SendCredits {
+        SendCredits { available: u32::MAX, stalls: 0 }
+    }
     /// Credits left.
     pub fn available(&self) -> u32 {
         self.available
@@ -40,7 +44,9 @@ impl SendCredits {
             Use::Ordinary => 1,
             Use::CreditReturn => 0,
         };
-        if self.available > floor {
+        if self.available == u32::MAX {
+            true
+        } else if self.available > floor {
             self.available -= 1;
             true
         } else {
@@ -52,7 +58,9 @@ impl SendCredits {
     }
     /// The peer returned `n` credits.
     pub fn grant(&mut self, n: u32) {
-        self.available = self.available.saturating_add(n);
+        if self.available != u32::MAX {
+            self.available = self.available.saturating_add(n).min(u32::MAX - 1);
+        }
     }
 }
 

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use bemalloc::Pool;
+use bemalloc::{Pool, PoolConfig};
 use bex_rnic::soft::{SoftDevice, UdpConfig};
 use bex_rnic::Device;
-use bex_transport::{Config, Msg, RdmaTransport};
+use bex_transport::{Config, Msg, RdmaTransport, TcpTransport};
 
 /// A software RNIC on loopback, a pool registered with it, and a transport on both.
 pub async fn rdma(cfg: Config) -> (RdmaTransport, SoftDevice) {
@@ -24,6 +24,22 @@ pub async fn rdma(cfg: Config) -> (RdmaTransport, SoftDevice) {
     .await
     .expect("transport starts");
     (t, dev)
+}
+
+/// Bytes a test pool reserves: also its largest allocation.
+pub const TEST_POOL_BYTES: usize = 1 << 30;
+
+/// A pool with no device (TCP needs none), reserving [`TEST_POOL_BYTES`].
+pub fn plain_pool() -> &'static Pool {
+    let cfg = PoolConfig { reserve_bytes: TEST_POOL_BYTES, ..PoolConfig::default() };
+    Pool::unregistered(cfg).expect("pool").leak()
+}
+
+/// A TCP transport on loopback with a pool of its own.
+pub async fn tcp(cfg: Config) -> TcpTransport {
+    TcpTransport::start(plain_pool(), "127.0.0.1:0".parse().unwrap(), cfg)
+        .await
+        .expect("transport starts")
 }
 
 /// A message of `len` bytes whose content depends on `seed`.

@@ -359,6 +359,13 @@ impl Qp {
         self.pkts_since_ack_req = 0;
     }
 
+    /// Completes the receive being filled with a failure `status`.
+    fn abandon_receive(&mut self, status: WcStatus) {
+        if let Some(cur) = self.recv_cur.take() {
+            self.recv_cq.push(recv_wc(cur.wqe.wr_id, self.qpn, status, WcOpcode::Recv));
+        }
+    }
+
     fn take_receive(&mut self, srqs: &mut HashMap<u32, Srq>) -> Option<RecvWr> {
         match self.srq {
             Some(id) => srqs.get_mut(&id).and_then(|s| s.queue.pop_front()),
@@ -954,23 +961,11 @@ impl NicCore {
         }
         let capacity = cur.wqe.sg_list.total_len();
         if cur.offset + payload.len() as u64 > capacity {
-            let cur = qp.recv_cur.take().expect("checked above");
-            qp.recv_cq.push(recv_wc(
-                cur.wqe.wr_id,
-                qpn,
-                WcStatus::LocalLengthError,
-                WcOpcode::Recv,
-            ));
+            qp.abandon_receive(WcStatus::LocalLengthError);
             return Err(Syndrome::NakInvalidRequest);
         }
         if mrs.scatter(cur.wqe.sg_list.as_slice(), pd, cur.offset, payload).is_err() {
-            let cur = qp.recv_cur.take().expect("checked above");
-            qp.recv_cq.push(recv_wc(
-                cur.wqe.wr_id,
-                qpn,
-                WcStatus::LocalProtectionError,
-                WcOpcode::Recv,
-            ));
+            qp.abandon_receive(WcStatus::LocalProtectionError);
             return Err(Syndrome::NakRemoteOperational);
         }
         cur.offset += payload.len() as u64;

@@ -398,6 +398,19 @@ impl Device for SoftDevice {
         }
     }
 
+    fn stats(&self) -> crate::device::DeviceStats {
+        let c = self.counters();
+        crate::device::DeviceStats {
+            rnr_naks_received: c.rnr_naks_received,
+            rnr_naks_sent: c.rnr_naks_sent,
+            seq_naks_received: c.seq_naks_received,
+            retransmitted_packets: c.retransmitted_packets,
+            ack_timeouts: c.ack_timeouts,
+            tx_packets: c.tx_packets,
+            rx_packets: c.rx_packets,
+        }
+    }
+
     fn alloc_pd(&self) -> Result<SoftPd> {
         Ok(SoftPd { id: self.inner.core.lock().alloc_pd(), _dev: self.inner.clone() })
     }

@@ -1,0 +1,144 @@
+//! A channel: request/response with ids over one transport socket, many calls outstanding.
+//! A reader task matches replies to waiting calls; when the socket fails, every waiting call
+//! fails with the transport's error.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bemalloc::Pool;
+use bex_transport::{Msg, Socket, TransportKind};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::error::RpcError;
+use crate::frame::{Header, Kind, Status, HEADER_LEN};
+
+type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Msg, RpcError>>>>;
+
+struct Shared {
+    pending: Pending,
+    broken: Mutex<Option<RpcError>>,
+}
+
+/// One RPC channel over one socket.
+pub struct Channel {
+    socket: Arc<Socket>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    pool: &'static Pool,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel").field("socket", &self.socket.to_string()).finish()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// A message of `body_len` bytes with room for the RPC header in front; write the body at
+/// `[HEADER_LEN..]`.
+pub fn alloc_frame(pool: &'static Pool, body_len: usize) -> Result<Msg, RpcError> {
+    Msg::alloc(pool, HEADER_LEN + body_len).map_err(RpcError::Transport)
+}
+
+impl Channel {
+    /// Wraps a connected socket; `pool` provides request buffers.
+    pub fn new(socket: Socket, pool: &'static Pool) -> Channel {
+        let socket = Arc::new(socket);
+        let shared =
+            Arc::new(Shared { pending: Mutex::new(HashMap::new()), broken: Mutex::new(None) });
+        let (s2, sh2) = (socket.clone(), shared.clone());
+        let reader = tokio::spawn(async move {
+            let err = loop {
+                match s2.recv().await {
+                    Ok(mut m) => {
+                        let Some(h) = Header::decode(m.as_slice()) else {
+                            tracing::warn!("malformed RPC reply dropped");
+                            continue;
+                        };
+                        let Some(tx) = sh2.pending.lock().remove(&h.id) else {
+                            // A reply after its deadline: the caller has gone.
+                            continue;
+                        };
+                        m.advance(HEADER_LEN);
+                        let r = match h.kind {
+                            Kind::Response => Ok(m),
+                            Kind::Error => Err(RpcError::Remote {
+                                status: Status::from_u16(h.status),
+                                message: String::from_utf8_lossy(m.as_slice()).into_owned(),
+                            }),
+                            Kind::Request => {
+                                Err(RpcError::Protocol("request on a client channel".into()))
+                            }
+                        };
+                        let _ = tx.send(r);
+                    }
+                    Err(e) => break RpcError::Transport(e),
+                }
+            };
+            *sh2.broken.lock() = Some(err.clone());
+            for (_, tx) in sh2.pending.lock().drain() {
+                let _ = tx.send(Err(err.clone()));
+            }
+        });
+        Channel { socket, shared, next_id: AtomicU64::new(1), pool, reader }
+    }
+
+    /// RDMA or TCP.
+    pub fn kind(&self) -> TransportKind {
+        self.socket.kind()
+    }
+
+    /// Why the channel broke, if it did.
+    pub fn broken(&self) -> Option<RpcError> {
+        self.shared.broken.lock().clone()
+    }
+
+    /// Sends `request` (a frame from [`alloc_frame`], body at `[HEADER_LEN..]`) and waits for
+    /// the reply within `deadline`; the reply's view starts at its body.
+    pub async fn call_frame(
+        &self,
+        method: u16,
+        mut request: Msg,
+        deadline: Duration,
+    ) -> Result<Msg, RpcError> {
+        if let Some(e) = self.broken() {
+            return Err(e);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Header { kind: Kind::Request, method, status: 0, id }.encode(request.as_mut_slice());
+        let (tx, rx) = oneshot::channel();
+        self.shared.pending.lock().insert(id, tx);
+        let exchange = async {
+            self.socket.send(request).await.map_err(RpcError::Transport)?;
+            rx.await.map_err(|_| RpcError::Protocol("channel closed".into()))?
+        };
+        match tokio::time::timeout(deadline, exchange).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.shared.pending.lock().remove(&id);
+                Err(RpcError::Timeout(deadline))
+            }
+        }
+    }
+
+    /// Copies `body` into a frame and calls.
+    pub async fn call(
+        &self,
+        method: u16,
+        body: &[u8],
+        deadline: Duration,
+    ) -> Result<Msg, RpcError> {
+        let mut req = alloc_frame(self.pool, body.len())?;
+        req.as_mut_slice()[HEADER_LEN..].copy_from_slice(body);
+        self.call_frame(method, req, deadline).await
+    }
+}

@@ -1,0 +1,409 @@
+//! A client of a replicated service (paper §7.2): each call goes to a replica chosen by
+//! [`order_replicas`] (the caller's mini-pod first, quarantined ones last), with a connection
+//! deadline `Tc` and a request deadline `Tr`; timed-out requests are retried with a
+//! probability; on RDMA failure the ladder is: reconnect, then a replica in another mini-pod,
+//! and for a destination whose RDMA keeps failing, TCP with a periodic RDMA re-probe.
+//! Destinations with too many failures are quarantined until a probe succeeds.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bemalloc::Pool;
+use bex_transport::{Msg, Transport, TransportKind};
+use parking_lot::Mutex;
+
+use crate::channel::Channel;
+use crate::clock;
+use crate::error::RpcError;
+use crate::policy::{order_replicas, Fallback, Quarantine, Replica, RetryPolicy};
+
+/// One replica's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Mini-pod.
+    pub pod: u32,
+    /// RDMA transport bootstrap address.
+    pub rdma: SocketAddr,
+    /// TCP transport address.
+    pub tcp: SocketAddr,
+}
+
+/// Client settings; the paper's numbers are the defaults.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Connection deadline `Tc`.
+    pub connect_timeout: Duration,
+    /// Request deadline `Tr`.
+    pub request_timeout: Duration,
+    /// Probability of retrying a timed-out request.
+    pub retry_probability: f64,
+    /// Most retries of one call.
+    pub max_retries: u32,
+    /// Quarantine after more than this many connection failures in the window (M).
+    pub quarantine_connection_failures: usize,
+    /// Quarantine after more than this many request failures in the window (N).
+    pub quarantine_request_failures: usize,
+    /// The quarantine window.
+    pub quarantine_window: Duration,
+    /// How often a quarantined destination, or one on TCP, is probed again.
+    pub reprobe_interval: Duration,
+    /// Consecutive RDMA failures (after reconnecting) before a destination falls back to TCP.
+    pub rdma_failures_before_fallback: u32,
+    /// The caller's mini-pod.
+    pub local_pod: u32,
+    /// Seed of the retry decisions.
+    pub seed: u64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_millis(10),
+            request_timeout: Duration::from_millis(40),
+            retry_probability: 0.5,
+            max_retries: 2,
+            quarantine_connection_failures: 30,
+            quarantine_request_failures: 50,
+            quarantine_window: Duration::from_secs(300),
+            reprobe_interval: Duration::from_secs(1),
+            rdma_failures_before_fallback: 2,
+            local_pod: 0,
+            seed: 1,
+        }
+    }
+}
+
+/// What happened to calls (cumulative).
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    /// Calls made.
+    pub calls: AtomicU64,
+    /// Calls that failed after every attempt.
+    pub failures: AtomicU64,
+    /// Request timeouts.
+    pub timeouts: AtomicU64,
+    /// Attempts beyond the first.
+    pub retries: AtomicU64,
+    /// Connections (channels) opened.
+    pub connects: AtomicU64,
+    /// Connection attempts that failed.
+    pub connect_failures: AtomicU64,
+    /// Destinations moved from RDMA to TCP.
+    pub fallbacks: AtomicU64,
+    /// Destinations moved back to RDMA after a probe.
+    pub recoveries: AtomicU64,
+    /// Destinations put in quarantine.
+    pub quarantines: AtomicU64,
+    /// Calls answered by a replica outside the caller's mini-pod.
+    pub remote_pod_calls: AtomicU64,
+    /// Calls answered over TCP.
+    pub tcp_calls: AtomicU64,
+}
+
+struct Dest {
+    ep: Endpoint,
+    rdma: Option<Arc<Channel>>,
+    tcp: Option<Arc<Channel>>,
+    quarantine: Quarantine,
+    fallback: Fallback,
+    rdma_failures: u32,
+    next_quarantine_probe: Option<std::time::Instant>,
+}
+
+/// A client of one replicated service.
+pub struct Client {
+    rdma: Option<Transport>,
+    /// One connection attempt at a time per destination: concurrent first calls share it.
+    connecting: Vec<tokio::sync::Mutex<()>>,
+    tcp: Transport,
+    cfg: ClientConfig,
+    dests: Vec<Mutex<Dest>>,
+    retry: Mutex<RetryPolicy>,
+    rotate: AtomicUsize,
+    stats: Arc<ClientStats>,
+    pool: &'static Pool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("destinations", &self.dests.len()).finish()
+    }
+}
+
+impl Client {
+    /// A client over `rdma` (None: TCP only) and `tcp`, for `endpoints` (indexed by the ids
+    /// passed to [`Client::call`]).
+    pub fn new(
+        rdma: Option<Transport>,
+        tcp: Transport,
+        endpoints: Vec<Endpoint>,
+        cfg: ClientConfig,
+    ) -> Client {
+        let pool = rdma.as_ref().map_or_else(|| tcp.pool(), |t| t.pool());
+        let dests: Vec<Mutex<Dest>> = endpoints
+            .into_iter()
+            .map(|ep| {
+                let mut fallback = Fallback::new(cfg.reprobe_interval);
+                if rdma.is_none() {
+                    fallback.rdma_failed(clock::now());
+                }
+                Mutex::new(Dest {
+                    ep,
+                    rdma: None,
+                    tcp: None,
+                    quarantine: Quarantine::new(
+                        cfg.quarantine_connection_failures,
+                        cfg.quarantine_request_failures,
+                        cfg.quarantine_window,
+                    ),
+                    fallback,
+                    rdma_failures: 0,
+                    next_quarantine_probe: None,
+                })
+            })
+            .collect();
+        let connecting = (0..dests.len()).map(|_| tokio::sync::Mutex::new(())).collect();
+        Client {
+            connecting,
+            retry: Mutex::new(RetryPolicy::new(cfg.retry_probability, cfg.max_retries, cfg.seed)),
+            rdma,
+            tcp,
+            cfg,
+            dests,
+            rotate: AtomicUsize::new(0),
+            stats: Arc::new(ClientStats::default()),
+            pool,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Arc<ClientStats> {
+        &self.stats
+    }
+
+    /// The pool request frames come from.
+    pub fn pool(&self) -> &'static Pool {
+        self.pool
+    }
+
+    /// True while destination `id` is quarantined.
+    pub fn is_quarantined(&self, id: usize) -> bool {
+        self.dests[id].lock().quarantine.is_quarantined()
+    }
+
+    /// True while destination `id` uses TCP.
+    pub fn on_tcp(&self, id: usize) -> bool {
+        self.dests[id].lock().fallback.on_tcp()
+    }
+
+    /// Calls `method` on one of `replicas` (ids into the endpoint list) with `body`.
+    pub async fn call(
+        &self,
+        replicas: &[usize],
+        method: u16,
+        body: &[u8],
+    ) -> Result<Msg, RpcError> {
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        if replicas.is_empty() {
+            return Err(RpcError::NoReplica);
+        }
+        let now = clock::now();
+        let list: Vec<Replica> =
+            replicas.iter().map(|&id| Replica { pod: self.dests[id].lock().ep.pod, id }).collect();
+        let order = order_replicas(
+            &list,
+            self.cfg.local_pod,
+            |id| {
+                let d = self.dests[id].lock();
+                // A quarantined destination whose probe is due is tried like a healthy one.
+                d.quarantine.is_quarantined() && d.next_quarantine_probe.is_none_or(|t| now < t)
+            },
+            self.rotate.fetch_add(1, Ordering::Relaxed),
+        );
+        let mut retries = 0u32;
+        let mut i = 0usize;
+        let last = loop {
+            let r = order[i % order.len()];
+            match self.call_dest(r.id, method, body).await {
+                Ok(m) => {
+                    if r.pod != self.cfg.local_pod {
+                        self.stats.remote_pod_calls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(m);
+                }
+                Err(e) => {
+                    i += 1;
+                    if matches!(e, RpcError::Timeout(_)) {
+                        if !self.retry.lock().should_retry(retries) {
+                            break e;
+                        }
+                        retries += 1;
+                        self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    } else if i >= order.len() {
+                        // Every replica failed for a reason other than a timeout.
+                        break e;
+                    }
+                }
+            }
+        };
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        Err(last)
+    }
+
+    async fn connect(&self, id: usize, kind: TransportKind) -> Result<Arc<Channel>, RpcError> {
+        let ep = self.dests[id].lock().ep;
+        let (t, addr) = match (kind, &self.rdma) {
+            (TransportKind::Rdma, Some(r)) => (r, ep.rdma),
+            _ => (&self.tcp, ep.tcp),
+        };
+        self.stats.connects.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(self.cfg.connect_timeout, t.connect(addr)).await {
+            Ok(Ok(s)) => Ok(Arc::new(Channel::new(s, self.pool))),
+            Ok(Err(e)) => {
+                self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                Err(RpcError::Connect(e.to_string()))
+            }
+            Err(_) => {
+                self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                Err(RpcError::Connect(format!(
+                    "{addr}: no connection within {:?}",
+                    self.cfg.connect_timeout
+                )))
+            }
+        }
+    }
+
+    /// The channel to use for `id` now, connecting (with the ladder) if needed.
+    async fn channel(&self, id: usize) -> Result<Arc<Channel>, RpcError> {
+        if let Some(c) = self.live_channel(id) {
+            return Ok(c);
+        }
+        let _one_at_a_time = self.connecting[id].lock().await;
+        self.channel_locked(id).await
+    }
+
+    /// The live channel of the path `id` uses now, if there is one.
+    fn live_channel(&self, id: usize) -> Option<Arc<Channel>> {
+        let now = clock::now();
+        let d = self.dests[id].lock();
+        let c = if self.rdma.is_some() && d.fallback.use_rdma(now) { &d.rdma } else { &d.tcp };
+        c.clone().filter(|c| c.broken().is_none())
+    }
+
+    async fn channel_locked(&self, id: usize) -> Result<Arc<Channel>, RpcError> {
+        let now = clock::now();
+        let (use_rdma, rdma, tcp) = {
+            let d = self.dests[id].lock();
+            let live = |c: &Option<Arc<Channel>>| c.clone().filter(|c| c.broken().is_none());
+            (self.rdma.is_some() && d.fallback.use_rdma(now), live(&d.rdma), live(&d.tcp))
+        };
+        if use_rdma {
+            if let Some(c) = rdma {
+                return Ok(c);
+            }
+            // Connect, and reconnect once: the first rung of the ladder.
+            for _ in 0..2 {
+                match self.connect(id, TransportKind::Rdma).await {
+                    Ok(c) => {
+                        let mut d = self.dests[id].lock();
+                        if d.fallback.on_tcp() {
+                            self.stats.recoveries.fetch_add(1, Ordering::Relaxed);
+                        }
+                        d.fallback.rdma_ok();
+                        d.rdma_failures = 0;
+                        d.rdma = Some(c.clone());
+                        return Ok(c);
+                    }
+                    Err(_) => self.note_rdma_failure(id),
+                }
+            }
+            if !self.dests[id].lock().fallback.on_tcp() {
+                return Err(RpcError::Connect("RDMA connection failed twice".into()));
+            }
+        }
+        if let Some(c) = tcp {
+            return Ok(c);
+        }
+        match self.connect(id, TransportKind::Tcp).await {
+            Ok(c) => {
+                self.dests[id].lock().tcp = Some(c.clone());
+                Ok(c)
+            }
+            Err(e) => {
+                self.note_connection_failure(id);
+                Err(e)
+            }
+        }
+    }
+
+    fn note_connection_failure(&self, id: usize) {
+        let now = clock::now();
+        let mut d = self.dests[id].lock();
+        let was = d.quarantine.is_quarantined();
+        d.quarantine.connection_failed(now);
+        if !was && d.quarantine.is_quarantined() {
+            self.stats.quarantines.fetch_add(1, Ordering::Relaxed);
+        }
+        if d.quarantine.is_quarantined() {
+            d.next_quarantine_probe = Some(now + self.cfg.reprobe_interval);
+        }
+    }
+
+    fn note_rdma_failure(&self, id: usize) {
+        self.note_connection_failure(id);
+        let now = clock::now();
+        let mut d = self.dests[id].lock();
+        d.rdma = None;
+        d.rdma_failures += 1;
+        if d.rdma_failures >= self.cfg.rdma_failures_before_fallback {
+            if !d.fallback.on_tcp() {
+                self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(dest = %d.ep.rdma, "RDMA keeps failing: falling back to TCP");
+            }
+            d.fallback.rdma_failed(now);
+            d.rdma_failures = 0;
+        }
+    }
+
+    async fn call_dest(&self, id: usize, method: u16, body: &[u8]) -> Result<Msg, RpcError> {
+        let ch = self.channel(id).await?;
+        let kind = ch.kind();
+        let r = ch.call(method, body, self.cfg.request_timeout).await;
+        let now = clock::now();
+        match &r {
+            Ok(_) => {
+                let mut d = self.dests[id].lock();
+                if d.quarantine.is_quarantined() {
+                    d.quarantine.probe_succeeded();
+                    d.next_quarantine_probe = None;
+                }
+                if kind == TransportKind::Tcp {
+                    self.stats.tcp_calls.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(RpcError::Timeout(_)) => {
+                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                let mut d = self.dests[id].lock();
+                let was = d.quarantine.is_quarantined();
+                d.quarantine.request_failed(now);
+                if !was && d.quarantine.is_quarantined() {
+                    self.stats.quarantines.fetch_add(1, Ordering::Relaxed);
+                    d.next_quarantine_probe = Some(now + self.cfg.reprobe_interval);
+                }
+            }
+            Err(RpcError::Transport(_)) => {
+                // The connection broke under the call.
+                if kind == TransportKind::Rdma {
+                    self.note_rdma_failure(id);
+                } else {
+                    self.dests[id].lock().tcp = None;
+                    self.note_connection_failure(id);
+                }
+            }
+            Err(_) => {}
+        }
+        r
+    }
+}

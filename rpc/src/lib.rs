@@ -1,0 +1,24 @@
+//! bex's RPC layer (paper §7): requests and responses with ids over transport sockets, with
+//! recovery decisions kept above the transport — deadlines, probabilistic retry, replica
+//! selection across mini-pods, quarantine, and RDMA-to-TCP fallback with re-probe.
+//!
+//! - [`frame`]: the 16-byte frame header;
+//! - [`channel`]: many outstanding calls over one socket;
+//! - [`server`]: accept and dispatch to a [`Handler`];
+//! - [`client`]: calls to a replicated service with the recovery ladder;
+//! - [`policy`]: the pure decision types.
+#![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod client;
+pub mod clock;
+pub mod error;
+pub mod frame;
+pub mod policy;
+pub mod server;
+
+pub use channel::{alloc_frame, Channel};
+pub use client::{Client, ClientConfig, ClientStats, Endpoint};
+pub use error::RpcError;
+pub use frame::{Status, HEADER_LEN};
+pub use server::{serve, Handler, ServerStats};

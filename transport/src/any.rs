@@ -1,0 +1,199 @@
+//! [`Transport`] and [`Socket`]: either kind of transport behind one type, for the RPC layer
+//! (which falls back from RDMA to TCP and compares the two).
+//!
+//! The common API delegates; [`Socket::send_to`] and [`Socket::expose`] need RDMA and fail
+//! with [`TransportError::Invalid`] on TCP.
+
+use std::net::SocketAddr;
+
+use bemalloc::Pool;
+
+use crate::config::CounterSnapshot;
+use crate::engine::RemoteTarget;
+use crate::error::{Result, TransportError};
+use crate::msg::Msg;
+use crate::rdma::{RdmaSocket, RdmaTransport};
+use crate::tcp::{TcpSocket, TcpTransport};
+
+/// Which transport a [`Transport`] or [`Socket`] runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// ByteExpress over RC queue pairs.
+    Rdma,
+    /// One TCP connection per socket.
+    Tcp,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::Rdma => "rdma",
+            TransportKind::Tcp => "tcp",
+        })
+    }
+}
+
+/// A transport of either kind.
+#[derive(Clone, Debug)]
+pub enum Transport {
+    /// An RDMA transport.
+    Rdma(RdmaTransport),
+    /// A TCP transport.
+    Tcp(TcpTransport),
+}
+
+impl From<RdmaTransport> for Transport {
+    fn from(t: RdmaTransport) -> Self {
+        Transport::Rdma(t)
+    }
+}
+
+impl From<TcpTransport> for Transport {
+    fn from(t: TcpTransport) -> Self {
+        Transport::Tcp(t)
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} transport at {}", self.kind(), self.local_addr())
+    }
+}
+
+impl Transport {
+    /// The kind.
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Transport::Rdma(_) => TransportKind::Rdma,
+            Transport::Tcp(_) => TransportKind::Tcp,
+        }
+    }
+
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        match self {
+            Transport::Rdma(t) => t.local_addr(),
+            Transport::Tcp(t) => t.local_addr(),
+        }
+    }
+
+    /// The registered-memory pool messages come from.
+    pub fn pool(&self) -> &'static Pool {
+        match self {
+            Transport::Rdma(t) => t.pool(),
+            Transport::Tcp(t) => t.pool(),
+        }
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> CounterSnapshot {
+        match self {
+            Transport::Rdma(t) => t.counters(),
+            Transport::Tcp(t) => t.counters(),
+        }
+    }
+
+    /// Opens a socket to the transport (of the same kind) listening at `addr`.
+    pub async fn connect(&self, addr: SocketAddr) -> Result<Socket> {
+        Ok(match self {
+            Transport::Rdma(t) => Socket::Rdma(t.connect(addr).await?),
+            Transport::Tcp(t) => Socket::Tcp(t.connect(addr).await?),
+        })
+    }
+
+    /// Waits for a socket opened by a peer.
+    pub async fn accept(&self) -> Result<Socket> {
+        Ok(match self {
+            Transport::Rdma(t) => Socket::Rdma(t.accept().await?),
+            Transport::Tcp(t) => Socket::Tcp(t.accept().await?),
+        })
+    }
+
+    /// Shuts the transport down; every socket fails.
+    pub fn shutdown(&self) {
+        match self {
+            Transport::Rdma(t) => t.shutdown(),
+            Transport::Tcp(t) => t.shutdown(),
+        }
+    }
+}
+
+/// A socket of either kind.
+#[derive(Debug)]
+pub enum Socket {
+    /// A socket on an RDMA engine.
+    Rdma(RdmaSocket),
+    /// A socket on its own TCP connection.
+    Tcp(TcpSocket),
+}
+
+impl From<RdmaSocket> for Socket {
+    fn from(s: RdmaSocket) -> Self {
+        Socket::Rdma(s)
+    }
+}
+
+impl From<TcpSocket> for Socket {
+    fn from(s: TcpSocket) -> Self {
+        Socket::Tcp(s)
+    }
+}
+
+impl std::fmt::Display for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} socket to {}", self.kind(), self.peer())
+    }
+}
+
+impl Socket {
+    /// The kind.
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Socket::Rdma(_) => TransportKind::Rdma,
+            Socket::Tcp(_) => TransportKind::Tcp,
+        }
+    }
+
+    /// The peer transport's address.
+    pub fn peer(&self) -> SocketAddr {
+        match self {
+            Socket::Rdma(s) => s.peer(),
+            Socket::Tcp(s) => s.peer(),
+        }
+    }
+
+    /// Sends a message (see [`RdmaSocket::send`] and [`TcpSocket::send`] for when it
+    /// resolves).
+    pub async fn send(&self, msg: Msg) -> Result<()> {
+        match self {
+            Socket::Rdma(s) => s.send(msg).await,
+            Socket::Tcp(s) => s.send(msg).await,
+        }
+    }
+
+    /// The next message, in order.
+    pub async fn recv(&self) -> Result<Msg> {
+        match self {
+            Socket::Rdma(s) => s.recv().await,
+            Socket::Tcp(s) => s.recv().await,
+        }
+    }
+
+    /// Writes a message straight into a buffer the peer exposed ([`RdmaSocket::send_to`]).
+    /// RDMA only: on TCP the message is dropped and this fails with `Invalid`.
+    pub async fn send_to(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
+        match self {
+            Socket::Rdma(s) => s.send_to(msg, target).await,
+            Socket::Tcp(_) => Err(TransportError::Invalid("send_to needs RDMA".into())),
+        }
+    }
+
+    /// Exposes a buffer for the peer's [`Socket::send_to`] ([`RdmaSocket::expose`]). RDMA
+    /// only: on TCP this fails with `Invalid`.
+    pub async fn expose(&self, buf: Msg) -> Result<RemoteTarget> {
+        match self {
+            Socket::Rdma(s) => s.expose(buf).await,
+            Socket::Tcp(_) => Err(TransportError::Invalid("expose needs RDMA".into())),
+        }
+    }
+}
