@@ -12,7 +12,6 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::client::{run_client, ClientOptions, Session};
 use crate::error::{io, BenchError, Result};
-use crate::net::{TCP_AVAILABLE, TCP_PENDING};
 use crate::report;
 use crate::server::{runtime, serve, ServerOptions, READY_LINE};
 use crate::spec::{Plan, Settings, Test};
@@ -29,7 +28,8 @@ transport in the same run:
 
   lat      Fig. 8   ping-pong RTT (mean, p50, p99), 32 B ... 16 KB, one message outstanding
   tput     Fig. 9   1 MB messages with a 32 B response each, 1 ... 32 outstanding, one engine
-  frag     Fig. 10  1 MB throughput vs fragment size, 1 KB ... 1 MB
+  frag     Fig. 10  1 MB throughput vs fragment size, 1 KB ... 1 MB, 16 outstanding
+  frag-sim Fig. 10  the same on the in-memory fabric: 25 and 100 Gb/s links, virtual time
   rate     Fig. 11  512 B request rate vs engines (1 ... 128) with 1 and 2 I/O threads
   hol      Fig. 13  64 B ping-pong RTT under 0 ... 8 competing 1 MB flows on one engine,
                     4 KB fragments vs none (fragment = message size), on loopback
@@ -41,7 +41,7 @@ Two processes, like perftest: `bex-perf server` answers, `bex-perf client --serv
 measures; `bex-perf run` does both on loopback, spawning the server as a child of itself and
 always reaping it. Tables go to stdout, progress to stderr; --json writes every raw number and
 the command line, --out DIR writes the tables, the JSON and one SVG per figure.
-Exit status: 0 when every job ran (or is pending), 1 when one failed, 2 for bad usage.";
+Exit status: 0 when every job ran, 1 when one failed, 2 for bad usage.";
 
 /// bex-perf: the paper's transport figures, RDMA vs TCP.
 #[derive(Debug, Parser)]
@@ -102,6 +102,8 @@ pub enum TestSel {
     Tput,
     /// Fig. 10.
     Frag,
+    /// Fig. 10, simulated fabric.
+    FragSim,
     /// Fig. 11.
     Rate,
     /// Fig. 13, loopback.
@@ -115,7 +117,8 @@ pub enum TestSel {
 /// What to measure and how; shared by `client` and `run`.
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
-    /// Tests to run, comma-separated (all, lat, tput, frag, rate, hol, hol-sim, eager).
+    /// Tests to run, comma-separated (all, lat, tput, frag, frag-sim, rate, hol, hol-sim,
+    /// eager).
     #[arg(
         long = "test",
         short = 't',
@@ -208,6 +211,7 @@ impl BenchArgs {
                 TestSel::Lat => out.push(Test::Lat),
                 TestSel::Tput => out.push(Test::Tput),
                 TestSel::Frag => out.push(Test::Frag),
+                TestSel::FragSim => out.push(Test::FragSim),
                 TestSel::Rate => out.push(Test::Rate),
                 TestSel::Hol => out.push(Test::Hol),
                 TestSel::HolSim => out.push(Test::HolSim),
@@ -324,12 +328,6 @@ pub fn run_local(plan: &Plan, bench: &BenchArgs, server_cpu: Option<usize>) -> R
 pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
     let mut n = Vec::new();
     let has = |t: Test| plan.tests.contains(&t);
-    if !TCP_AVAILABLE && plan.jobs.iter().any(|j| j.kind == crate::spec::Kind::Tcp) {
-        n.push(format!(
-            "TCP: {TCP_PENDING}. bex's TCP transport is not in this build yet; its points are \
-             reported as pending, never measured with something else."
-        ));
-    }
     if plan.needs_server() {
         n.push(
             "Loopback: client and server are two processes on one host; the software RNIC \
@@ -348,10 +346,11 @@ pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
                 .into(),
         );
     }
-    if has(Test::HolSim) {
+    if has(Test::HolSim) || has(Test::FragSim) {
         n.push(
-            "hol-sim: times are virtual (the in-memory fabric's clock), exact and repeatable \
-             for a seed; the link is modelled at 25 Gb/s with 2 µs propagation."
+            "frag-sim, hol-sim: times are virtual (the in-memory fabric's clock), exact and \
+             repeatable for a seed; links are modelled at 25 (and 100) Gb/s with 2 µs \
+             propagation, and the transport's code runs unmodified on them."
                 .into(),
         );
     }

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_rnic_perf::clock::Clock;
+use bex_rnic_perf::stats::{summarize_bw, BwRep};
 use tokio::net::TcpStream;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{counter_map, Node, Socket, Transport, TCP_AVAILABLE, TCP_PENDING};
+use crate::net::{counter_map, Node, Socket, Transport};
 use crate::report::{Outcome, Point};
-use crate::sim::hol_sim;
-use crate::spec::{Job, Kind, Plan, ServerSetup, Work};
+use crate::sim::{frag_sim, hol_sim};
+use crate::spec::{Job, Plan, ServerSetup, Work};
 use crate::workload::{broadcast, hol, pingpong, windowed};
 
 /// How long connecting to the control port may take.
@@ -102,13 +103,13 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
             (None, Work::Sim { flows, large, samples, link_gbps, seed }) => {
                 sim_point(job, flows, large, samples, link_gbps, seed)
             }
+            (None, Work::SimTput { size, window, msgs, link_gbps, seed }) => {
+                sim_tput_point(job, size, window, msgs, link_gbps, seed)
+            }
             (None, _) => Point::new(
                 job.clone(),
                 Outcome::Failed("a loopback job without a server setup".into()),
             ),
-            (Some(_), _) if job.kind == Kind::Tcp && !TCP_AVAILABLE => {
-                Point::new(job.clone(), Outcome::Pending(TCP_PENDING.into()))
-            }
             (Some(_), _) if dead.is_some() => {
                 Point::new(job.clone(), Outcome::Skipped(dead.clone().unwrap_or_default()))
             }
@@ -134,6 +135,26 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
         }
     }
     Ok(Session { points: progress.points, server_pid })
+}
+
+fn sim_tput_point(
+    job: &Job,
+    size: u64,
+    window: u32,
+    msgs: u32,
+    link_gbps: u32,
+    seed: u64,
+) -> Point {
+    match frag_sim(&job.knobs, size, window, msgs, link_gbps, seed) {
+        Ok(elapsed) => {
+            let reps = vec![BwRep::new(size as u32, u64::from(msgs), elapsed)];
+            let summary = summarize_bw(&reps).expect("one repetition");
+            let mut p = Point::new(job.clone(), Outcome::Throughput { summary, reps });
+            p.extra.insert("seed".into(), seed as f64);
+            p
+        }
+        Err(e) => Point::new(job.clone(), Outcome::Failed(format!("{e} (seed {seed})"))),
+    }
 }
 
 fn sim_point(job: &Job, flows: u32, large: u64, samples: u32, link_gbps: u32, seed: u64) -> Point {
@@ -249,8 +270,8 @@ async fn work(
             let reps =
                 windowed(&socks, pool, size as usize, ack, window, warmup, msgs, reps, clock)
                     .await?;
-            let summary = bex_rnic_perf::stats::summarize_bw(&reps)
-                .ok_or_else(|| BenchError::Check("no repetitions".into()))?;
+            let summary =
+                summarize_bw(&reps).ok_or_else(|| BenchError::Check("no repetitions".into()))?;
             Outcome::Throughput { summary, reps }
         }
         Work::Hol { small, large, flows, window, warmup, iters } => {
@@ -276,7 +297,7 @@ async fn work(
             let socks = connect_all(t, &addrs[..1], fanout).await?;
             latency(&broadcast(&socks, pool, size as usize, warmup, iters, clock).await?)?
         }
-        Work::Sim { .. } => {
+        Work::Sim { .. } | Work::SimTput { .. } => {
             return Err(BenchError::Usage("a simulation job has no server side".into()))
         }
     };

@@ -1,7 +1,7 @@
 //! Transports as the benchmark uses them: one software RNIC and one registered pool per
 //! process, opened once and shared by every job (a pool keeps its registered memory while it
-//! lives, so one per job would only grow the process), and transports of either kind started
-//! per job on them.
+//! lives, so one per job would only grow the process), and transports of either kind
+//! ([`bex_transport::Transport`]) started per job on them.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -9,17 +9,11 @@ use std::sync::Arc;
 use bemalloc::Pool;
 use bex_rnic::soft::{SoftDevice, SoftPd, UdpConfig};
 use bex_rnic::Device;
-use bex_transport::{Config, CounterSnapshot, Msg, RdmaSocket, RdmaTransport, Result as TResult};
+use bex_transport::{Config, CounterSnapshot, RdmaTransport, TcpTransport};
+pub use bex_transport::{Socket, Transport};
 
 use crate::error::{BenchError, Result};
 use crate::spec::Kind;
-
-/// True once bex's TCP transport exists in this build; until then TCP points are reported as
-/// "pending TCP transport", never measured by something else.
-pub const TCP_AVAILABLE: bool = false;
-
-/// The text TCP points carry while [`TCP_AVAILABLE`] is false.
-pub const TCP_PENDING: &str = "pending TCP transport";
 
 /// This process's software RNIC and the pool registered with it.
 #[derive(Debug)]
@@ -69,74 +63,8 @@ impl Node {
                 .await?;
                 Ok(Transport::Rdma(t))
             }
-            Kind::Tcp => Err(BenchError::Usage(TCP_PENDING.into())),
-        }
-    }
-}
-
-/// A transport of either kind (until the TCP transport lands: RDMA only).
-#[derive(Clone, Debug)]
-pub enum Transport {
-    /// RDMA.
-    Rdma(RdmaTransport),
-}
-
-impl Transport {
-    /// The bootstrap address.
-    pub fn local_addr(&self) -> SocketAddr {
-        match self {
-            Transport::Rdma(t) => t.local_addr(),
-        }
-    }
-
-    /// Counters.
-    pub fn counters(&self) -> CounterSnapshot {
-        match self {
-            Transport::Rdma(t) => t.counters(),
-        }
-    }
-
-    /// Opens a socket to `addr`.
-    pub async fn connect(&self, addr: SocketAddr) -> TResult<Socket> {
-        match self {
-            Transport::Rdma(t) => Ok(Socket::Rdma(t.connect(addr).await?)),
-        }
-    }
-
-    /// Waits for a socket a peer opened.
-    pub async fn accept(&self) -> TResult<Socket> {
-        match self {
-            Transport::Rdma(t) => Ok(Socket::Rdma(t.accept().await?)),
-        }
-    }
-
-    /// Stops it; every socket fails.
-    pub fn shutdown(&self) {
-        match self {
-            Transport::Rdma(t) => t.shutdown(),
-        }
-    }
-}
-
-/// A socket of either kind.
-#[derive(Debug)]
-pub enum Socket {
-    /// RDMA.
-    Rdma(RdmaSocket),
-}
-
-impl Socket {
-    /// Sends a message.
-    pub async fn send(&self, msg: Msg) -> TResult<()> {
-        match self {
-            Socket::Rdma(s) => s.send(msg).await,
-        }
-    }
-
-    /// The next message.
-    pub async fn recv(&self) -> TResult<Msg> {
-        match self {
-            Socket::Rdma(s) => s.recv().await,
+            // TCP receives into the same registered pool: both kinds deliver pool memory.
+            Kind::Tcp => Ok(Transport::Tcp(TcpTransport::start(self.pool, listen, cfg).await?)),
         }
     }
 }

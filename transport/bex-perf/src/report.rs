@@ -10,7 +10,6 @@ use bex_rnic_perf::pin::Placement;
 use bex_rnic_perf::stats::{ratio, BandwidthSummary, BwRep, LatencySummary};
 use serde::Serialize;
 
-use crate::net::TCP_PENDING;
 use crate::spec::{Job, Plan, Test};
 
 /// What one job produced.
@@ -30,8 +29,6 @@ pub enum Outcome {
         /// Every repetition.
         reps: Vec<BwRep>,
     },
-    /// Not measured: the transport does not exist in this build yet.
-    Pending(String),
     /// The job failed.
     Failed(String),
     /// The job did not run (an earlier failure ended the session).
@@ -65,7 +62,7 @@ impl Point {
         }
     }
 
-    /// True for failed or skipped jobs (pending ones are not failures).
+    /// True for failed or skipped jobs.
     pub fn is_failure(&self) -> bool {
         matches!(self.outcome, Outcome::Failed(_) | Outcome::Skipped(_))
     }
@@ -88,7 +85,6 @@ impl Point {
                 "{what}: {:.2} Gb/s, {:.3} M msg/s (median of {})",
                 s.median_gbps, s.median_mmsgs, s.reps
             ),
-            Outcome::Pending(why) => format!("{what}: {why}"),
             Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
             Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
         }
@@ -143,7 +139,7 @@ pub fn x_name(t: Test) -> &'static str {
     match t {
         Test::Lat | Test::Eager => "size",
         Test::Tput => "outstanding",
-        Test::Frag => "fragment",
+        Test::Frag | Test::FragSim => "fragment",
         Test::Rate => "engines",
         Test::Hol | Test::HolSim => "large flows",
     }
@@ -151,7 +147,7 @@ pub fn x_name(t: Test) -> &'static str {
 
 fn x_label(t: Test, x: u64) -> String {
     match t {
-        Test::Lat | Test::Eager | Test::Frag => fmt_bytes(x),
+        Test::Lat | Test::Eager | Test::Frag | Test::FragSim => fmt_bytes(x),
         _ => x.to_string(),
     }
 }
@@ -187,17 +183,25 @@ fn layout(t: Test) -> Layout {
     use Metric::*;
     match t {
         Test::Lat => Layout {
-            title: "Fig. 8  lat: round-trip time (µs) with one message outstanding; \
-                    ratio = RDMA / TCP (lower is better)",
+            title: "Fig. 8  lat: round-trip time (µs) with one message outstanding (\"rdma \
+                    spin\": I/O threads busy-poll 20 µs before blocking); ratio = RDMA / TCP \
+                    (lower is better)",
             cols: vec![
                 col("rdma", Mean),
                 col("rdma", P50),
                 col("rdma", P99),
+                col("rdma spin", Mean),
+                col("rdma spin", P50),
+                col("rdma spin", P99),
                 col("tcp", Mean),
                 col("tcp", P50),
                 col("tcp", P99),
             ],
-            ratios: vec![rat("rdma", "tcp", P50), rat("rdma", "tcp", Mean)],
+            ratios: vec![
+                rat("rdma", "tcp", P50),
+                rat("rdma", "tcp", Mean),
+                rat("rdma spin", "tcp", P50),
+            ],
         },
         Test::Tput => Layout {
             title: "Fig. 9  tput: 1 MB messages, 32 B response each, one engine/connection: \
@@ -209,6 +213,12 @@ fn layout(t: Test) -> Layout {
             title: "Fig. 10  frag: 1 MB messages, 16 outstanding, one engine: Gb/s vs \
                     fragment size",
             cols: vec![col("rdma", Gbps)],
+            ratios: vec![],
+        },
+        Test::FragSim => Layout {
+            title: "Fig. 10  frag-sim (in-memory fabric, virtual time): 1 MB messages, 16 \
+                    outstanding, one engine: Gb/s vs fragment size on 25 and 100 Gb/s links",
+            cols: vec![col("25 Gb/s", Gbps), col("100 Gb/s", Gbps)],
             ratios: vec![],
         },
         Test::Rate => Layout {
@@ -272,7 +282,7 @@ pub struct RatioValue {
     pub x: u64,
     /// `num/den metric`.
     pub label: String,
-    /// The ratio; `null` when a side has no number (pending, failed, not run).
+    /// The ratio; `null` when a side has no number (failed, not run).
     pub value: Option<f64>,
 }
 
@@ -324,7 +334,6 @@ fn cell(p: Option<&Point>, m: Metric) -> String {
         Some((_, Some(v))) if v >= 100.0 => format!("{v:.0}"),
         Some((_, Some(v))) if v >= 1.0 => format!("{v:.2}"),
         Some((_, Some(v))) => format!("{v:.3}"),
-        Some((Outcome::Pending(_), None)) => "pending".into(),
         Some((Outcome::Failed(_), None)) => "err".into(),
         Some((Outcome::Skipped(_), None)) => "skip".into(),
         Some((_, None)) => "-".into(),
@@ -364,7 +373,7 @@ pub fn test_table(points: &[Point], t: Test) -> String {
         l.ratios.iter().filter(|r| present(r.num) && present(r.den)).collect();
     let mut header = vec![x_name(t).to_string()];
     header.extend(cols.iter().map(|c| format!("{} {}", c.series, c.metric.label())));
-    header.extend(rats.iter().map(|r| format!("{}/{}", r.num, r.den)));
+    header.extend(rats.iter().map(|r| format!("{}/{} {}", r.num, r.den, r.metric.label())));
     let mut rows = Vec::new();
     for &x in &xs {
         let mut row = vec![x_label(t, x)];
@@ -388,7 +397,7 @@ pub fn test_table(points: &[Point], t: Test) -> String {
 pub struct Target {
     /// What is checked.
     pub name: &'static str,
-    /// `met`, `not met`, `partly met`, `pending` or `not run`.
+    /// `met`, `not met`, `partly met` or `not run`.
     pub verdict: String,
     /// The numbers behind the verdict.
     pub detail: String,
@@ -397,23 +406,28 @@ pub struct Target {
 /// The brief's three targets, from the points.
 pub fn targets(points: &[Point]) -> Vec<Target> {
     let mut out = Vec::new();
-    // 1. RDMA RTT <= TCP RTT, 32 B - 16 KB (median).
-    let lat: Vec<(u64, Option<f64>, Option<f64>)> = xs_of(points, Test::Lat)
-        .into_iter()
-        .map(|x| {
-            let v = |s| find(points, Test::Lat, s, x).and_then(|p| metric(p, Metric::P50));
-            (x, v("rdma"), v("tcp"))
-        })
-        .collect();
-    let tcp_pending =
-        points.iter().any(|p| p.job.series == "tcp" && matches!(p.outcome, Outcome::Pending(_)));
-    out.push(compare(
-        "RDMA round trip <= TCP round trip, 32 B-16 KB (p50)",
-        &lat,
-        |r, t| r <= t,
-        |x, r, t| format!("{}: {r:.1} vs {t:.1} µs ({:.2}x)", fmt_bytes(x), r / t),
-        tcp_pending,
-    ));
+    // 1. RDMA RTT <= TCP RTT, 32 B - 16 KB (median), with blocking and spinning I/O threads.
+    for (name, series) in [
+        ("RDMA round trip <= TCP round trip, 32 B-16 KB (p50)", "rdma"),
+        ("RDMA (I/O threads spin 20 µs) round trip <= TCP round trip (p50)", "rdma spin"),
+    ] {
+        let lat: Vec<(u64, Option<f64>, Option<f64>)> = xs_of(points, Test::Lat)
+            .into_iter()
+            .map(|x| {
+                let v = |s| find(points, Test::Lat, s, x).and_then(|p| metric(p, Metric::P50));
+                (x, v(series), v("tcp"))
+            })
+            .collect();
+        if series == "rdma spin" && lat.iter().all(|r| r.1.is_none()) {
+            continue;
+        }
+        out.push(compare(
+            name,
+            &lat,
+            |r, t| r <= t,
+            |x, r, t| format!("{}: {r:.1} vs {t:.1} µs ({:.2}x)", fmt_bytes(x), r / t),
+        ));
+    }
     // 2. 1 MB throughput >= TCP (best over outstanding counts, and at the largest).
     let best = |s: &str| {
         points
@@ -435,15 +449,7 @@ pub fn targets(points: &[Point]) -> Vec<Target> {
                 r / t
             ),
         },
-        (Some((wr, r)), None) => Target {
-            name,
-            verdict: if tcp_pending { "pending" } else { "not run" }.into(),
-            detail: format!(
-                "RDMA {r:.2} Gb/s ({wr} outstanding); TCP: {}",
-                if tcp_pending { TCP_PENDING } else { "no number" }
-            ),
-        },
-        _ => Target { name, verdict: "not run".into(), detail: "no RDMA number".into() },
+        _ => Target { name, verdict: "not run".into(), detail: "no number for one side".into() },
     });
     // 3. Zero-copy eager faster than copy mode (median RTT).
     let eager: Vec<(u64, Option<f64>, Option<f64>)> = xs_of(points, Test::Eager)
@@ -459,7 +465,6 @@ pub fn targets(points: &[Point]) -> Vec<Target> {
         &eager,
         |z, c| z < c,
         |x, z, c| format!("{}: {z:.1} vs {c:.1} µs (copy/zero-copy {:.2}x)", fmt_bytes(x), c / z),
-        false,
     ));
     out
 }
@@ -469,16 +474,11 @@ fn compare(
     rows: &[(u64, Option<f64>, Option<f64>)],
     ok: impl Fn(f64, f64) -> bool,
     show: impl Fn(u64, f64, f64) -> String,
-    pending: bool,
 ) -> Target {
     let both: Vec<(u64, f64, f64)> =
         rows.iter().filter_map(|&(x, a, b)| Some((x, a?, b?))).collect();
     if both.is_empty() {
-        return Target {
-            name,
-            verdict: if pending { "pending" } else { "not run" }.into(),
-            detail: if pending { TCP_PENDING.into() } else { "no numbers".into() },
-        };
+        return Target { name, verdict: "not run".into(), detail: "no numbers".into() };
     }
     let met = both.iter().filter(|&&(_, a, b)| ok(a, b)).count();
     let verdict = if met == both.len() {
@@ -536,7 +536,7 @@ struct JsonPoint<'a> {
     test: Test,
     series: &'a str,
     x: u64,
-    /// `ok`, `pending`, `failed` or `skipped`.
+    /// `ok`, `failed` or `skipped`.
     status: &'static str,
     job: &'a Job,
     latency: Option<&'a LatencySummary>,
@@ -599,10 +599,6 @@ pub fn json(
                 Outcome::Throughput { summary, reps } => {
                     j.throughput = Some(summary);
                     j.reps = Some(reps);
-                }
-                Outcome::Pending(why) => {
-                    j.status = "pending";
-                    j.error = Some(why);
                 }
                 Outcome::Failed(e) => {
                     j.status = "failed";
@@ -724,15 +720,26 @@ pub fn figures(points: &[Point]) -> Vec<(&'static str, String)> {
         .with_x_ticks(xticks(points, Test::Tput, false));
         out.push(("fig9-tput.svg", bex_plot::grid(&[c], 1, w, h)));
     }
-    if has(Test::Frag) {
-        let c = Chart::new(
-            "Fig. 10: 1 MB throughput vs fragment size",
-            "fragment size (bytes)",
-            "Gb/s",
-            paired(points, Test::Frag, |_| true, Metric::Gbps, None, log2),
-        )
-        .with_x_ticks(xticks(points, Test::Frag, true));
-        out.push(("fig10-frag.svg", bex_plot::grid(&[c], 1, w, h)));
+    let mut frag = Vec::new();
+    for (t, title) in [
+        (Test::Frag, "Fig. 10 (loopback): 1 MB throughput vs fragment"),
+        (Test::FragSim, "Fig. 10 (fabric, virtual): 1 MB throughput vs fragment"),
+    ] {
+        if has(t) {
+            frag.push(
+                Chart::new(
+                    title,
+                    "fragment size (bytes)",
+                    "Gb/s",
+                    paired(points, t, |_| true, Metric::Gbps, None, log2),
+                )
+                .with_x_ticks(xticks(points, t, true)),
+            );
+        }
+    }
+    if !frag.is_empty() {
+        let n = frag.len();
+        out.push(("fig10-frag.svg", bex_plot::grid(&frag, n, w, h)));
     }
     if points.iter().any(|p| p.job.test == Test::Rate && metric(p, Metric::Mreqs).is_some()) {
         let c = Chart::new(
@@ -833,23 +840,24 @@ mod tests {
     }
 
     #[test]
-    fn tables_show_values_ratios_and_pending() {
+    fn tables_show_values_ratios_and_errors() {
         let points = vec![
             lat(Test::Lat, "rdma", 32, 20),
             lat(Test::Lat, "rdma", 64, 30),
             lat(Test::Lat, "tcp", 32, 40),
-            Point::new(job(Test::Lat, "tcp", 64), Outcome::Pending(TCP_PENDING.into())),
+            Point::new(job(Test::Lat, "tcp", 64), Outcome::Failed("refused".into())),
         ];
         let t = test_table(&points, Test::Lat);
         assert!(t.contains("rdma p50") && t.contains("tcp p99") && t.contains("rdma/tcp"), "{t}");
         assert!(t.contains("0.50x"), "{t}");
-        assert!(t.contains("pending"), "{t}");
+        assert!(t.contains("err"), "{t}");
         let r = ratios(&points);
         assert_eq!(r.len(), 4);
         assert!((r[0].value.unwrap() - 0.5).abs() < 0.01, "{r:?}");
         assert_eq!(r[1].value, None, "64 B has no TCP number");
         let tg = targets(&points);
         assert!(tg[0].verdict.starts_with("met (1/1)"), "{tg:?}");
+        assert_eq!(tg.len(), 3, "no spin series, no spin target: {tg:?}");
         assert_eq!(tg[1].verdict, "not run");
         assert_eq!(tg[2].verdict, "not run");
     }

@@ -1,12 +1,16 @@
-//! `hol-sim`: Fig. 13 on the in-memory fabric ([`bex_transport::sim::SimNet`]) — two nodes,
-//! one engine, a link of a given rate in virtual time. Exact and deterministic: the same
-//! seed gives the same numbers on any machine, unlike the loopback run whose "link" is a
-//! CPU-bound software RNIC.
+//! `frag-sim` and `hol-sim`: Fig. 10 and Fig. 13 on the in-memory fabric
+//! ([`bex_transport::sim::SimNet`]) — two nodes, one engine, a link of a given rate in
+//! virtual time, the transport's engines and I/O workers unmodified. Exact and
+//! deterministic: the same seed gives the same numbers on any machine, unlike the loopback
+//! runs whose "link" is a CPU-bound software RNIC.
 //!
-//! Node A runs `flows` large flows that each keep two messages outstanding (a new one is
-//! queued as soon as one completes) and a small flow of 64-byte pings; node B drops the
-//! large messages and echoes the pings. Between pings the network runs for a seeded random
-//! gap, so the pings sample every phase of the large flows.
+//! `frag_sim`: node A keeps `window` messages outstanding on one socket; goodput is what
+//! node B receives per unit of virtual time.
+//!
+//! `hol_sim`: node A runs `flows` large flows that each keep two messages outstanding (a new
+//! one is queued as soon as one completes) and a small flow of 64-byte pings; node B drops
+//! the large messages and echoes the pings. Between pings the network runs for a seeded
+//! random gap, so the pings sample every phase of the large flows.
 
 use std::time::Duration;
 
@@ -76,6 +80,91 @@ impl Flows {
             }
         }
     }
+}
+
+/// Sends `window + msgs` messages of `size` bytes with `window` outstanding on one engine
+/// over a `link_gbps` link; returns the virtual time the last `msgs` took to arrive (from the
+/// arrival of the last unmeasured message to the arrival of the last one).
+pub fn frag_sim(
+    knobs: &Knobs,
+    size: u64,
+    window: u32,
+    msgs: u32,
+    link_gbps: u32,
+    seed: u64,
+) -> Result<Duration> {
+    let cfg = knobs.config()?;
+    let link = LinkModel {
+        bytes_per_sec: Some(u64::from(link_gbps) * 1_000_000_000 / 8),
+        ..LinkModel::default()
+    };
+    let mut net = SimNet::new(seed, link);
+    let a = net.add_node(cfg.clone())?;
+    let b = net.add_node(cfg)?;
+    let engine = net.connect(a, b)?;
+    let tx = net.open(a, engine, Duration::from_millis(10))?;
+    let mut rx = net
+        .accept(b)
+        .ok_or_else(|| BenchError::Protocol("simulated peer accepted no socket".into()))?;
+    let total = u64::from(window + msgs);
+    let (mut queued, mut received) = (0u64, 0u64);
+    let mut tickets: Vec<SendTicket> = Vec::new();
+    let mut error: Option<TransportError> = None;
+    let mut t0 = None;
+    let limit = Duration::from_secs(60);
+    let done = net.run_until(
+        |net| {
+            tickets.retain_mut(|t| match t.poll() {
+                None => true,
+                Some(r) => {
+                    if let Err(e) = r {
+                        error.get_or_insert(e);
+                    }
+                    false
+                }
+            });
+            while queued < total && tickets.len() < window as usize {
+                match Msg::alloc(net.pool(a), size as usize) {
+                    Ok(m) => tickets.push(net.send(&tx, m)),
+                    Err(e) => {
+                        error.get_or_insert(e);
+                        return true;
+                    }
+                }
+                queued += 1;
+            }
+            while let Some(m) = rx.try_recv() {
+                match m {
+                    Ok(m) if m.len() as u64 == size => received += 1,
+                    Ok(m) => {
+                        error.get_or_insert(TransportError::Invalid(format!(
+                            "received {} bytes, sent {size}",
+                            m.len()
+                        )));
+                    }
+                    Err(e) => {
+                        error.get_or_insert(e);
+                    }
+                }
+                if received == u64::from(window) {
+                    t0 = Some(net.now());
+                }
+            }
+            received == total || error.is_some()
+        },
+        limit,
+    );
+    if let Some(e) = error {
+        return Err(e.into());
+    }
+    if !done {
+        return Err(BenchError::Timeout {
+            what: format!("simulated transfer (seed {seed})"),
+            after: limit,
+        });
+    }
+    let t0 = t0.ok_or_else(|| BenchError::Protocol("no measured interval".into()))?;
+    Ok(net.now() - t0)
 }
 
 /// A xorshift step (the gaps between pings; seeded, so runs repeat exactly).
@@ -200,6 +289,18 @@ mod tests {
 
     fn knobs(fragment: usize) -> Knobs {
         Knobs { fragment_bytes: fragment, eager_max: 4096, ..Knobs::default() }
+    }
+
+    #[test]
+    fn larger_fragments_fill_more_of_the_link() {
+        let gbps = |frag| {
+            let t = frag_sim(&knobs(frag), 1 << 20, 8, 8, 25, 1).unwrap();
+            (8u64 << 20) as f64 * 8.0 / t.as_nanos() as f64
+        };
+        let (small, large) = (gbps(1024), gbps(64 << 10));
+        assert!(large > small, "{small} vs {large}");
+        assert!(large > 20.0 && large < 25.01, "{large}");
+        assert_eq!(gbps(1024), small, "repeatable");
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub enum Test {
     Tput,
     /// Fig. 10: 1 MB throughput vs fragment size.
     Frag,
+    /// Fig. 10 on the in-memory fabric: 25 and 100 Gb/s links, virtual time, deterministic.
+    FragSim,
     /// Fig. 11: 512 B request rate vs engines (QPs), 1 and 2 I/O threads.
     Rate,
     /// Fig. 13 on loopback: small-flow latency under competing large flows on one engine.
@@ -45,8 +47,16 @@ pub enum Test {
 
 impl Test {
     /// Every test, in run order.
-    pub const ALL: [Test; 7] =
-        [Test::Lat, Test::Tput, Test::Frag, Test::Rate, Test::Hol, Test::HolSim, Test::Eager];
+    pub const ALL: [Test; 8] = [
+        Test::Lat,
+        Test::Tput,
+        Test::Frag,
+        Test::FragSim,
+        Test::Rate,
+        Test::Hol,
+        Test::HolSim,
+        Test::Eager,
+    ];
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
@@ -54,6 +64,7 @@ impl Test {
             Test::Lat => "lat",
             Test::Tput => "tput",
             Test::Frag => "frag",
+            Test::FragSim => "frag-sim",
             Test::Rate => "rate",
             Test::Hol => "hol",
             Test::HolSim => "hol-sim",
@@ -61,9 +72,9 @@ impl Test {
         }
     }
 
-    /// True when the test needs the server process (all but `hol-sim`).
+    /// True when the test needs the server process (all but the simulations).
     pub fn needs_server(self) -> bool {
-        self != Test::HolSim
+        !matches!(self, Test::FragSim | Test::HolSim)
     }
 }
 
@@ -218,6 +229,20 @@ pub enum Work {
         /// Recorded broadcasts.
         iters: u32,
     },
+    /// `frag` on the in-memory fabric in virtual time (no server): `msgs` messages of
+    /// `size` bytes with `window` outstanding, goodput measured at the receiver.
+    SimTput {
+        /// Message size.
+        size: u64,
+        /// Messages outstanding.
+        window: u32,
+        /// Messages measured (after `window` unmeasured ones).
+        msgs: u32,
+        /// Link rate, Gb/s.
+        link_gbps: u32,
+        /// Fabric seed.
+        seed: u64,
+    },
     /// `hol` on the in-memory fabric in virtual time (no server).
     Sim {
         /// Competing large flows.
@@ -309,6 +334,8 @@ const MB: u64 = 1024 * 1024;
 pub const ACK_BYTES: u32 = 32;
 /// Small message of the HoL tests.
 pub const HOL_SMALL: u64 = 64;
+/// I/O-thread busy-poll time of `lat`'s "rdma spin" series, µs.
+pub const LAT_SPIN_US: u64 = 20;
 
 impl Plan {
     /// The jobs of `tests` with `settings`; tests run in [`Test::ALL`] order, each once.
@@ -338,15 +365,23 @@ impl Plan {
             match t {
                 Test::Lat => {
                     let sizes = if q { vec![32, KB, 16 * KB] } else { pow2(5, 14) };
-                    for kind in [Kind::Rdma, Kind::Tcp] {
-                        for &size in &sizes {
+                    // With blocking I/O threads (the default) and, unless spinning was asked
+                    // for everywhere, with I/O threads that busy-poll LAT_SPIN_US first.
+                    let spin = Knobs { spin_us: LAT_SPIN_US, ..base };
+                    let mut series = vec![("rdma", Kind::Rdma, base)];
+                    if base.spin_us == 0 {
+                        series.push(("rdma spin", Kind::Rdma, spin));
+                    }
+                    series.push(("tcp", Kind::Tcp, base));
+                    for &size in &sizes {
+                        for &(name, kind, knobs) in &series {
                             jobs.push(Job {
                                 test: t,
-                                series: kind.to_string(),
+                                series: name.into(),
                                 x: size,
                                 kind,
-                                knobs: base,
-                                server: Some(server(kind, base, 1, u64::MAX)),
+                                knobs,
+                                server: Some(server(kind, knobs, 1, u64::MAX)),
                                 work: Work::PingPong { size, warmup: warm, iters: s.iters },
                             });
                         }
@@ -360,12 +395,12 @@ impl Plan {
                         ("rdma mtu1024", Kind::Rdma, 1024),
                         ("tcp", Kind::Tcp, 4096),
                     ];
-                    for (name, kind, mtu) in series {
-                        if q && mtu == 1024 {
-                            continue;
-                        }
-                        let knobs = Knobs { mtu, ..base };
-                        for &w in &windows {
+                    for &w in &windows {
+                        for (name, kind, mtu) in series {
+                            if q && mtu == 1024 {
+                                continue;
+                            }
+                            let knobs = Knobs { mtu, ..base };
                             jobs.push(Job {
                                 test: t,
                                 series: name.into(),
@@ -408,6 +443,30 @@ impl Plan {
                         });
                     }
                 }
+                Test::FragSim => {
+                    let frags = if q { vec![KB, 16 * KB, MB] } else { pow2(10, 20) };
+                    let msgs = if q { 8 } else { 64 };
+                    for &f in &frags {
+                        for link in [25, 100] {
+                            let knobs = Knobs { fragment_bytes: f as usize, ..base };
+                            jobs.push(Job {
+                                test: t,
+                                series: format!("{link} Gb/s"),
+                                x: f,
+                                kind: Kind::Rdma,
+                                knobs,
+                                server: None,
+                                work: Work::SimTput {
+                                    size: MB,
+                                    window: 16,
+                                    msgs,
+                                    link_gbps: link,
+                                    seed: s.seed,
+                                },
+                            });
+                        }
+                    }
+                }
                 Test::Rate => {
                     let engines: Vec<u64> = if q { vec![1, 8] } else { pow2(0, 7) };
                     let msgs = if q { 4000 } else { 40_000 };
@@ -416,8 +475,8 @@ impl Plan {
                         ("rdma 2 I/O threads", Kind::Rdma, 2),
                         ("tcp", Kind::Tcp, 1),
                     ];
-                    for (name, kind, io) in series {
-                        for &n in &engines {
+                    for &n in &engines {
+                        for (name, kind, io) in series {
                             let n32 = n as u32;
                             let knobs = Knobs { io_threads: io, cq_depth: cq_for(n32), ..base };
                             // RDMA: one server transport per engine; TCP: N connections to one.
@@ -449,9 +508,9 @@ impl Plan {
                 Test::Hol => {
                     let flows: Vec<u64> = if q { vec![0, 2] } else { vec![0, 1, 2, 4, 8] };
                     let iters = (s.iters / 4).max(20);
-                    for (name, frag) in [("4K fragments", 4 * KB), ("no fragmentation", MB)] {
-                        let knobs = Knobs { fragment_bytes: frag as usize, ..base };
-                        for &k in &flows {
+                    for &k in &flows {
+                        for (name, frag) in [("4K fragments", 4 * KB), ("no fragmentation", MB)] {
+                            let knobs = Knobs { fragment_bytes: frag as usize, ..base };
                             jobs.push(Job {
                                 test: t,
                                 series: name.into(),
@@ -474,11 +533,11 @@ impl Plan {
                 Test::HolSim => {
                     let flows: Vec<u64> = if q { vec![0, 4] } else { vec![0, 1, 2, 4, 8] };
                     let samples = if q { 40 } else { 300 };
-                    for (name, frag) in [("4K fragments", 4 * KB), ("no fragmentation", MB)] {
-                        // As in the transport's own simulation test: small messages eager.
-                        let knobs =
-                            Knobs { fragment_bytes: frag as usize, eager_max: 4096, ..base };
-                        for &k in &flows {
+                    for &k in &flows {
+                        for (name, frag) in [("4K fragments", 4 * KB), ("no fragmentation", MB)] {
+                            // As in the transport's own simulation test: small messages eager.
+                            let knobs =
+                                Knobs { fragment_bytes: frag as usize, eager_max: 4096, ..base };
                             jobs.push(Job {
                                 test: t,
                                 series: name.into(),
@@ -500,9 +559,9 @@ impl Plan {
                 Test::Eager => {
                     let sizes = if q { vec![KB, 8 * KB] } else { pow2(10, 14) };
                     let eager_max = 16 * KB as usize;
-                    for (name, copy) in [("zero-copy", false), ("copy", true)] {
-                        let knobs = Knobs { eager_max, eager_copy: copy, ..base };
-                        for &size in &sizes {
+                    for &size in &sizes {
+                        for (name, copy) in [("zero-copy", false), ("copy", true)] {
+                            let knobs = Knobs { eager_max, eager_copy: copy, ..base };
                             jobs.push(Job {
                                 test: t,
                                 series: name.into(),
@@ -515,9 +574,11 @@ impl Plan {
                         }
                     }
                     let bsizes = if q { vec![4 * KB] } else { vec![KB, 4 * KB, 16 * KB] };
-                    for (name, copy) in [("broadcast zero-copy", false), ("broadcast copy", true)] {
-                        let knobs = Knobs { eager_max, eager_copy: copy, ..base };
-                        for &size in &bsizes {
+                    for &size in &bsizes {
+                        for (name, copy) in
+                            [("broadcast zero-copy", false), ("broadcast copy", true)]
+                        {
+                            let knobs = Knobs { eager_max, eager_copy: copy, ..base };
                             jobs.push(Job {
                                 test: t,
                                 series: name.into(),
@@ -565,7 +626,7 @@ mod tests {
             }
             assert!(plan.needs_server());
             for j in &plan.jobs {
-                assert_eq!(j.server.is_none(), j.test == Test::HolSim, "{j:?}");
+                assert_eq!(j.server.is_none(), !j.test.needs_server(), "{j:?}");
                 if let Some(s) = &j.server {
                     assert_eq!(s.knobs.io_threads, 1);
                     assert_eq!(s.knobs.eager_max, j.knobs.eager_max, "receivers size buffers");
@@ -582,6 +643,9 @@ mod tests {
         };
         assert_eq!(xs(Test::Lat, "rdma"), pow2(5, 14), "32 B ... 16 KB");
         assert_eq!(xs(Test::Lat, "tcp"), pow2(5, 14));
+        assert_eq!(xs(Test::Lat, "rdma spin"), pow2(5, 14));
+        let spin = plan.jobs.iter().find(|j| j.series == "rdma spin").unwrap();
+        assert_eq!((spin.knobs.spin_us, spin.server.unwrap().knobs.spin_us), (20, 20));
         assert_eq!(xs(Test::Frag, "rdma"), pow2(10, 20), "1 KB ... 1 MB fragments");
         assert_eq!(*xs(Test::Rate, "rdma 2 I/O threads").last().unwrap(), 128);
         assert_eq!(xs(Test::Hol, "4K fragments"), vec![0, 1, 2, 4, 8]);
