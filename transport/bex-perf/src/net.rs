@@ -101,3 +101,12 @@ pub fn add_counters(
         *into.entry(k.clone()).or_default() += v;
     }
 }
+
+/// CPU time (user + system) this process has used so far, µs; 0 if the OS will not say.
+pub fn cpu_us() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| (u.user_time().num_microseconds() + u.system_time().num_microseconds()) as u64)
+        .unwrap_or(0)
+}

@@ -82,8 +82,12 @@ impl Point {
                     .map_or(String::new(), |g| format!(" (large flows {g:.2} Gb/s)"))
             ),
             Outcome::Throughput { summary: s, .. } => format!(
-                "{what}: {:.2} Gb/s, {:.3} M msg/s (median of {})",
-                s.median_gbps, s.median_mmsgs, s.reps
+                "{what}: {:.2} Gb/s, {:.3} M msg/s (median of {}){}",
+                s.median_gbps,
+                s.median_mmsgs,
+                s.reps,
+                metric(self, Metric::CpuPerMsg)
+                    .map_or(String::new(), |c| format!(", {c:.1} CPU µs per message"))
             ),
             Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
             Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
@@ -106,6 +110,8 @@ pub enum Metric {
     Mreqs,
     /// Large-flow throughput next to a HoL measurement, Gb/s.
     LargeGbps,
+    /// CPU time of both processes per message the client received, µs.
+    CpuPerMsg,
 }
 
 impl Metric {
@@ -117,6 +123,7 @@ impl Metric {
             Metric::Gbps => "Gb/s",
             Metric::Mreqs => "Mreq/s",
             Metric::LargeGbps => "large Gb/s",
+            Metric::CpuPerMsg => "CPU µs/req",
         }
     }
 }
@@ -130,6 +137,11 @@ pub fn metric(p: &Point, m: Metric) -> Option<f64> {
         (Outcome::Throughput { summary, .. }, Metric::Gbps) => Some(summary.median_gbps),
         (Outcome::Throughput { summary, .. }, Metric::Mreqs) => Some(summary.median_mmsgs),
         (Outcome::Latency { .. }, Metric::LargeGbps) => p.extra.get("large_gbps").copied(),
+        (Outcome::Latency { .. } | Outcome::Throughput { .. }, Metric::CpuPerMsg) => {
+            let msgs = *p.client_counters.get("messages_received")?;
+            let cpu = p.client_counters.get("cpu_us")? + p.server_counters.get("cpu_us")?;
+            (msgs > 0).then(|| cpu as f64 / msgs as f64)
+        }
         _ => None,
     }
 }
@@ -205,9 +217,19 @@ fn layout(t: Test) -> Layout {
         },
         Test::Tput => Layout {
             title: "Fig. 9  tput: 1 MB messages, 32 B response each, one engine/connection: \
-                    Gb/s vs messages outstanding; ratio = RDMA / TCP (higher is better)",
-            cols: vec![col("rdma mtu4096", Gbps), col("rdma mtu1024", Gbps), col("tcp", Gbps)],
-            ratios: vec![rat("rdma mtu4096", "tcp", Gbps), rat("rdma mtu1024", "tcp", Gbps)],
+                    Gb/s vs messages outstanding (mtu61440: a soft-only MTU); ratio = RDMA / \
+                    TCP (higher is better)",
+            cols: vec![
+                col("rdma mtu4096", Gbps),
+                col("rdma mtu1024", Gbps),
+                col("rdma mtu61440", Gbps),
+                col("tcp", Gbps),
+            ],
+            ratios: vec![
+                rat("rdma mtu4096", "tcp", Gbps),
+                rat("rdma mtu1024", "tcp", Gbps),
+                rat("rdma mtu61440", "tcp", Gbps),
+            ],
         },
         Test::Frag => Layout {
             title: "Fig. 10  frag: 1 MB messages, 16 outstanding, one engine: Gb/s vs \
@@ -223,11 +245,15 @@ fn layout(t: Test) -> Layout {
         },
         Test::Rate => Layout {
             title: "Fig. 11  rate: 512 B requests (echoed), 8 outstanding per engine: \
-                    M requests/s vs engines; ratio = RDMA / TCP",
+                    M requests/s vs engines, and CPU µs (client + server) per request; \
+                    ratio = RDMA / TCP",
             cols: vec![
                 col("rdma 1 I/O thread", Mreqs),
                 col("rdma 2 I/O threads", Mreqs),
                 col("tcp", Mreqs),
+                col("rdma 1 I/O thread", CpuPerMsg),
+                col("rdma 2 I/O threads", CpuPerMsg),
+                col("tcp", CpuPerMsg),
             ],
             ratios: vec![
                 rat("rdma 1 I/O thread", "tcp", Mreqs),
@@ -254,19 +280,21 @@ fn layout(t: Test) -> Layout {
             ratios: vec![rat("no fragmentation", "4K fragments", P99)],
         },
         Test::Eager => Layout {
-            title: "paper/002  eager: zero-copy eager sends vs copy mode, RTT (µs) of a \
-                    ping-pong and of a broadcast to 8 sockets; ratio = copy / zero-copy \
-                    (above 1: zero-copy faster)",
+            title: "paper/002  eager: zero-copy eager sends vs copy mode (eager_max 64 KB), RTT \
+                    (µs) of a ping-pong with blocking and with spinning (20 µs) I/O threads, and \
+                    of a broadcast to 8 sockets; ratio = copy / zero-copy (above 1: zero-copy \
+                    faster)",
             cols: vec![
                 col("zero-copy", P50),
-                col("zero-copy", P99),
                 col("copy", P50),
-                col("copy", P99),
+                col("zero-copy spin", P50),
+                col("copy spin", P50),
                 col("broadcast zero-copy", P50),
                 col("broadcast copy", P50),
             ],
             ratios: vec![
                 rat("copy", "zero-copy", P50),
+                rat("copy spin", "zero-copy spin", P50),
                 rat("broadcast copy", "broadcast zero-copy", P50),
             ],
         },
@@ -317,14 +345,11 @@ pub fn ratios(points: &[Point]) -> Vec<RatioValue> {
     out
 }
 
-/// The x values of a test in first-seen order.
+/// The x values of a test, ascending.
 fn xs_of(points: &[Point], t: Test) -> Vec<u64> {
-    let mut xs: Vec<u64> = Vec::new();
-    for p in points.iter().filter(|p| p.job.test == t) {
-        if !xs.contains(&p.job.x) {
-            xs.push(p.job.x);
-        }
-    }
+    let mut xs: Vec<u64> = points.iter().filter(|p| p.job.test == t).map(|p| p.job.x).collect();
+    xs.sort_unstable();
+    xs.dedup();
     xs
 }
 
@@ -451,21 +476,35 @@ pub fn targets(points: &[Point]) -> Vec<Target> {
         },
         _ => Target { name, verdict: "not run".into(), detail: "no number for one side".into() },
     });
-    // 3. Zero-copy eager faster than copy mode (median RTT).
-    let eager: Vec<(u64, Option<f64>, Option<f64>)> = xs_of(points, Test::Eager)
-        .into_iter()
-        .map(|x| {
-            let v = |s| find(points, Test::Eager, s, x).and_then(|p| metric(p, Metric::P50));
-            (x, v("zero-copy"), v("copy"))
-        })
-        .filter(|(_, a, b)| a.is_some() || b.is_some())
-        .collect();
-    out.push(compare(
-        "zero-copy eager faster than copy mode (p50 ping-pong RTT)",
-        &eager,
-        |z, c| z < c,
-        |x, z, c| format!("{}: {z:.1} vs {c:.1} µs (copy/zero-copy {:.2}x)", fmt_bytes(x), c / z),
-    ));
+    // 3. Zero-copy eager faster than copy mode (median RTT), blocking and spinning.
+    for (name, zc, cp) in [
+        ("zero-copy eager faster than copy mode (p50 ping-pong RTT)", "zero-copy", "copy"),
+        (
+            "zero-copy eager faster than copy mode, I/O threads spinning (p50 RTT)",
+            "zero-copy spin",
+            "copy spin",
+        ),
+    ] {
+        let eager: Vec<(u64, Option<f64>, Option<f64>)> = xs_of(points, Test::Eager)
+            .into_iter()
+            .map(|x| {
+                let v = |s| find(points, Test::Eager, s, x).and_then(|p| metric(p, Metric::P50));
+                (x, v(zc), v(cp))
+            })
+            .filter(|(_, a, b)| a.is_some() || b.is_some())
+            .collect();
+        if zc.ends_with("spin") && eager.is_empty() {
+            continue;
+        }
+        out.push(compare(
+            name,
+            &eager,
+            |z, c| z < c,
+            |x, z, c| {
+                format!("{}: {z:.1} vs {c:.1} µs (copy/zero-copy {:.2}x)", fmt_bytes(x), c / z)
+            },
+        ));
+    }
     out
 }
 
@@ -774,14 +813,7 @@ pub fn figures(points: &[Point]) -> Vec<(&'static str, String)> {
             "Eager ping-pong: zero-copy vs copy",
             "message size (bytes)",
             "RTT (µs)",
-            paired(
-                points,
-                Test::Eager,
-                |n| !n.starts_with("broadcast"),
-                Metric::P50,
-                Some(Metric::P99),
-                log2,
-            ),
+            paired(points, Test::Eager, |n| !n.starts_with("broadcast"), Metric::P50, None, log2),
         )
         .with_x_ticks(xticks(points, Test::Eager, true));
         let bc = Chart::new(

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{add_counters, counter_map, Node, Socket, Transport};
+use crate::net::{add_counters, counter_map, cpu_us, Node, Socket, Transport};
 use crate::spec::ServerSetup;
 
 /// The line (followed by the control address) the server prints on stdout once listening.
@@ -105,11 +105,14 @@ pub fn serve(opts: &ServerOptions) -> Result<()> {
 struct Active {
     transports: Vec<Transport>,
     accepting: Vec<JoinHandle<()>>,
+    /// Process CPU time when the job was set up.
+    cpu_us_at_start: u64,
 }
 
 impl Active {
-    /// Stops accepting, reads the counters, shuts the transports down (their sockets fail,
-    /// so the responders end).
+    /// Stops accepting, reads the counters (and the CPU time the process used since the
+    /// setup, `cpu_us`), shuts the transports down (their sockets fail, so the responders
+    /// end).
     fn stop(self) -> BTreeMap<String, u64> {
         for a in &self.accepting {
             a.abort();
@@ -117,6 +120,9 @@ impl Active {
         let mut sum = BTreeMap::new();
         for t in &self.transports {
             add_counters(&mut sum, &counter_map(&t.counters()));
+        }
+        sum.insert("cpu_us".into(), cpu_us().saturating_sub(self.cpu_us_at_start));
+        for t in &self.transports {
             t.shutdown();
         }
         sum
@@ -181,7 +187,8 @@ async fn start(node: &mut Option<Node>, ip: IpAddr, setup: &ServerSetup) -> Resu
     }
     let node = node.as_ref().expect("opened above");
     let cfg = setup.knobs.config()?;
-    let mut active = Active { transports: Vec::new(), accepting: Vec::new() };
+    let mut active =
+        Active { transports: Vec::new(), accepting: Vec::new(), cpu_us_at_start: cpu_us() };
     for _ in 0..setup.transports.max(1) {
         let t = match node.start(setup.kind, ip, cfg.clone()).await {
             Ok(t) => t,

@@ -114,7 +114,7 @@ pub struct Knobs {
     pub fragment_bytes: usize,
     /// Copy eager payloads into a bounce buffer.
     pub eager_copy: bool,
-    /// Path MTU (an IB size).
+    /// Path MTU: an IB size, or a soft-only size up to 61440 (software RNIC only).
     pub mtu: u32,
     /// I/O-thread busy-poll time before blocking, µs.
     pub spin_us: u64,
@@ -141,7 +141,7 @@ impl Knobs {
     /// The transport configuration.
     pub fn config(&self) -> Result<Config> {
         let path_mtu = Mtu::from_bytes(self.mtu)
-            .ok_or_else(|| BenchError::Usage(format!("MTU {} is not an IB MTU", self.mtu)))?;
+            .ok_or_else(|| BenchError::Usage(format!("MTU {} is not a valid MTU", self.mtu)))?;
         let cfg = Config {
             io_threads: self.io_threads,
             eager_max: self.eager_max,
@@ -390,14 +390,17 @@ impl Plan {
                 Test::Tput => {
                     let windows: Vec<u64> = if q { vec![1, 8] } else { vec![1, 2, 4, 8, 16, 32] };
                     let msgs = if q { 24 } else { 400 };
+                    // The paper's MTUs (1 KB, 4 KB) and the software RNIC's largest (60 KB, a
+                    // soft-only size: fewer, larger UDP datagrams).
                     let series = [
                         ("rdma mtu4096", Kind::Rdma, 4096),
                         ("rdma mtu1024", Kind::Rdma, 1024),
+                        ("rdma mtu61440", Kind::Rdma, 61440),
                         ("tcp", Kind::Tcp, 4096),
                     ];
                     for &w in &windows {
                         for (name, kind, mtu) in series {
-                            if q && mtu == 1024 {
+                            if q && mtu != 4096 {
                                 continue;
                             }
                             let knobs = Knobs { mtu, ..base };
@@ -557,23 +560,32 @@ impl Plan {
                     }
                 }
                 Test::Eager => {
-                    let sizes = if q { vec![KB, 8 * KB] } else { pow2(10, 14) };
-                    let eager_max = 16 * KB as usize;
+                    // Eager up to 64 KB so the copy is large enough to see; with blocking I/O
+                    // threads and (unless spinning everywhere) with spinning ones, whose lower
+                    // RTT leaves the copy a larger share.
+                    let sizes = if q { vec![KB, 16 * KB] } else { pow2(10, 16) };
+                    let eager_max = 64 * KB as usize;
+                    let mut modes = vec![("", base.spin_us)];
+                    if base.spin_us == 0 {
+                        modes.push((" spin", LAT_SPIN_US));
+                    }
                     for &size in &sizes {
-                        for (name, copy) in [("zero-copy", false), ("copy", true)] {
-                            let knobs = Knobs { eager_max, eager_copy: copy, ..base };
-                            jobs.push(Job {
-                                test: t,
-                                series: name.into(),
-                                x: size,
-                                kind: Kind::Rdma,
-                                knobs,
-                                server: Some(server(Kind::Rdma, knobs, 1, u64::MAX)),
-                                work: Work::PingPong { size, warmup: warm, iters: s.iters },
-                            });
+                        for &(suffix, spin_us) in &modes {
+                            for (name, copy) in [("zero-copy", false), ("copy", true)] {
+                                let knobs = Knobs { eager_max, eager_copy: copy, spin_us, ..base };
+                                jobs.push(Job {
+                                    test: t,
+                                    series: format!("{name}{suffix}"),
+                                    x: size,
+                                    kind: Kind::Rdma,
+                                    knobs,
+                                    server: Some(server(Kind::Rdma, knobs, 1, u64::MAX)),
+                                    work: Work::PingPong { size, warmup: warm, iters: s.iters },
+                                });
+                            }
                         }
                     }
-                    let bsizes = if q { vec![4 * KB] } else { vec![KB, 4 * KB, 16 * KB] };
+                    let bsizes = if q { vec![4 * KB] } else { vec![KB, 4 * KB, 16 * KB, 64 * KB] };
                     for &size in &bsizes {
                         for (name, copy) in
                             [("broadcast zero-copy", false), ("broadcast copy", true)]
@@ -658,6 +670,12 @@ mod tests {
         assert_eq!(nofrag.knobs.fragment_bytes as u64, MB, "fragment = message size");
         let copy = plan.jobs.iter().find(|j| j.series == "copy").unwrap();
         assert!(copy.knobs.eager_copy && copy.server.unwrap().knobs.eager_copy);
+        assert_eq!(xs(Test::Eager, "copy spin"), pow2(10, 16), "1 KB ... 64 KB, all eager");
+        assert!(plan
+            .jobs
+            .iter()
+            .filter(|j| j.test == Test::Eager)
+            .all(|j| j.knobs.eager_max == 65536));
         let rate = plan.jobs.iter().find(|j| j.test == Test::Rate && j.x == 128).unwrap();
         assert!(rate.knobs.config().unwrap().cq_depth >= 128 * 2 * 96);
     }
