@@ -711,7 +711,10 @@ fn paired(
     let main = lines(points, t, primary, x);
     for (i, (name, pts)) in main.into_iter().filter(|(n, _)| filter(n)).enumerate() {
         let color = COLORS[i % COLORS.len()];
-        out.push(Series::new(format!("{name} {}", primary.label()), color, pts));
+        // The metric goes into the legend only where two of them share a colour.
+        let label =
+            if secondary.is_some() { format!("{name} {}", primary.label()) } else { name.clone() };
+        out.push(Series::new(label, color, pts));
         if let Some(m2) = secondary {
             if let Some((_, p2)) = lines(points, t, m2, x).into_iter().find(|(n, _)| *n == name) {
                 out.push(Series::new(format!("{name} {}", m2.label()), color, p2).dashed());
