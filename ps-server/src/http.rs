@@ -67,9 +67,7 @@ async fn handle<E: Endpoints>(mut stream: TcpStream, e: &E) -> std::io::Result<(
             let (ok, body) = e.health();
             respond(&mut stream, if ok { 200 } else { 503 }, "application/json", &body).await
         }
-        "/metrics" => {
-            respond(&mut stream, 200, "text/plain; version=0.0.4", &e.metrics()).await
-        }
+        "/metrics" => respond(&mut stream, 200, "text/plain; version=0.0.4", &e.metrics()).await,
         _ => respond(&mut stream, 404, "text/plain", "not found\n").await,
     }
 }
@@ -95,8 +93,10 @@ async fn respond(s: &mut TcpStream, code: u16, ty: &str, body: &str) -> std::io:
 /// A client-side GET (for launchers and tests): status code and body.
 pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes())
-        .await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut out = Vec::new();
     s.read_to_end(&mut out).await?;
     let text = String::from_utf8_lossy(&out).into_owned();

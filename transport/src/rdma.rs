@@ -256,6 +256,8 @@ struct Inner {
     counters: Arc<Counters>,
     socket_ids: Arc<AtomicU32>,
     shutdown: Arc<AtomicBool>,
+    /// When false, bootstraps are refused (RDMA taken out of service).
+    accepting: Arc<AtomicBool>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pool: &'static Pool,
@@ -369,6 +371,8 @@ impl RdmaTransport {
         });
         let f2 = factory.clone();
         let c2 = counters.clone();
+        let accepting = Arc::new(AtomicBool::new(true));
+        let acc2 = accepting.clone();
         let timeout = cfg.connect_timeout;
         let listener_task = tokio::spawn(async move {
             loop {
@@ -381,6 +385,11 @@ impl RdmaTransport {
                         continue;
                     }
                 };
+                if !acc2.load(Ordering::Acquire) {
+                    // Out of service: close at once, as a host without RDMA would refuse.
+                    drop(stream);
+                    continue;
+                }
                 let f = f2.clone();
                 let c = c2.clone();
                 tokio::spawn(async move {
@@ -406,6 +415,7 @@ impl RdmaTransport {
                 counters,
                 socket_ids,
                 shutdown,
+                accepting,
                 threads: Mutex::new(threads),
                 listener: Mutex::new(Some(listener_task)),
                 pool,
@@ -512,6 +522,18 @@ impl RdmaTransport {
             inbox: tokio::sync::Mutex::new(inbox),
             ended: Mutex::new(None),
             slots: Arc::new(Semaphore::new(self.inner.cfg.max_queued_sends)),
+        }
+    }
+
+    /// Takes RDMA out of service (`false`: refuse bootstraps and fail every engine, so peers
+    /// see an RDMA path failure) or back in (`true`). For failure drills and tests.
+    pub fn set_in_service(&self, on: bool) {
+        self.inner.accepting.store(on, Ordering::Release);
+        if !on {
+            self.inner.table.lock().clear();
+            for w in &self.inner.workers {
+                let _ = w.send(Cmd::FailAll { why: "RDMA taken out of service".into() });
+            }
         }
     }
 

@@ -52,6 +52,10 @@ pub(crate) enum Cmd {
         socket: u32,
         why: String,
     },
+    /// Fails every engine of the thread (RDMA taken out of service).
+    FailAll {
+        why: String,
+    },
 }
 
 /// The application's side of an I/O thread.
@@ -267,6 +271,11 @@ impl<D: Device> Worker<D> {
             Cmd::FailEngine { socket, why } => {
                 if let Some(e) = self.engine_of(socket) {
                     e.fail(why);
+                }
+            }
+            Cmd::FailAll { why } => {
+                for e in self.engines.values_mut() {
+                    e.fail(why.clone());
                 }
             }
         }

@@ -1,0 +1,881 @@
+//! Checkpoints (atomic files with a checksum) and streaming snapshots (chunks of rows to
+//! bootstrap a replica from a peer).
+//!
+//! # Checkpoint file (all little-endian)
+//!
+//! Header, 64 bytes:
+//!
+//! | offset | size | field |
+//! | ---: | ---: | --- |
+//! | 0 | 8 | magic `b"BEXCKPT\0"` |
+//! | 8 | 4 | version (1) |
+//! | 12 | 4 | header length (64) |
+//! | 16 | 8 | body length in bytes |
+//! | 24 | 4 | CRC-32 (IEEE) of the body |
+//! | 28 | 4 | number of tables |
+//! | 32 | 4 | shard |
+//! | 36 | 4 | shards |
+//! | 40 | 8 | update sequence (caller's replication position) |
+//! | 48 | 8 | creation time, ms since the Unix epoch (caller's clock) |
+//! | 56 | 4 | CRC-32 of bytes 0..56 |
+//! | 60 | 4 | reserved (0) |
+//!
+//! Body: per table, a table header — name length (u16), name (UTF-8), dim (u32),
+//! stride (u32: f32 per row including optimizer state), optimizer kind (u8:
+//! 0 SGD, 1 Adagrad, 2 Adam, 3 FTRL), row count (u64) — then that many row records:
+//! key (u64), Adam step count (u32), `stride` × f32 (values, then optimizer state).
+//!
+//! Writing goes to `<path>.tmp`, streams the body through a CRC, rewrites the header,
+//! `fsync`s the file, renames it over `path` and `fsync`s the directory: a crash leaves
+//! either the old checkpoint or the new one, never a torn one. Reading verifies both CRCs,
+//! every length and every table against the expected definitions before returning tables;
+//! any mismatch is an error (never silently wrong data).
+//!
+//! Rows are copied out one stripe at a time under that stripe's read lock, so a checkpoint
+//! taken while pushes continue is consistent per row (not a point-in-time cut across rows);
+//! the update sequence recorded is the caller's position *before* the copy began.
+//!
+//! # Snapshot chunk (streaming bootstrap)
+//!
+//! A replica pulls a peer's tables with Snapshot requests carrying a
+//! [`SnapshotCursor`]; each answer is one chunk, at most `max_bytes`, of rows from one table:
+//!
+//! | offset | size | field |
+//! | ---: | ---: | --- |
+//! | 0 | 4 | magic `b"BXSC"` |
+//! | 4 | 4 | version (1) |
+//! | 8 | 4 | table id |
+//! | 12 | 4 | dim |
+//! | 16 | 4 | stride |
+//! | 20 | 4 | rows in this chunk |
+//! | 24 | 4 | flags (bit 0: last chunk) |
+//! | 28 | 4 | CRC-32 of the whole chunk with this field zeroed |
+//! | 32 | 8 | next cursor: epoch |
+//! | 40 | 4 | next cursor: table |
+//! | 44 | 4 | next cursor: stripe |
+//! | 48 | 4 | next cursor: row |
+//! | 52 | 4 | reserved (0) |
+//! | 56 | … | row records as in the checkpoint body |
+//!
+//! Rows are never removed and stripes only grow, so a (table, stripe, row) cursor visits
+//! every row that existed when the snapshot began; rows created later may or may not be
+//! included. Protocol for a bootstrapping replica: subscribe to the training pod's
+//! replication stream (buffering it) *before* the first chunk, apply all chunks, then the
+//! buffered updates in order — updates carry whole values, so the replica ends exactly at
+//! the source. Rows never updated need not travel: the initializer recreates them.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::control::SnapshotCursor;
+use crate::optim::OptimizerKind;
+use crate::table::{TableError, TableSet, TableSpec, STRIPES};
+
+/// Checkpoint magic.
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"BEXCKPT\0";
+/// Checkpoint format version.
+pub const CHECKPOINT_VERSION: u32 = 1;
+/// Checkpoint header length.
+pub const CHECKPOINT_HEADER_LEN: usize = 64;
+/// Snapshot chunk magic.
+pub const CHUNK_MAGIC: [u8; 4] = *b"BXSC";
+/// Snapshot chunk header length.
+pub const CHUNK_HEADER_LEN: usize = 56;
+const CHUNK_LAST: u32 = 1;
+
+/// What a checkpoint records besides rows (all chosen by the caller).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointMeta {
+    /// Shard of the writer.
+    pub shard: u32,
+    /// Shards in the cluster when written.
+    pub shards: u32,
+    /// Replication sequence when the checkpoint began.
+    pub update_seq: u64,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+}
+
+/// The outcome of writing a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Final path.
+    pub path: PathBuf,
+    /// File size.
+    pub bytes: u64,
+    /// Rows written.
+    pub rows: u64,
+    /// CRC-32 of the body.
+    pub body_crc32: u32,
+}
+
+/// Why a checkpoint or snapshot chunk could not be written or read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The file system failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Not a checkpoint / chunk (magic), or a version this build does not read.
+    #[error("not a bex checkpoint or chunk, or unsupported version: {0}")]
+    Format(String),
+    /// A checksum does not match: the data is corrupt.
+    #[error("checksum mismatch in {what}: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// Header, body or chunk.
+        what: &'static str,
+        /// Stored CRC.
+        stored: u32,
+        /// Computed CRC.
+        computed: u32,
+    },
+    /// The file ends early or lengths disagree.
+    #[error("truncated or inconsistent: {0}")]
+    Truncated(String),
+    /// The stored tables do not match the expected definitions.
+    #[error("table mismatch: {0}")]
+    Mismatch(String),
+    /// A snapshot cursor from another epoch (the peer restarted): start again.
+    #[error("snapshot cursor from epoch {got:#x}, serving epoch {serving:#x}")]
+    StaleCursor {
+        /// Cursor's epoch.
+        got: u64,
+        /// The serving set's epoch.
+        serving: u64,
+    },
+    /// Building tables failed.
+    #[error(transparent)]
+    Table(#[from] TableError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_owned(), source }
+}
+
+fn rd_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn rd_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+fn rd_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// A writer that counts bytes and CRCs them.
+struct CrcWriter<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Bytes of rows copied per stripe-lock acquisition (writing) or per read (restoring).
+const BATCH_BYTES: usize = 4 << 20;
+
+/// Rows per batch for records of `record_len` bytes (at least one).
+fn batch_rows(record_len: usize) -> usize {
+    (BATCH_BYTES / record_len.max(1)).max(1)
+}
+
+/// Writes `tables` to `path` atomically (see the module docs).
+pub fn write_checkpoint(
+    path: &Path,
+    tables: &TableSet,
+    meta: &CheckpointMeta,
+) -> Result<CheckpointInfo, CheckpointError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let result = write_tmp(&tmp, tables, meta);
+    let (bytes, rows, body_crc32) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    fs::rename(&tmp, path).map_err(io_err(path))?;
+    // Make the rename durable.
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
+    Ok(CheckpointInfo { path: path.to_owned(), bytes, rows, body_crc32 })
+}
+
+fn write_tmp(
+    tmp: &Path,
+    tables: &TableSet,
+    meta: &CheckpointMeta,
+) -> Result<(u64, u64, u32), CheckpointError> {
+    let err = io_err(tmp);
+    let file = OpenOptions::new().write(true).create(true).truncate(true).open(tmp).map_err(err)?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    out.write_all(&[0u8; CHECKPOINT_HEADER_LEN]).map_err(io_err(tmp))?;
+    let mut body = CrcWriter { inner: out, crc: crc32fast::Hasher::new(), len: 0 };
+    let mut rows_total = 0u64;
+    let mut buf = Vec::new();
+    for (_, t) in tables.iter() {
+        // Count first so the table header can carry the count; rows created after the count
+        // are left for the next checkpoint (at most `counts[s]` rows are taken per stripe).
+        let counts: Vec<usize> = (0..STRIPES).map(|s| t.stripe_len(s)).collect();
+        let rows: u64 = counts.iter().map(|&c| c as u64).sum();
+        let spec = t.spec();
+        let name = spec.name.as_bytes();
+        let mut th = Vec::with_capacity(2 + name.len() + 17);
+        th.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        th.extend_from_slice(name);
+        th.extend_from_slice(&spec.dim.to_le_bytes());
+        th.extend_from_slice(&(t.stride() as u32).to_le_bytes());
+        th.push(spec.optimizer.kind() as u8);
+        th.extend_from_slice(&rows.to_le_bytes());
+        body.write_all(&th).map_err(io_err(tmp))?;
+        for (s, &count) in counts.iter().enumerate() {
+            let mut from = 0;
+            while from < count {
+                buf.clear();
+                let n = t.export_records(
+                    s,
+                    from,
+                    batch_rows(t.record_len()).min(count - from),
+                    &mut buf,
+                );
+                if n == 0 {
+                    return Err(CheckpointError::Truncated("stripe shrank while writing".into()));
+                }
+                body.write_all(&buf).map_err(io_err(tmp))?;
+                from += n;
+            }
+        }
+        rows_total += rows;
+    }
+    let body_len = body.len;
+    let body_crc = body.crc.finalize();
+    let mut out = body.inner;
+    let mut h = [0u8; CHECKPOINT_HEADER_LEN];
+    h[0..8].copy_from_slice(&CHECKPOINT_MAGIC);
+    h[8..12].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(CHECKPOINT_HEADER_LEN as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&body_len.to_le_bytes());
+    h[24..28].copy_from_slice(&body_crc.to_le_bytes());
+    h[28..32].copy_from_slice(&(tables.len() as u32).to_le_bytes());
+    h[32..36].copy_from_slice(&meta.shard.to_le_bytes());
+    h[36..40].copy_from_slice(&meta.shards.to_le_bytes());
+    h[40..48].copy_from_slice(&meta.update_seq.to_le_bytes());
+    h[48..56].copy_from_slice(&meta.created_ms.to_le_bytes());
+    let hcrc = crc32fast::hash(&h[..56]);
+    h[56..60].copy_from_slice(&hcrc.to_le_bytes());
+    out.flush().map_err(io_err(tmp))?;
+    let mut file = out.into_inner().map_err(|e| io_err(tmp)(e.into_error()))?;
+    file.seek(SeekFrom::Start(0)).map_err(io_err(tmp))?;
+    file.write_all(&h).map_err(io_err(tmp))?;
+    file.sync_all().map_err(io_err(tmp))?;
+    Ok((CHECKPOINT_HEADER_LEN as u64 + body_len, rows_total, body_crc))
+}
+
+/// A reader that CRCs and counts what it reads, bounded by the declared body length.
+struct CrcReader<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    left: u64,
+}
+
+impl<R: Read> CrcReader<R> {
+    fn read_exact_body(&mut self, buf: &mut [u8], what: &str) -> Result<(), CheckpointError> {
+        if (buf.len() as u64) > self.left {
+            return Err(CheckpointError::Truncated(format!("{what} runs past the body")));
+        }
+        self.inner
+            .read_exact(buf)
+            .map_err(|e| CheckpointError::Truncated(format!("{what}: {e}")))?;
+        self.crc.update(buf);
+        self.left -= buf.len() as u64;
+        Ok(())
+    }
+}
+
+/// Reads and verifies the checkpoint at `path`, building tables from `specs` (matched by
+/// name; a stored table must exist in `specs` with the same dim and optimizer kind; tables of
+/// `specs` absent from the file start empty). Returns nothing unless every check passes.
+pub fn read_checkpoint(
+    path: &Path,
+    specs: &[TableSpec],
+) -> Result<(TableSet, CheckpointMeta), CheckpointError> {
+    let file = File::open(path).map_err(io_err(path))?;
+    let file_len = file.metadata().map_err(io_err(path))?.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut h = [0u8; CHECKPOINT_HEADER_LEN];
+    r.read_exact(&mut h).map_err(|e| CheckpointError::Truncated(format!("header: {e}")))?;
+    if h[0..8] != CHECKPOINT_MAGIC {
+        return Err(CheckpointError::Format("bad magic".into()));
+    }
+    let stored_hcrc = rd_u32(&h, 56);
+    let hcrc = crc32fast::hash(&h[..56]);
+    if stored_hcrc != hcrc {
+        return Err(CheckpointError::Checksum {
+            what: "header",
+            stored: stored_hcrc,
+            computed: hcrc,
+        });
+    }
+    let version = rd_u32(&h, 8);
+    if version != CHECKPOINT_VERSION
+        || rd_u32(&h, 12) as usize != CHECKPOINT_HEADER_LEN
+        || rd_u32(&h, 60) != 0
+    {
+        return Err(CheckpointError::Format(format!("version {version}")));
+    }
+    let body_len = rd_u64(&h, 16);
+    if CHECKPOINT_HEADER_LEN as u64 + body_len != file_len {
+        return Err(CheckpointError::Truncated(format!(
+            "header says {} bytes, file has {file_len}",
+            CHECKPOINT_HEADER_LEN as u64 + body_len
+        )));
+    }
+    let stored_crc = rd_u32(&h, 24);
+    let n_tables = rd_u32(&h, 28);
+    let meta = CheckpointMeta {
+        shard: rd_u32(&h, 32),
+        shards: rd_u32(&h, 36),
+        update_seq: rd_u64(&h, 40),
+        created_ms: rd_u64(&h, 48),
+    };
+    let set = TableSet::new(specs.to_vec())?;
+    let mut body = CrcReader { inner: r, crc: crc32fast::Hasher::new(), left: body_len };
+    let mut seen = std::collections::HashSet::new();
+    let mut buf = Vec::new();
+    for _ in 0..n_tables {
+        let mut l = [0u8; 2];
+        body.read_exact_body(&mut l, "table header")?;
+        let mut name = vec![0u8; rd_u16(&l, 0) as usize];
+        body.read_exact_body(&mut name, "table name")?;
+        let name =
+            String::from_utf8(name).map_err(|_| CheckpointError::Truncated("table name".into()))?;
+        let mut th = [0u8; 17];
+        body.read_exact_body(&mut th, "table header")?;
+        let (dim, stride, kind, rows) = (rd_u32(&th, 0), rd_u32(&th, 4), th[8], rd_u64(&th, 9));
+        let id = set.id_of(&name).ok_or_else(|| {
+            CheckpointError::Mismatch(format!("table {name:?} is not configured"))
+        })?;
+        if !seen.insert(id) {
+            return Err(CheckpointError::Mismatch(format!("table {name:?} stored twice")));
+        }
+        let t = set.get(id).ok_or_else(|| CheckpointError::Mismatch(name.clone()))?;
+        if dim != t.spec().dim
+            || stride as usize != t.stride()
+            || OptimizerKind::from_u8(kind) != Some(t.spec().optimizer.kind())
+        {
+            return Err(CheckpointError::Mismatch(format!(
+                "table {name:?}: stored dim {dim}, stride {stride}, optimizer {kind}; configured dim {}, stride {}, optimizer {:?}",
+                t.spec().dim,
+                t.stride(),
+                t.spec().optimizer.kind()
+            )));
+        }
+        let rl = t.record_len() as u64;
+        let total = rows.checked_mul(rl).filter(|&b| b <= body.left).ok_or_else(|| {
+            CheckpointError::Truncated(format!("table {name:?}: {rows} rows do not fit the body"))
+        })?;
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(rl * batch_rows(rl as usize) as u64) as usize;
+            buf.resize(n, 0);
+            body.read_exact_body(&mut buf, "rows")?;
+            t.import_records(&buf)?;
+            left -= n as u64;
+        }
+    }
+    if body.left != 0 {
+        return Err(CheckpointError::Truncated(format!(
+            "{} bytes after the last table",
+            body.left
+        )));
+    }
+    let crc = body.crc.finalize();
+    if crc != stored_crc {
+        return Err(CheckpointError::Checksum { what: "body", stored: stored_crc, computed: crc });
+    }
+    Ok((set, meta))
+}
+
+/// When the next periodic checkpoint is due (pure; `now` from the caller's clock). On-demand
+/// checkpoints also count as done, postponing the next periodic one by a full interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointSchedule {
+    interval: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl CheckpointSchedule {
+    /// Every `interval` from `now` (`Duration::ZERO`: never periodic).
+    pub fn new(interval: Duration, now: Instant) -> CheckpointSchedule {
+        let interval = (!interval.is_zero()).then_some(interval);
+        CheckpointSchedule { interval, next: interval.map(|i| now + i) }
+    }
+
+    /// The deadline of the next periodic checkpoint, if any (for a timer).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.next
+    }
+
+    /// True when a periodic checkpoint is due at `now`.
+    pub fn is_due(&self, now: Instant) -> bool {
+        self.next.is_some_and(|n| now >= n)
+    }
+
+    /// A checkpoint (periodic or on demand) finished at `now`.
+    pub fn completed(&mut self, now: Instant) {
+        self.next = self.interval.map(|i| now + i);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming snapshots.
+
+/// A decoded snapshot chunk (what [`apply_snapshot_chunk`] did).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// Table of the rows.
+    pub table: u32,
+    /// Rows applied.
+    pub rows: u32,
+    /// Cursor for the next request; `None` after the last chunk.
+    pub next: Option<SnapshotCursor>,
+}
+
+/// Appends to `out` the chunk that continues `cursor` over `tables`, at most `max_bytes`
+/// (but always at least one row when rows remain; `max_bytes` must hold the header and one
+/// row of every table). Returns the number of rows in it. A cursor from another epoch is
+/// [`CheckpointError::StaleCursor`]; [`SnapshotCursor::START`] is accepted by any epoch.
+pub fn snapshot_chunk(
+    tables: &TableSet,
+    cursor: SnapshotCursor,
+    max_bytes: usize,
+    out: &mut Vec<u8>,
+) -> Result<u32, CheckpointError> {
+    if cursor.epoch != 0 && cursor.epoch != tables.epoch() {
+        return Err(CheckpointError::StaleCursor { got: cursor.epoch, serving: tables.epoch() });
+    }
+    let start = out.len();
+    out.resize(start + CHUNK_HEADER_LEN, 0);
+    let (mut table, mut stripe, mut row) =
+        (cursor.table, cursor.stripe as usize, cursor.row as usize);
+    let mut rows = 0usize;
+    let mut chunk_table = table;
+    let mut dim = 0u32;
+    let mut stride = 0u32;
+    // Skip exhausted stripes/tables until a row is found or everything is done; then fill
+    // from that table only.
+    while let Some(t) = tables.get(table) {
+        if stripe >= STRIPES {
+            table += 1;
+            stripe = 0;
+            row = 0;
+            continue;
+        }
+        if rows == 0 {
+            chunk_table = table;
+            dim = t.spec().dim;
+            stride = t.stride() as u32;
+            if CHUNK_HEADER_LEN + t.record_len() > max_bytes {
+                return Err(CheckpointError::Truncated(format!(
+                    "max_bytes {max_bytes} cannot hold one row of table {table}"
+                )));
+            }
+        } else if table != chunk_table {
+            break;
+        }
+        let room = (max_bytes - (out.len() - start)) / t.record_len();
+        if room == 0 {
+            break;
+        }
+        let n = t.export_records(stripe, row, room, out);
+        rows += n;
+        row += n;
+        if n < room {
+            // Stripe exhausted (for now).
+            stripe += 1;
+            row = 0;
+        } else {
+            break;
+        }
+    }
+    let last = tables.get(table).is_none();
+    let next =
+        SnapshotCursor { epoch: tables.epoch(), table, stripe: stripe as u32, row: row as u32 };
+    let h = &mut out[start..start + CHUNK_HEADER_LEN];
+    h[0..4].copy_from_slice(&CHUNK_MAGIC);
+    h[4..8].copy_from_slice(&1u32.to_le_bytes());
+    h[8..12].copy_from_slice(&chunk_table.to_le_bytes());
+    h[12..16].copy_from_slice(&dim.to_le_bytes());
+    h[16..20].copy_from_slice(&stride.to_le_bytes());
+    h[20..24].copy_from_slice(&(rows as u32).to_le_bytes());
+    h[24..28].copy_from_slice(&(if last { CHUNK_LAST } else { 0 }).to_le_bytes());
+    h[32..40].copy_from_slice(&next.epoch.to_le_bytes());
+    h[40..44].copy_from_slice(&next.table.to_le_bytes());
+    h[44..48].copy_from_slice(&next.stripe.to_le_bytes());
+    h[48..52].copy_from_slice(&next.row.to_le_bytes());
+    let crc = crc32fast::hash(&out[start..]);
+    out[start + 28..start + 32].copy_from_slice(&crc.to_le_bytes());
+    Ok(rows as u32)
+}
+
+/// Verifies a chunk and applies its rows (values, optimizer state and steps) to `tables`.
+/// The chunk's table must match the local definition (dim and stride).
+pub fn apply_snapshot_chunk(tables: &TableSet, chunk: &[u8]) -> Result<ChunkInfo, CheckpointError> {
+    if chunk.len() < CHUNK_HEADER_LEN {
+        return Err(CheckpointError::Truncated(format!("chunk of {} bytes", chunk.len())));
+    }
+    if chunk[0..4] != CHUNK_MAGIC || rd_u32(chunk, 4) != 1 {
+        return Err(CheckpointError::Format("snapshot chunk magic or version".into()));
+    }
+    let stored = rd_u32(chunk, 28);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&chunk[..28]);
+    hasher.update(&[0u8; 4]);
+    hasher.update(&chunk[32..]);
+    let computed = hasher.finalize();
+    if stored != computed {
+        return Err(CheckpointError::Checksum { what: "snapshot chunk", stored, computed });
+    }
+    let (table, dim, stride, rows, flags) = (
+        rd_u32(chunk, 8),
+        rd_u32(chunk, 12),
+        rd_u32(chunk, 16),
+        rd_u32(chunk, 20),
+        rd_u32(chunk, 24),
+    );
+    let next = SnapshotCursor {
+        epoch: rd_u64(chunk, 32),
+        table: rd_u32(chunk, 40),
+        stripe: rd_u32(chunk, 44),
+        row: rd_u32(chunk, 48),
+    };
+    let next = (flags & CHUNK_LAST == 0).then_some(next);
+    let records = &chunk[CHUNK_HEADER_LEN..];
+    if rows == 0 {
+        if !records.is_empty() {
+            return Err(CheckpointError::Truncated("rows after an empty chunk header".into()));
+        }
+        return Ok(ChunkInfo { table, rows, next });
+    }
+    let t = tables
+        .get(table)
+        .ok_or_else(|| CheckpointError::Mismatch(format!("chunk for unknown table {table}")))?;
+    if dim != t.spec().dim || stride as usize != t.stride() {
+        return Err(CheckpointError::Mismatch(format!(
+            "table {table}: chunk dim {dim} stride {stride}, local dim {} stride {}",
+            t.spec().dim,
+            t.stride()
+        )));
+    }
+    if records.len() as u64 != u64::from(rows) * t.record_len() as u64 {
+        return Err(CheckpointError::Truncated(format!(
+            "{rows} rows but {} record bytes",
+            records.len()
+        )));
+    }
+    t.import_records(records)?;
+    Ok(ChunkInfo { table, rows, next })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::Initializer;
+    use crate::optim::Optimizer;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new() -> TempDir {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "bex-ps-core-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn specs() -> Vec<TableSpec> {
+        vec![
+            TableSpec {
+                name: "user".into(),
+                dim: 4,
+                seed: 1,
+                init: Initializer::Uniform { scale: 0.1 },
+                optimizer: Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+            },
+            TableSpec {
+                name: "item".into(),
+                dim: 3,
+                seed: 2,
+                init: Initializer::Normal { std: 0.1 },
+                optimizer: Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 },
+            },
+            TableSpec {
+                name: "empty".into(),
+                dim: 2,
+                seed: 3,
+                init: Initializer::Zeros,
+                optimizer: Optimizer::Sgd { lr: 0.1 },
+            },
+        ]
+    }
+
+    fn filled() -> TableSet {
+        let set = TableSet::new(specs()).unwrap();
+        for (id, t) in set.iter().take(2) {
+            let dim = t.dim();
+            let keys: Vec<u64> = (0..3000u64).map(|k| k * 13 + u64::from(id)).collect();
+            let grads: Vec<f32> =
+                (0..keys.len() * dim).map(|i| ((i % 11) as f32 - 5.0) * 0.01).collect();
+            t.push(&keys, &grads, None).unwrap();
+            t.push(&keys[..100], &grads[..100 * dim], None).unwrap();
+        }
+        set
+    }
+
+    /// Every row, bit for bit, with state and steps, sorted by key.
+    fn dump(set: &TableSet) -> Vec<(u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (id, t) in set.iter() {
+            let mut buf = Vec::new();
+            for s in 0..STRIPES {
+                t.export_records(s, 0, usize::MAX, &mut buf);
+            }
+            let mut recs: Vec<Vec<u8>> =
+                buf.chunks_exact(t.record_len()).map(<[u8]>::to_vec).collect();
+            recs.sort();
+            out.push((id, recs.concat()));
+        }
+        out
+    }
+
+    #[test]
+    fn schedule() {
+        let t0 = crate::test_clock::origin();
+        let s = Duration::from_secs;
+        let mut c = CheckpointSchedule::new(s(300), t0);
+        assert!(!c.is_due(t0 + s(299)));
+        assert!(c.is_due(t0 + s(300)));
+        c.completed(t0 + s(100)); // on demand at +100 s
+        assert_eq!(c.next_deadline(), Some(t0 + s(400)));
+        let off = CheckpointSchedule::new(Duration::ZERO, t0);
+        assert!(!off.is_due(t0 + s(1_000_000)));
+        assert_eq!(off.next_deadline(), None);
+    }
+
+    #[test]
+    fn round_trip_is_bit_exact() {
+        let dir = TempDir::new();
+        let path = dir.0.join("sub/shard0.ckpt");
+        let set = filled();
+        let meta = CheckpointMeta { shard: 1, shards: 4, update_seq: 99, created_ms: 1234 };
+        let info = write_checkpoint(&path, &set, &meta).unwrap();
+        assert_eq!(info.rows, 6000);
+        assert_eq!(info.bytes, fs::metadata(&path).unwrap().len());
+        assert!(!dir.0.join("sub/shard0.ckpt.tmp").exists());
+        let (back, m) = read_checkpoint(&path, &specs()).unwrap();
+        assert_eq!(m, meta);
+        assert_eq!(dump(&back), dump(&set));
+        assert_eq!(back.get(0).unwrap().rows(), 3000);
+        // Overwrite atomically with a newer state.
+        set.get(0).unwrap().push(&[1], &[1.0; 4], None).unwrap();
+        write_checkpoint(&path, &set, &meta).unwrap();
+        let (back, _) = read_checkpoint(&path, &specs()).unwrap();
+        assert_eq!(dump(&back), dump(&set));
+    }
+
+    #[test]
+    fn corruption_is_detected_everywhere() {
+        let dir = TempDir::new();
+        let path = dir.0.join("c.ckpt");
+        write_checkpoint(&path, &filled(), &CheckpointMeta::default()).unwrap();
+        let good = fs::read(&path).unwrap();
+        // Flip one bit at many positions (header and body): never accepted.
+        let step = (good.len() / 97).max(1);
+        for at in (0..good.len()).step_by(step).chain([0, 30, 63, 64, good.len() - 1]) {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            fs::write(&path, &bad).unwrap();
+            assert!(read_checkpoint(&path, &specs()).is_err(), "flip at {at} accepted");
+        }
+        // Truncation and extension.
+        for len in [0, 10, 64, good.len() - 1] {
+            fs::write(&path, &good[..len]).unwrap();
+            assert!(read_checkpoint(&path, &specs()).is_err(), "truncated to {len} accepted");
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        fs::write(&path, &longer).unwrap();
+        assert!(read_checkpoint(&path, &specs()).is_err());
+        fs::write(&path, &good).unwrap();
+        assert!(read_checkpoint(&path, &specs()).is_ok());
+    }
+
+    #[test]
+    fn definitions_must_match() {
+        let dir = TempDir::new();
+        let path = dir.0.join("c.ckpt");
+        write_checkpoint(&path, &filled(), &CheckpointMeta::default()).unwrap();
+        let mut other = specs();
+        other[1].dim = 5;
+        assert!(matches!(read_checkpoint(&path, &other), Err(CheckpointError::Mismatch(_))));
+        let mut other = specs();
+        other[0].optimizer = Optimizer::Sgd { lr: 0.1 };
+        assert!(matches!(read_checkpoint(&path, &other), Err(CheckpointError::Mismatch(_))));
+        let mut other = specs();
+        other.remove(0);
+        assert!(matches!(read_checkpoint(&path, &other), Err(CheckpointError::Mismatch(_))));
+        // A new table in the configuration starts empty; order does not matter.
+        let mut more = specs();
+        more.reverse();
+        more.push(TableSpec { name: "new".into(), ..specs()[2].clone() });
+        let (set, _) = read_checkpoint(&path, &more).unwrap();
+        assert_eq!(set.get(set.id_of("new").unwrap()).unwrap().rows(), 0);
+        assert_eq!(set.get(set.id_of("user").unwrap()).unwrap().rows(), 3000);
+        assert!(matches!(
+            read_checkpoint(&dir.0.join("missing"), &specs()),
+            Err(CheckpointError::Io { .. })
+        ));
+    }
+
+    fn bootstrap(src: &TableSet, dst: &TableSet, max_bytes: usize) -> (usize, u64) {
+        let mut cursor = SnapshotCursor::START;
+        let (mut chunks, mut rows) = (0, 0u64);
+        loop {
+            let mut buf = Vec::new();
+            let n = snapshot_chunk(src, cursor, max_bytes, &mut buf).unwrap();
+            assert!(buf.len() <= max_bytes.max(CHUNK_HEADER_LEN));
+            let info = apply_snapshot_chunk(dst, &buf).unwrap();
+            assert_eq!(info.rows, n);
+            chunks += 1;
+            rows += u64::from(n);
+            match info.next {
+                Some(c) => cursor = c,
+                None => return (chunks, rows),
+            }
+        }
+    }
+
+    #[test]
+    fn snapshot_bootstraps_a_replica_exactly() {
+        let src = filled();
+        for max_bytes in [200usize, 4096, 1 << 20] {
+            let dst = TableSet::new(specs()).unwrap();
+            let (chunks, rows) = bootstrap(&src, &dst, max_bytes);
+            assert_eq!(rows, 6000);
+            assert_eq!(dump(&dst), dump(&src), "max_bytes {max_bytes}");
+            if max_bytes == 1 << 20 {
+                assert!(chunks <= 4, "{chunks} chunks");
+            }
+        }
+        // Empty source: one last chunk with no rows.
+        let empty = TableSet::new(specs()).unwrap();
+        let dst = TableSet::new(specs()).unwrap();
+        assert_eq!(bootstrap(&empty, &dst, 4096), (1, 0));
+    }
+
+    #[test]
+    fn snapshot_errors() {
+        let src = filled();
+        let mut buf = Vec::new();
+        // Too small for one row.
+        assert!(snapshot_chunk(&src, SnapshotCursor::START, 60, &mut buf).is_err());
+        // Stale epoch.
+        let stale = SnapshotCursor { epoch: src.epoch() ^ 2, ..SnapshotCursor::START };
+        assert!(matches!(
+            snapshot_chunk(&src, stale, 4096, &mut buf),
+            Err(CheckpointError::StaleCursor { .. })
+        ));
+        // Corruption anywhere in a chunk.
+        buf.clear();
+        snapshot_chunk(&src, SnapshotCursor::START, 4096, &mut buf).unwrap();
+        let dst = TableSet::new(specs()).unwrap();
+        for at in [0, 8, 20, 28, 40, 56, buf.len() - 1] {
+            let mut bad = buf.clone();
+            bad[at] ^= 1;
+            assert!(apply_snapshot_chunk(&dst, &bad).is_err(), "flip at {at}");
+        }
+        assert!(apply_snapshot_chunk(&dst, &buf[..30]).is_err());
+        // Mismatched local definitions.
+        let mut other = specs();
+        other[0].dim = 8;
+        let dst = TableSet::new(other).unwrap();
+        assert!(matches!(apply_snapshot_chunk(&dst, &buf), Err(CheckpointError::Mismatch(_))));
+    }
+
+    #[test]
+    fn snapshot_during_pushes_then_replication_catch_up_converges() {
+        // The documented protocol: buffer replication from before the first chunk, apply
+        // chunks, then the buffer; the replica equals the source in values.
+        let src = filled();
+        let dst = TableSet::new(specs()).unwrap();
+        let t = src.get(0).unwrap();
+        let mut buffered: Vec<(Vec<u64>, Vec<f32>)> = Vec::new();
+        let mut cursor = SnapshotCursor::START;
+        let mut step = 0u64;
+        loop {
+            // A push lands between chunks; its resulting rows are "replicated" (buffered).
+            let keys: Vec<u64> = (0..20).map(|k| (k * 13 + step * 7) % 50_000).collect();
+            let grads = vec![0.25f32; keys.len() * 4];
+            let mut rows = vec![0f32; keys.len() * 4];
+            t.push(&keys, &grads, Some(&mut rows)).unwrap();
+            buffered.push((keys, rows));
+            step += 1;
+            let mut buf = Vec::new();
+            snapshot_chunk(&src, cursor, 2048, &mut buf).unwrap();
+            match apply_snapshot_chunk(&dst, &buf).unwrap().next {
+                Some(c) => cursor = c,
+                None => break,
+            }
+        }
+        for (keys, rows) in &buffered {
+            dst.get(0).unwrap().apply_replica(keys, rows).unwrap();
+        }
+        // Compare values (replicas take values; state may lag): fetch every source key.
+        let mut keys = Vec::new();
+        let mut recs = Vec::new();
+        for s in 0..STRIPES {
+            t.export_records(s, 0, usize::MAX, &mut recs);
+        }
+        for r in recs.chunks_exact(t.record_len()) {
+            keys.push(rd_u64(r, 0));
+        }
+        let (mut a, mut b) = (vec![0f32; keys.len() * 4], vec![0f32; keys.len() * 4]);
+        t.read_into(&keys, &mut a).unwrap();
+        dst.get(0).unwrap().read_into(&keys, &mut b).unwrap();
+        assert_eq!(a, b);
+    }
+}

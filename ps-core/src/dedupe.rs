@@ -1,0 +1,292 @@
+//! Push idempotence by (client id, sequence number).
+//!
+//! # Window semantics
+//!
+//! For each client the server remembers `high`, the highest sequence number it has
+//! admitted, and one bit for each of the `W` sequence numbers `high − W + 1 ..= high`
+//! (`W` = [`DedupeConfig::window`]). A request with sequence `s` is:
+//!
+//! - [`Verdict::New`] if `s > high` (the window slides forward: bits of skipped numbers are
+//!   clear, so they can still arrive late), or if `s` is inside the window and its bit is
+//!   clear (a late or reordered request). The bit is then set: the caller must apply it.
+//! - [`Verdict::Duplicate`] if `s` is inside the window and its bit is set: it was admitted
+//!   before; do not apply it again, answer success.
+//! - [`Verdict::TooOld`] if `s ≤ high − W`: the server cannot tell whether it was applied;
+//!   it is not applied now, and the client is told so (it must not assume success).
+//!
+//! The first request of an unknown client is New. A client keeps one id for its lifetime and
+//! numbers its pushes upward (gaps are fine); a restarted client takes a fresh random id
+//! (restarting its numbers under the old id would make them TooOld).
+//!
+//! Admission marks the bit before the push is applied, so the caller validates the request
+//! fully (table, dimension, finite values) *before* asking: a request that then fails
+//! validation is never marked, and a retry of it fails the same way. Retries of an admitted
+//! request are answered Duplicate even while the first attempt is still being applied.
+//!
+//! Memory is bounded: at most [`DedupeConfig::max_clients`] windows of `W` bits. When full,
+//! the least recently seen client is evicted (counted in [`Dedupe::evictions`]); its next
+//! request starts a new window, so exactly-once holds only for clients that stay among the
+//! `max_clients` most recent — size it above the number of live trainers (and replication
+//! sources).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+/// Sizes of the dedupe state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DedupeConfig {
+    /// Window `W` in sequence numbers; rounded up to a multiple of 64, at least 64.
+    pub window: u32,
+    /// Most clients remembered.
+    pub max_clients: usize,
+}
+
+impl Default for DedupeConfig {
+    fn default() -> Self {
+        DedupeConfig { window: 1024, max_clients: 4096 }
+    }
+}
+
+/// What to do with a (client, seq).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not seen: apply it (now recorded as seen).
+    New,
+    /// Seen within the window: already applied (or being applied); do not apply.
+    Duplicate,
+    /// Older than the window: unknown whether applied; not applied.
+    TooOld,
+}
+
+#[derive(Debug)]
+struct Window {
+    high: u64,
+    /// Bit `s mod W` is set when `s` (within the window) was admitted.
+    bits: Box<[u64]>,
+    last_used: u64,
+}
+
+impl Window {
+    fn bit(&self, s: u64) -> (usize, u64) {
+        let w = self.bits.len() as u64 * 64;
+        let i = s % w;
+        ((i / 64) as usize, 1u64 << (i % 64))
+    }
+
+    fn admit(&mut self, s: u64) -> Verdict {
+        let w = self.bits.len() as u64 * 64;
+        if s > self.high {
+            if s - self.high >= w {
+                self.bits.fill(0);
+            } else {
+                for x in self.high + 1..s {
+                    let (word, mask) = self.bit(x);
+                    self.bits[word] &= !mask;
+                }
+            }
+            self.high = s;
+            let (word, mask) = self.bit(s);
+            self.bits[word] |= mask;
+            return Verdict::New;
+        }
+        if self.high - s >= w {
+            return Verdict::TooOld;
+        }
+        let (word, mask) = self.bit(s);
+        if self.bits[word] & mask != 0 {
+            Verdict::Duplicate
+        } else {
+            self.bits[word] |= mask;
+            Verdict::New
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Part {
+    clients: HashMap<u64, Window, ahash::RandomState>,
+    clock: u64,
+}
+
+const PARTS: usize = 16;
+
+/// The dedupe table of one server (thread-safe; clients are spread over 16 locks).
+#[derive(Debug)]
+pub struct Dedupe {
+    parts: Box<[Mutex<Part>]>,
+    words: usize,
+    per_part: usize,
+    evictions: AtomicU64,
+}
+
+impl Dedupe {
+    /// Empty state of the given sizes.
+    pub fn new(config: DedupeConfig) -> Dedupe {
+        let words = (config.window.max(1) as usize).div_ceil(64);
+        Dedupe {
+            parts: (0..PARTS).map(|_| Mutex::new(Part::default())).collect(),
+            words,
+            per_part: config.max_clients.div_ceil(PARTS).max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The window in sequence numbers (after rounding).
+    pub fn window(&self) -> u64 {
+        self.words as u64 * 64
+    }
+
+    /// Decides and records (client, seq); see the module docs.
+    pub fn admit(&self, client: u64, seq: u64) -> Verdict {
+        let part = &self.parts[(crate::shard::mix64(client) % PARTS as u64) as usize];
+        let mut p = part.lock();
+        p.clock += 1;
+        let now = p.clock;
+        if let Some(w) = p.clients.get_mut(&client) {
+            w.last_used = now;
+            return w.admit(seq);
+        }
+        if p.clients.len() >= self.per_part {
+            let oldest = p.clients.iter().min_by_key(|(_, w)| w.last_used).map(|(&c, _)| c);
+            if let Some(c) = oldest {
+                p.clients.remove(&c);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut w =
+            Window { high: seq, bits: vec![0u64; self.words].into_boxed_slice(), last_used: now };
+        let (word, mask) = w.bit(seq);
+        w.bits[word] |= mask;
+        p.clients.insert(client, w);
+        Verdict::New
+    }
+
+    /// Clients remembered.
+    pub fn clients(&self) -> usize {
+        self.parts.iter().map(|p| p.lock().clients.len()).sum()
+    }
+
+    /// Clients evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Forgets every client.
+    pub fn clear(&self) {
+        for p in self.parts.iter() {
+            p.lock().clients.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(window: u32, max_clients: usize) -> Dedupe {
+        Dedupe::new(DedupeConfig { window, max_clients })
+    }
+
+    #[test]
+    fn duplicates_within_the_window_are_rejected() {
+        let d = d(64, 10);
+        assert_eq!(d.admit(1, 10), Verdict::New);
+        assert_eq!(d.admit(1, 10), Verdict::Duplicate);
+        assert_eq!(d.admit(1, 11), Verdict::New);
+        assert_eq!(d.admit(1, 10), Verdict::Duplicate);
+        // Another client's numbers are independent.
+        assert_eq!(d.admit(2, 10), Verdict::New);
+    }
+
+    #[test]
+    fn reordered_requests_inside_the_window_are_new_once() {
+        let d = d(64, 10);
+        assert_eq!(d.admit(1, 100), Verdict::New);
+        assert_eq!(d.admit(1, 105), Verdict::New);
+        for s in 101..105 {
+            assert_eq!(d.admit(1, s), Verdict::New, "{s} skipped earlier, arrives late");
+            assert_eq!(d.admit(1, s), Verdict::Duplicate);
+        }
+        // 41 is the oldest number in the window [42, 105] minus one.
+        assert_eq!(d.admit(1, 42), Verdict::New);
+        assert_eq!(d.admit(1, 41), Verdict::TooOld);
+    }
+
+    #[test]
+    fn old_ones_beyond_the_window_are_reported() {
+        let d = d(128, 10);
+        assert_eq!(d.window(), 128);
+        assert_eq!(d.admit(7, 0), Verdict::New);
+        assert_eq!(d.admit(7, 127), Verdict::New);
+        assert_eq!(d.admit(7, 0), Verdict::Duplicate, "0 is still inside [0, 127]");
+        assert_eq!(d.admit(7, 128), Verdict::New);
+        assert_eq!(d.admit(7, 0), Verdict::TooOld, "window is now [1, 128]");
+        // A big jump clears everything.
+        assert_eq!(d.admit(7, 10_000), Verdict::New);
+        assert_eq!(d.admit(7, 9_999), Verdict::New);
+        assert_eq!(d.admit(7, 9_873), Verdict::New);
+        assert_eq!(d.admit(7, 9_872), Verdict::TooOld);
+        assert_eq!(d.admit(7, 128), Verdict::TooOld);
+    }
+
+    #[test]
+    fn wrap_of_bits_does_not_alias() {
+        // s and s + W share a bit; after sliding past s, s + W must be New.
+        let d = d(64, 10);
+        assert_eq!(d.admit(1, 5), Verdict::New);
+        assert_eq!(d.admit(1, 69), Verdict::New);
+        assert_eq!(d.admit(1, 5), Verdict::TooOld);
+        assert_eq!(d.admit(1, 69), Verdict::Duplicate);
+        assert_eq!(d.admit(1, 133), Verdict::New);
+    }
+
+    #[test]
+    fn window_rounds_up_to_words() {
+        assert_eq!(d(1, 1).window(), 64);
+        assert_eq!(d(65, 1).window(), 128);
+    }
+
+    #[test]
+    fn least_recently_seen_client_is_evicted() {
+        // max 16 clients → one per part; a second client in the same part evicts the first.
+        let d = d(64, 16);
+        let part_of = |c: u64| crate::shard::mix64(c) % PARTS as u64;
+        let a = 1u64;
+        let b = (2..).find(|&c| part_of(c) == part_of(a)).unwrap();
+        assert_eq!(d.admit(a, 1), Verdict::New);
+        assert_eq!(d.admit(b, 1), Verdict::New);
+        assert_eq!(d.evictions(), 1);
+        // `a` was forgotten: its duplicate is (wrongly but by design) New again.
+        assert_eq!(d.admit(a, 1), Verdict::New);
+        assert_eq!(d.evictions(), 2);
+        assert_eq!(d.clients(), 1);
+        d.clear();
+        assert_eq!(d.clients(), 0);
+    }
+
+    #[test]
+    fn concurrent_retries_apply_once() {
+        use std::sync::Arc;
+        let d = Arc::new(d(1024, 64));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let d = Arc::clone(&d);
+                std::thread::spawn(move || {
+                    let mut news = 0u32;
+                    for client in 0..8u64 {
+                        for seq in 0..500u64 {
+                            if d.admit(client, seq) == Verdict::New {
+                                news += 1;
+                            }
+                        }
+                    }
+                    news
+                })
+            })
+            .collect();
+        let total: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(total, 8 * 500, "each (client, seq) admitted exactly once across threads");
+    }
+}

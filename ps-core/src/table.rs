@@ -1,0 +1,891 @@
+//! Named embedding tables: concurrent row storage with a deterministic initializer and a
+//! server-side optimizer.
+//!
+//! # Storage
+//!
+//! A table is split into [`STRIPES`] stripes, each behind its own `parking_lot::RwLock`,
+//! chosen by a per-process random hash of the key (ahash; independent of the shard hash,
+//! whose high bits are nearly constant within one shard). A stripe keeps its rows in one
+//! slab: `data` holds `stride = dim · (1 + state_slots)` f32 per row (values, then optimizer
+//! state), `keys` and `steps` run parallel to it, and an ahash map takes a key to its row
+//! number. Rows are never removed, so a row's number is stable — which streaming snapshots
+//! rely on — and rows cost no allocation of their own. Compared with one `dashmap` entry per
+//! row this keeps rows contiguous, allocates per slab growth instead of per row, and takes
+//! one lock per key for any batch (read lock for fetches of existing rows, write lock for
+//! creation and updates).
+//!
+//! # Semantics
+//!
+//! - [`Table::fetch_into`] returns rows in key order; missing keys are created with the
+//!   initializer ([`Table::read_into`] does not create them, returning the same values).
+//! - [`Table::push`] validates everything first (lengths, finite gradients), then applies
+//!   the optimizer per key in order (duplicate keys are applied once per occurrence; the
+//!   fan-out planner sums them before sending). It can copy the resulting rows out for
+//!   replication.
+//! - [`Table::apply_replica`] overwrites values with the training pod's results, leaving
+//!   optimizer state alone (replicas converge to the same bits).
+//! - A fetch concurrent with a push of the same key sees the row before or after the whole
+//!   update of that key, never half of it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+
+use crate::config::FieldError;
+use crate::control::{TableInfo, TableStats};
+use crate::init::Initializer;
+use crate::optim::Optimizer;
+use crate::wire::{LeF32s, LeU64s, Status, MAX_DIM};
+
+/// Stripes per table (lock granularity; snapshot cursors count in stripes).
+pub const STRIPES: usize = 64;
+
+/// Longest table name in bytes.
+pub const MAX_TABLE_NAME: usize = 64;
+
+/// The definition of a table. The same value on every server of a cluster (it comes from
+/// the cluster configuration).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TableSpec {
+    /// Name: 1..=64 bytes of `[A-Za-z0-9_.-]`.
+    pub name: String,
+    /// Row dimension, `1..=4096`.
+    pub dim: u32,
+    /// Initializer seed (with the key, decides initial rows).
+    pub seed: u64,
+    /// How missing rows start.
+    pub init: Initializer,
+    /// How pushes update rows.
+    pub optimizer: Optimizer,
+}
+
+impl TableSpec {
+    /// Problems with the definition; fields are relative (`dim`, `optimizer.lr`, …).
+    pub fn check(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= MAX_TABLE_NAME
+            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !name_ok {
+            out.push(FieldError::new("name", "must be 1..=64 bytes of [A-Za-z0-9_.-]"));
+        }
+        if !(1..=MAX_DIM).contains(&self.dim) {
+            out.push(FieldError::new("dim", format!("must be in 1..={MAX_DIM}")));
+        }
+        for (f, m) in self.init.check() {
+            out.push(FieldError::new(format!("init.{f}"), m));
+        }
+        for (f, m) in self.optimizer.check() {
+            out.push(FieldError::new(format!("optimizer.{f}"), m));
+        }
+        out
+    }
+
+    /// f32 per stored row: values and optimizer state.
+    pub fn stride(&self) -> usize {
+        self.dim as usize * (1 + self.optimizer.state_slots())
+    }
+}
+
+/// Misuse of a table (or bad values from the network).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TableError {
+    /// An array's length disagrees with the keys and the dimension.
+    #[error("{what}: expected {expected} values, got {got}")]
+    WrongLength {
+        /// Which array.
+        what: &'static str,
+        /// Expected length.
+        expected: usize,
+        /// Actual length.
+        got: usize,
+    },
+    /// A gradient or row is NaN or infinite.
+    #[error("non-finite value at index {index}")]
+    NonFinite {
+        /// Index in the value array.
+        index: usize,
+    },
+    /// The table definitions are invalid.
+    #[error("invalid table definitions: {0:?}")]
+    Invalid(Vec<FieldError>),
+    /// No table has this id.
+    #[error("unknown table {0}")]
+    UnknownTable(u32),
+    /// A request's dimension differs from the table's.
+    #[error("table {table} has dim {dim}, request has {got}")]
+    WrongDim {
+        /// Table id.
+        table: u32,
+        /// The table's dimension.
+        dim: u32,
+        /// The request's dimension.
+        got: u32,
+    },
+}
+
+impl TableError {
+    /// The response status a server answers this error with.
+    pub fn status(&self) -> Status {
+        match self {
+            TableError::NonFinite { .. } => Status::BadValue,
+            TableError::UnknownTable(_) => Status::UnknownTable,
+            TableError::WrongDim { .. } => Status::WrongDim,
+            TableError::WrongLength { .. } => Status::BadFrame,
+            TableError::Invalid(_) => Status::BadControl,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Stripe {
+    index: HashMap<u64, u32, ahash::RandomState>,
+    keys: Vec<u64>,
+    steps: Vec<u32>,
+    data: Vec<f32>,
+}
+
+/// What a row is made of; shared by every stripe of a table.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    dim: usize,
+    stride: usize,
+    seed: u64,
+    init: Initializer,
+    opt: Optimizer,
+}
+
+impl Layout {
+    fn new_row(&self, key: u64, row: &mut [f32]) {
+        let (w, s) = row.split_at_mut(self.dim);
+        self.init.fill(self.seed, key, w);
+        self.opt.init_state(s);
+    }
+}
+
+impl Stripe {
+    fn new() -> Stripe {
+        Stripe {
+            index: HashMap::with_hasher(ahash::RandomState::new()),
+            keys: Vec::new(),
+            steps: Vec::new(),
+            data: Vec::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn row(&self, r: usize, l: &Layout) -> &[f32] {
+        &self.data[r * l.stride..(r + 1) * l.stride]
+    }
+
+    /// Row number of `key`, creating it; and whether it was created.
+    fn get_or_insert(&mut self, key: u64, l: &Layout) -> (usize, bool) {
+        if let Some(&r) = self.index.get(&key) {
+            return (r as usize, false);
+        }
+        let r = self.keys.len();
+        self.keys.push(key);
+        self.steps.push(0);
+        self.data.resize(self.data.len() + l.stride, 0.0);
+        l.new_row(key, &mut self.data[r * l.stride..]);
+        // A stripe holds far fewer than 2^32 rows (memory would run out first).
+        self.index.insert(key, r as u32);
+        (r, true)
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.keys.capacity() * 8
+            + self.steps.capacity() * 4
+            + self.data.capacity() * 4
+            + self.index.capacity() * (8 + 4 + 1)) as u64
+    }
+}
+
+/// One table: definition plus striped storage.
+#[derive(Debug)]
+pub struct Table {
+    spec: TableSpec,
+    layout: Layout,
+    stripe_hash: ahash::RandomState,
+    stripes: Box<[RwLock<Stripe>]>,
+    rows: AtomicU64,
+}
+
+/// Counts from a fetch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FetchStats {
+    /// Rows returned.
+    pub rows: usize,
+    /// Rows created by this fetch.
+    pub created: usize,
+}
+
+/// Where [`Table::fetch_rows`] puts rows.
+trait RowSink {
+    fn put(&mut self, i: usize, row: &[f32]);
+}
+
+struct F32Sink<'a>(&'a mut [f32], usize);
+impl RowSink for F32Sink<'_> {
+    fn put(&mut self, i: usize, row: &[f32]) {
+        self.0[i * self.1..(i + 1) * self.1].copy_from_slice(row);
+    }
+}
+
+struct LeSink<'a>(&'a mut [u8], usize);
+impl RowSink for LeSink<'_> {
+    fn put(&mut self, i: usize, row: &[f32]) {
+        let out = &mut self.0[i * self.1 * 4..(i + 1) * self.1 * 4];
+        for (d, v) in out.chunks_exact_mut(4).zip(row) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+struct NoSink;
+impl RowSink for NoSink {
+    fn put(&mut self, _: usize, _: &[f32]) {}
+}
+
+impl Table {
+    /// A new empty table; `spec` must pass [`TableSpec::check`].
+    pub fn new(spec: TableSpec) -> Result<Table, TableError> {
+        let errors = spec.check();
+        if !errors.is_empty() {
+            return Err(TableError::Invalid(errors));
+        }
+        let layout = Layout {
+            dim: spec.dim as usize,
+            stride: spec.stride(),
+            seed: spec.seed,
+            init: spec.init,
+            opt: spec.optimizer,
+        };
+        Ok(Table {
+            spec,
+            layout,
+            stripe_hash: ahash::RandomState::new(),
+            stripes: (0..STRIPES).map(|_| RwLock::new(Stripe::new())).collect(),
+            rows: AtomicU64::new(0),
+        })
+    }
+
+    /// The definition.
+    pub fn spec(&self) -> &TableSpec {
+        &self.spec
+    }
+
+    /// Row dimension.
+    pub fn dim(&self) -> usize {
+        self.layout.dim
+    }
+
+    /// f32 per stored row (values and optimizer state).
+    pub fn stride(&self) -> usize {
+        self.layout.stride
+    }
+
+    /// Rows stored.
+    pub fn rows(&self) -> u64 {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// Approximate bytes of memory held (slab and index capacities).
+    pub fn bytes(&self) -> u64 {
+        self.stripes.iter().map(|s| s.read().bytes()).sum()
+    }
+
+    fn stripe(&self, key: u64) -> &RwLock<Stripe> {
+        let h = self.stripe_hash.hash_one(key);
+        &self.stripes[((h as u128 * STRIPES as u128) >> 64) as usize]
+    }
+
+    fn fetch_rows(
+        &self,
+        keys: impl Iterator<Item = u64>,
+        create: bool,
+        sink: &mut impl RowSink,
+    ) -> FetchStats {
+        let l = &self.layout;
+        let mut stats = FetchStats::default();
+        let mut scratch = Vec::new();
+        for (i, key) in keys.enumerate() {
+            stats.rows += 1;
+            let stripe = self.stripe(key);
+            {
+                let g = stripe.read();
+                if let Some(&r) = g.index.get(&key) {
+                    sink.put(i, &g.row(r as usize, l)[..l.dim]);
+                    continue;
+                }
+            }
+            if create {
+                let mut g = stripe.write();
+                let (r, created) = g.get_or_insert(key, l);
+                if created {
+                    stats.created += 1;
+                    self.rows.fetch_add(1, Ordering::Relaxed);
+                }
+                sink.put(i, &g.row(r, l)[..l.dim]);
+            } else {
+                scratch.resize(l.dim, 0.0);
+                l.init.fill(l.seed, key, &mut scratch);
+                sink.put(i, &scratch);
+            }
+        }
+        stats
+    }
+
+    fn check_len(
+        what: &'static str,
+        expected: Option<usize>,
+        got: usize,
+    ) -> Result<(), TableError> {
+        match expected {
+            Some(e) if e == got => Ok(()),
+            e => Err(TableError::WrongLength { what, expected: e.unwrap_or(usize::MAX), got }),
+        }
+    }
+
+    /// Writes the rows of `keys` into `out` (`keys.len() × dim`, row-major), creating
+    /// missing rows with the initializer.
+    pub fn fetch_into(&self, keys: &[u64], out: &mut [f32]) -> Result<FetchStats, TableError> {
+        Self::check_len("out", keys.len().checked_mul(self.dim()), out.len())?;
+        let dim = self.dim();
+        Ok(self.fetch_rows(keys.iter().copied(), true, &mut F32Sink(out, dim)))
+    }
+
+    /// Like [`fetch_into`](Self::fetch_into) without creating rows: missing keys get their
+    /// initial values (identical to what creation would store).
+    pub fn read_into(&self, keys: &[u64], out: &mut [f32]) -> Result<FetchStats, TableError> {
+        Self::check_len("out", keys.len().checked_mul(self.dim()), out.len())?;
+        let dim = self.dim();
+        Ok(self.fetch_rows(keys.iter().copied(), false, &mut F32Sink(out, dim)))
+    }
+
+    /// The server's Fetch: keys straight from the request frame, rows straight into the
+    /// response frame as little-endian f32 (`out.len() == 4 · keys.len() · dim`).
+    pub fn fetch_into_le(
+        &self,
+        keys: LeU64s<'_>,
+        out: &mut [u8],
+        create: bool,
+    ) -> Result<FetchStats, TableError> {
+        let expected = keys.len().checked_mul(self.dim()).and_then(|n| n.checked_mul(4));
+        Self::check_len("out bytes", expected, out.len())?;
+        let dim = self.dim();
+        Ok(self.fetch_rows(keys.iter(), create, &mut LeSink(out, dim)))
+    }
+
+    /// Creates the rows of `keys` that are missing (warm-up); returns how many were created.
+    pub fn ensure(&self, keys: &[u64]) -> usize {
+        self.fetch_rows(keys.iter().copied(), true, &mut NoSink).created
+    }
+
+    /// Applies one gradient row per key. Generic over where gradients come from.
+    fn push_rows(
+        &self,
+        keys: impl Iterator<Item = u64>,
+        grad_row: impl Fn(usize, &mut [f32]),
+        mut updated: Option<&mut [f32]>,
+    ) -> usize {
+        let l = &self.layout;
+        let mut g = vec![0f32; l.dim];
+        let mut n = 0;
+        for (i, key) in keys.enumerate() {
+            grad_row(i, &mut g);
+            let mut s = self.stripe(key).write();
+            let (r, created) = s.get_or_insert(key, l);
+            if created {
+                self.rows.fetch_add(1, Ordering::Relaxed);
+            }
+            let Stripe { data, steps, .. } = &mut *s;
+            let row = &mut data[r * l.stride..(r + 1) * l.stride];
+            let (w, state) = row.split_at_mut(l.dim);
+            l.opt.apply(w, state, &mut steps[r], &g);
+            if let Some(out) = updated.as_deref_mut() {
+                out[i * l.dim..(i + 1) * l.dim].copy_from_slice(w);
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Applies the optimizer to each key with its gradient (`grads`: `keys.len() × dim`,
+    /// row-major); nothing is applied unless all lengths are right and every gradient is
+    /// finite. With `updated`, the resulting rows are copied there (for replication).
+    /// Returns the number of keys applied.
+    pub fn push(
+        &self,
+        keys: &[u64],
+        grads: &[f32],
+        updated: Option<&mut [f32]>,
+    ) -> Result<usize, TableError> {
+        let dim = self.dim();
+        Self::check_len("grads", keys.len().checked_mul(dim), grads.len())?;
+        if let Some(u) = &updated {
+            Self::check_len("updated", keys.len().checked_mul(dim), u.len())?;
+        }
+        if let Some(index) = grads.iter().position(|g| !g.is_finite()) {
+            return Err(TableError::NonFinite { index });
+        }
+        let row = |i: usize, out: &mut [f32]| out.copy_from_slice(&grads[i * dim..(i + 1) * dim]);
+        Ok(self.push_rows(keys.iter().copied(), row, updated))
+    }
+
+    /// [`push`](Self::push) with keys and gradients straight from a request frame.
+    pub fn push_le(
+        &self,
+        keys: LeU64s<'_>,
+        grads: LeF32s<'_>,
+        updated: Option<&mut [f32]>,
+    ) -> Result<usize, TableError> {
+        let dim = self.dim();
+        Self::check_len("grads", keys.len().checked_mul(dim), grads.len())?;
+        if let Some(u) = &updated {
+            Self::check_len("updated", keys.len().checked_mul(dim), u.len())?;
+        }
+        if let Some(index) = grads.iter().position(|g| !g.is_finite()) {
+            return Err(TableError::NonFinite { index });
+        }
+        let row = |i: usize, out: &mut [f32]| {
+            if let Some(r) = grads.row(i, dim) {
+                r.copy_to(out);
+            }
+        };
+        Ok(self.push_rows(keys.iter(), row, updated))
+    }
+
+    fn replica_rows(
+        &self,
+        keys: impl Iterator<Item = u64>,
+        row: impl Fn(usize, &mut [f32]),
+    ) -> usize {
+        let l = &self.layout;
+        let mut n = 0;
+        for (i, key) in keys.enumerate() {
+            let mut s = self.stripe(key).write();
+            let (r, created) = s.get_or_insert(key, l);
+            if created {
+                self.rows.fetch_add(1, Ordering::Relaxed);
+            }
+            row(i, &mut s.data[r * l.stride..r * l.stride + l.dim]);
+            n += 1;
+        }
+        n
+    }
+
+    /// Replicas: overwrite the values of `keys` with `rows` (`keys.len() × dim`), creating
+    /// rows as needed; optimizer state is left alone. Returns the number of keys applied.
+    pub fn apply_replica(&self, keys: &[u64], rows: &[f32]) -> Result<usize, TableError> {
+        let dim = self.dim();
+        Self::check_len("rows", keys.len().checked_mul(dim), rows.len())?;
+        let row = |i: usize, out: &mut [f32]| out.copy_from_slice(&rows[i * dim..(i + 1) * dim]);
+        Ok(self.replica_rows(keys.iter().copied(), row))
+    }
+
+    /// [`apply_replica`](Self::apply_replica) straight from a Replicate frame.
+    pub fn apply_replica_le(
+        &self,
+        keys: LeU64s<'_>,
+        rows: LeF32s<'_>,
+    ) -> Result<usize, TableError> {
+        let dim = self.dim();
+        Self::check_len("rows", keys.len().checked_mul(dim), rows.len())?;
+        let row = |i: usize, out: &mut [f32]| {
+            if let Some(r) = rows.row(i, dim) {
+                r.copy_to(out);
+            }
+        };
+        Ok(self.replica_rows(keys.iter(), row))
+    }
+
+    /// Rows in stripe `stripe` now (0 for a stripe out of range).
+    pub fn stripe_len(&self, stripe: usize) -> usize {
+        self.stripes.get(stripe).map_or(0, |s| s.read().len())
+    }
+
+    /// Bytes of one exported row record: key (u64), steps (u32), `stride` f32, all LE.
+    pub fn record_len(&self) -> usize {
+        12 + 4 * self.layout.stride
+    }
+
+    /// Appends the records of rows `from..` of `stripe` to `out`, at most `max_rows` of them;
+    /// returns how many were written. The stripe is read-locked while copying (not while the
+    /// caller does I/O).
+    pub fn export_records(
+        &self,
+        stripe: usize,
+        from: usize,
+        max_rows: usize,
+        out: &mut Vec<u8>,
+    ) -> usize {
+        let Some(s) = self.stripes.get(stripe) else { return 0 };
+        let l = &self.layout;
+        let s = s.read();
+        let end = s.len().min(from.saturating_add(max_rows));
+        if from >= end {
+            return 0;
+        }
+        out.reserve((end - from) * self.record_len());
+        for r in from..end {
+            out.extend_from_slice(&s.keys[r].to_le_bytes());
+            out.extend_from_slice(&s.steps[r].to_le_bytes());
+            for v in s.row(r, l) {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        end - from
+    }
+
+    /// Inserts or overwrites whole rows (values, state, steps) from records as written by
+    /// [`export_records`](Self::export_records). `records.len()` must be a multiple of
+    /// [`record_len`](Self::record_len). Returns the number of rows.
+    pub fn import_records(&self, records: &[u8]) -> Result<usize, TableError> {
+        let rl = self.record_len();
+        if records.len() % rl != 0 {
+            return Err(TableError::WrongLength {
+                what: "records",
+                expected: records.len() / rl * rl,
+                got: records.len(),
+            });
+        }
+        let l = &self.layout;
+        for rec in records.chunks_exact(rl) {
+            let mut k = [0u8; 8];
+            k.copy_from_slice(&rec[..8]);
+            let key = u64::from_le_bytes(k);
+            let mut st = [0u8; 4];
+            st.copy_from_slice(&rec[8..12]);
+            let vals = LeF32s::new(&rec[12..]).unwrap_or_default();
+            let mut s = self.stripe(key).write();
+            let (r, created) = s.get_or_insert(key, l);
+            if created {
+                self.rows.fetch_add(1, Ordering::Relaxed);
+            }
+            s.steps[r] = u32::from_le_bytes(st);
+            vals.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
+        }
+        Ok(records.len() / rl)
+    }
+}
+
+/// The tables of one server, by id (position in the configuration).
+#[derive(Debug)]
+pub struct TableSet {
+    tables: Vec<Table>,
+    by_name: HashMap<String, u32>,
+    epoch: u64,
+}
+
+impl TableSet {
+    /// Tables from their definitions (ids are positions). Errors name the field
+    /// (`tables[1].dim`, duplicate names at `tables[i].name`).
+    pub fn new(specs: Vec<TableSpec>) -> Result<TableSet, TableError> {
+        let mut errors = Vec::new();
+        let mut by_name = HashMap::new();
+        for (i, s) in specs.iter().enumerate() {
+            for e in s.check() {
+                errors.push(e.prefixed(&format!("tables[{i}]")));
+            }
+            if by_name.insert(s.name.clone(), i as u32).is_some() {
+                errors.push(FieldError::new(format!("tables[{i}].name"), "duplicate table name"));
+            }
+        }
+        if !errors.is_empty() {
+            return Err(TableError::Invalid(errors));
+        }
+        let tables = specs.into_iter().map(Table::new).collect::<Result<Vec<_>, _>>()?;
+        // A random epoch identifies this in-memory layout for snapshot cursors.
+        let epoch = ahash::RandomState::new().hash_one(tables.len()) | 1;
+        Ok(TableSet { tables, by_name, epoch })
+    }
+
+    /// The table with id `id`.
+    pub fn get(&self, id: u32) -> Option<&Table> {
+        self.tables.get(id as usize)
+    }
+
+    /// The table a data request addresses, checking its dimension: the server's first step
+    /// for Fetch, Push and Replicate (answer [`TableError::status`] on error).
+    pub fn resolve(&self, id: u32, dim: u32) -> Result<&Table, TableError> {
+        let t = self.get(id).ok_or(TableError::UnknownTable(id))?;
+        if t.spec.dim != dim {
+            return Err(TableError::WrongDim { table: id, dim: t.spec.dim, got: dim });
+        }
+        Ok(t)
+    }
+
+    /// The id of the table named `name`.
+    pub fn id_of(&self, name: &str) -> Option<u32> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Number of tables.
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// True with no tables.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    /// (id, table) pairs in id order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Table)> {
+        self.tables.iter().enumerate().map(|(i, t)| (i as u32, t))
+    }
+
+    /// The definitions, by id.
+    pub fn specs(&self) -> Vec<TableSpec> {
+        self.tables.iter().map(|t| t.spec.clone()).collect()
+    }
+
+    /// Definitions with ids (the Tables response).
+    pub fn infos(&self) -> Vec<TableInfo> {
+        self.iter().map(|(id, t)| TableInfo { id, spec: t.spec.clone() }).collect()
+    }
+
+    /// Statistics per table.
+    pub fn stats(&self) -> Vec<TableStats> {
+        self.iter()
+            .map(|(id, t)| TableStats {
+                id,
+                name: t.spec.name.clone(),
+                rows: t.rows(),
+                bytes: t.bytes(),
+            })
+            .collect()
+    }
+
+    /// Identifies this set's in-memory layout (random per instance, never 0).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    pub(crate) fn spec(name: &str, dim: u32, optimizer: Optimizer) -> TableSpec {
+        TableSpec {
+            name: name.into(),
+            dim,
+            seed: 11,
+            init: Initializer::Uniform { scale: 0.1 },
+            optimizer,
+        }
+    }
+
+    #[test]
+    fn fetch_creates_deterministic_rows_and_read_does_not() {
+        let t = Table::new(spec("t", 4, Optimizer::Sgd { lr: 0.1 })).unwrap();
+        let u = Table::new(spec("t", 4, Optimizer::Sgd { lr: 0.1 })).unwrap();
+        let keys = [1u64, 2, 1, 99];
+        let mut a = vec![0f32; 16];
+        let st = t.fetch_into(&keys, &mut a).unwrap();
+        assert_eq!(st, FetchStats { rows: 4, created: 3 });
+        assert_eq!(t.rows(), 3);
+        assert_eq!(a[0..4], a[8..12], "same key, same row");
+        let mut b = vec![0f32; 16];
+        assert_eq!(u.read_into(&keys, &mut b).unwrap().created, 0);
+        assert_eq!(u.rows(), 0);
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(matches!(t.fetch_into(&keys, &mut a[..15]), Err(TableError::WrongLength { .. })));
+    }
+
+    #[test]
+    fn le_paths_match_slice_paths() {
+        let t = Table::new(spec(
+            "t",
+            3,
+            Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 },
+        ))
+        .unwrap();
+        let keys = [5u64, 6];
+        let mut kb = vec![0u8; 16];
+        crate::wire::put_u64s(&mut kb, &keys);
+        let mut out = vec![0u8; 24];
+        t.fetch_into_le(LeU64s::new(&kb).unwrap(), &mut out, true).unwrap();
+        let mut want = vec![0f32; 6];
+        t.fetch_into(&keys, &mut want).unwrap();
+        assert_eq!(LeF32s::new(&out).unwrap().to_vec(), want);
+
+        let grads = [0.1f32, 0.2, 0.3, -0.1, -0.2, -0.3];
+        let mut gb = vec![0u8; 24];
+        crate::wire::put_f32s(&mut gb, &grads);
+        let u = Table::new(t.spec().clone()).unwrap();
+        let mut r1 = vec![0f32; 6];
+        let mut r2 = vec![0f32; 6];
+        t.push(&keys, &grads, Some(&mut r1)).unwrap();
+        u.push_le(LeU64s::new(&kb).unwrap(), LeF32s::new(&gb).unwrap(), Some(&mut r2)).unwrap();
+        assert_eq!(r1, r2);
+        let mut now = vec![0f32; 6];
+        t.fetch_into(&keys, &mut now).unwrap();
+        assert_eq!(now, r1, "updated rows are the stored rows");
+    }
+
+    #[test]
+    fn push_rejects_before_applying() {
+        let t = Table::new(spec("t", 2, Optimizer::Sgd { lr: 1.0 })).unwrap();
+        let mut before = vec![0f32; 4];
+        t.fetch_into(&[1, 2], &mut before).unwrap();
+        assert_eq!(
+            t.push(&[1, 2], &[1.0, 1.0, f32::NAN, 0.0], None),
+            Err(TableError::NonFinite { index: 2 })
+        );
+        assert!(matches!(t.push(&[1, 2], &[1.0; 3], None), Err(TableError::WrongLength { .. })));
+        let mut after = vec![0f32; 4];
+        t.fetch_into(&[1, 2], &mut after).unwrap();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn replica_converges_to_trainer_bits() {
+        let opt = Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let trainer = Table::new(spec("t", 4, opt)).unwrap();
+        let replica = Table::new(spec("t", 4, opt)).unwrap();
+        for step in 0..20u32 {
+            let keys: Vec<u64> = (0..10).map(|k| (k * 7 + step as u64) % 13).collect();
+            let grads: Vec<f32> =
+                (0..40).map(|i| ((i as f32) * 0.37 + step as f32).sin()).collect();
+            let mut out = vec![0f32; 40];
+            trainer.push(&keys, &grads, Some(&mut out)).unwrap();
+            replica.apply_replica(&keys, &out).unwrap();
+        }
+        let keys: Vec<u64> = (0..13).collect();
+        let (mut a, mut b) = (vec![0f32; 52], vec![0f32; 52]);
+        trainer.fetch_into(&keys, &mut a).unwrap();
+        replica.fetch_into(&keys, &mut b).unwrap();
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn push_applies_optimizer_from_initial_value() {
+        let mut s = spec("t", 2, Optimizer::Sgd { lr: 0.5 });
+        s.init = Initializer::Constant { value: 1.0 };
+        let t = Table::new(s).unwrap();
+        t.push(&[3, 3], &[1.0, 2.0, 1.0, 2.0], None).unwrap();
+        let mut out = [0f32; 2];
+        t.fetch_into(&[3], &mut out).unwrap();
+        assert_eq!(out, [0.0, -1.0]); // 1 − 0.5·1 − 0.5·1, 1 − 0.5·2 − 0.5·2
+    }
+
+    #[test]
+    fn export_import_round_trip_with_state() {
+        let opt =
+            Optimizer::Ftrl { alpha: 0.1, beta: 1.0, l1: 0.0, l2: 0.0, initial_accumulator: 0.1 };
+        let t = Table::new(spec("t", 3, opt)).unwrap();
+        let keys: Vec<u64> = (0..500).collect();
+        let grads: Vec<f32> = (0..1500).map(|i| (i % 7) as f32 * 0.1).collect();
+        t.push(&keys, &grads, None).unwrap();
+        let u = Table::new(t.spec().clone()).unwrap();
+        let mut buf = Vec::new();
+        let mut n = 0;
+        for s in 0..STRIPES {
+            n += t.export_records(s, 0, usize::MAX, &mut buf);
+        }
+        assert_eq!(n, 500);
+        assert_eq!(buf.len(), 500 * t.record_len());
+        assert_eq!(u.import_records(&buf).unwrap(), 500);
+        assert!(u.import_records(&buf[1..]).is_err());
+        // Same state: one more identical push gives identical rows.
+        let (mut a, mut b) = (vec![0f32; 1500], vec![0f32; 1500]);
+        t.push(&keys, &grads, Some(&mut a)).unwrap();
+        u.push(&keys, &grads, Some(&mut b)).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn table_set_names_bad_fields() {
+        let mut bad = spec("a", 0, Optimizer::Sgd { lr: -1.0 });
+        bad.name = "a b".into();
+        let dup = spec("x", 4, Optimizer::default());
+        let err = TableSet::new(vec![dup.clone(), bad, dup]).unwrap_err();
+        let TableError::Invalid(errs) = err else { panic!() };
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["tables[1].name", "tables[1].dim", "tables[1].optimizer.lr", "tables[2].name"]
+        );
+        let ok = TableSet::new(vec![
+            spec("a", 2, Optimizer::default()),
+            spec("b", 3, Optimizer::default()),
+        ])
+        .unwrap();
+        assert_eq!(ok.id_of("b"), Some(1));
+        assert_eq!(ok.get(1).unwrap().dim(), 3);
+        assert!(ok.get(2).is_none());
+        assert_eq!(ok.resolve(1, 3).unwrap().spec().name, "b");
+        let e = ok.resolve(1, 4).unwrap_err();
+        assert_eq!(e, TableError::WrongDim { table: 1, dim: 3, got: 4 });
+        assert_eq!(e.status(), Status::WrongDim);
+        assert_eq!(ok.resolve(9, 3).unwrap_err().status(), Status::UnknownTable);
+        assert_ne!(ok.epoch(), 0);
+    }
+
+    /// 4 threads fetch and push overlapping keys; every push is accounted for exactly:
+    /// with SGD lr = 1, constant init 0 and gradient −1 per push, a row's value is the
+    /// number of pushes that touched it.
+    #[test]
+    fn concurrent_fetch_and_push_stress() {
+        let mut s = spec("t", 8, Optimizer::Sgd { lr: 1.0 });
+        s.init = Initializer::Zeros;
+        let t = Arc::new(Table::new(s).unwrap());
+        let threads = 4;
+        let rounds = 300;
+        let keys_per = 64u64;
+        let handles: Vec<_> = (0..threads)
+            .map(|th| {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || {
+                    let mut out = vec![0f32; keys_per as usize * 8];
+                    for r in 0..rounds {
+                        let keys: Vec<u64> =
+                            (0..keys_per).map(|k| (k * 31 + r as u64 + th) % 200).collect();
+                        let grads = vec![-1f32; keys.len() * 8];
+                        t.push(&keys, &grads, None).unwrap();
+                        t.fetch_into(&keys, &mut out).unwrap();
+                        // A row is never torn: all 8 elements agree.
+                        for row in out.chunks_exact(8) {
+                            assert!(row.iter().all(|&x| x == row[0]), "{row:?}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let mut expected = vec![0f32; 200];
+        for th in 0..threads {
+            for r in 0..rounds {
+                for k in 0..keys_per {
+                    expected[((k * 31 + r as u64 + th) % 200) as usize] += 1.0;
+                }
+            }
+        }
+        let keys: Vec<u64> = (0..200).collect();
+        let mut out = vec![0f32; 1600];
+        t.read_into(&keys, &mut out).unwrap();
+        for (k, row) in out.chunks_exact(8).enumerate() {
+            assert_eq!(row[0], expected[k], "key {k}");
+        }
+        assert_eq!(t.rows(), 200);
+        assert!(t.bytes() >= 200 * 8 * 4);
+    }
+}

@@ -1,0 +1,15 @@
+//! The parameter server process and the client rankers and trainers use.
+//!
+//! - [`node`]: transports (software RNIC + RDMA, TCP) from the cluster config;
+//! - [`server`]: one shard of one mini-pod — Fetch, Push (idempotent by client and
+//!   sequence), Replicate (the training pod forwards applied rows to the other pods),
+//!   Snapshot, Checkpoint, Health, Tables, Admin;
+//! - [`client`]: the fan-out client;
+//! - [`http`]: `/health` and `/metrics`.
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod clock;
+pub mod http;
+pub mod node;
+pub mod server;

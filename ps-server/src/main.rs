@@ -1,0 +1,241 @@
+//! `ps-server`: one shard of one mini-pod of bex's parameter server.
+//!
+//! ```text
+//! ps-server --config configs/local.toml --pod 0 --shard 1
+//! ```
+//!
+//! Loads and validates the cluster TOML (errors name the field), restores the shard from its
+//! checkpoint (or bootstraps a replica from the training pod), serves RPC over RDMA (the
+//! software RNIC) and TCP, `/health` and `/metrics` over HTTP, checkpoints periodically, and
+//! on SIGTERM/SIGINT drains, checkpoints and exits 0. Prints `ready` on stdout once serving.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_ps_core::checkpoint;
+use bex_ps_core::control::{ServingState, SnapshotCursor, SnapshotRequest};
+use bex_ps_core::dedupe::DedupeConfig;
+use bex_ps_core::wire::{self, Limits, Op};
+use bex_ps_core::{Config, TableSet};
+use bex_ps_server::http;
+use bex_ps_server::node::{client_config, cluster_secret, transport_config, Node};
+use bex_ps_server::server::{Handler, PsServer, ServerParts};
+use bex_rpc::{serve, Client, Endpoint, ServerStats};
+use bex_transport::Transport;
+
+struct Args {
+    config: PathBuf,
+    pod: u32,
+    shard: u32,
+}
+
+const USAGE: &str = "usage: ps-server --config FILE --pod P --shard S
+
+Serves shard S of mini-pod P of the cluster described by FILE (TOML; see configs/).
+Environment: BEX_SECRET (the cluster's shared secret; defaults to one derived from the
+cluster name), RUST_LOG is not read (logs go to stderr at warn level).";
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let (mut config, mut pod, mut shard) = (None, None, None);
+    while let Some(a) = it.next() {
+        if a == "--help" || a == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let v = it.next().ok_or(format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--config" => config = Some(PathBuf::from(v)),
+            "--pod" => pod = Some(v.parse().map_err(|_| format!("--pod: not a number: {v}"))?),
+            "--shard" => {
+                shard = Some(v.parse().map_err(|_| format!("--shard: not a number: {v}"))?)
+            }
+            _ => return Err(format!("unknown option {a}")),
+        }
+    }
+    Ok(Args {
+        config: config.ok_or("--config is required")?,
+        pod: pod.ok_or("--pod is required")?,
+        shard: shard.ok_or("--shard is required")?,
+    })
+}
+
+fn die(code: i32, msg: &str) -> ! {
+    eprintln!("ps-server: {msg}");
+    std::process::exit(code)
+}
+
+struct Endpoints(Arc<PsServer>);
+
+impl http::Endpoints for Endpoints {
+    fn health(&self) -> (bool, String) {
+        let h = self.0.health();
+        let ok = h.state == ServingState::Serving;
+        (ok, serde_json::to_string(&h).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
+    }
+    fn metrics(&self) -> String {
+        self.0.metrics.registry.render()
+    }
+}
+
+/// Copies the training pod's rows of this shard into `tables` (a fresh replica).
+async fn bootstrap(client: &Client, tables: &TableSet) -> Result<u64, String> {
+    let mut cursor = SnapshotCursor::START;
+    let mut rows = 0u64;
+    for seq in 1.. {
+        let req = SnapshotRequest { cursor, max_bytes: 1 << 20 };
+        let frame =
+            wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
+        let m = client.call(&[0], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
+        let r =
+            wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+        if !r.header.status.is_success() {
+            return Err(r.message().into_owned());
+        }
+        let info = checkpoint::apply_snapshot_chunk(tables, r.body).map_err(|e| e.to_string())?;
+        rows += u64::from(info.rows);
+        match info.next {
+            Some(c) => cursor = c,
+            None => break,
+        }
+    }
+    Ok(rows)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = parse_args().unwrap_or_else(|e| die(2, &format!("{e}\n{USAGE}")));
+    let cfg = Config::load(&args.config).unwrap_or_else(|e| die(2, &e.to_string()));
+    let topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
+    let Some(addrs) = topo.server(args.pod, args.shard).copied() else {
+        die(
+            2,
+            &format!(
+                "pod {} shard {} is not in the cluster ({} pods × {} shards)",
+                args.pod,
+                args.shard,
+                topo.pods(),
+                topo.shards()
+            ),
+        )
+    };
+    let secret = cluster_secret(&cfg.cluster.name);
+    let tcfg = transport_config(&cfg.transport, &secret);
+    let ckpt = cfg.checkpoint_path(args.pod, args.shard);
+    let specs = cfg.table_specs();
+    let (tables, update_seq, restored) = if cfg.server.restore_on_start && ckpt.exists() {
+        match checkpoint::read_checkpoint(&ckpt, &specs) {
+            Ok((t, meta)) => (t, meta.update_seq, true),
+            Err(e) => die(
+                1,
+                &format!(
+                    "checkpoint {} is unusable: {e} (move it away to start empty)",
+                    ckpt.display()
+                ),
+            ),
+        }
+    } else {
+        (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, false)
+    };
+    let node =
+        Node::start(addrs.rdma, addrs.tcp, tcfg).await.unwrap_or_else(|e| die(1, &e.to_string()));
+    let (rdma, tcp) = node.transports();
+    let ccfg = client_config(&cfg.rpc, args.pod, u64::from(args.pod) << 32 | u64::from(args.shard));
+    // The training pod forwards to the same shard in every other pod.
+    let targets: Vec<Endpoint> = (0..topo.pods())
+        .filter(|&p| p != args.pod)
+        .map(|p| {
+            let a = topo.server(p, args.shard).expect("topology covers every server");
+            Endpoint { pod: p, rdma: a.rdma, tcp: a.tcp }
+        })
+        .collect();
+    let n_targets = targets.len();
+    let repl_client = Arc::new(Client::new(Some(rdma.clone()), tcp.clone(), targets, ccfg.clone()));
+    let limits = Limits {
+        max_frame_bytes: cfg.server.max_request_bytes,
+        max_keys: cfg.server.max_keys_per_request,
+        ..Limits::default()
+    };
+    let server = PsServer::new(
+        ServerParts {
+            pod: args.pod,
+            shard: args.shard,
+            tables,
+            limits,
+            dedupe: DedupeConfig {
+                window: cfg.server.dedupe_window,
+                max_clients: cfg.server.dedupe_max_clients,
+            },
+            pool: node.pool(),
+            checkpoint_path: ckpt.clone(),
+            update_seq,
+        },
+        &topo,
+        Some((repl_client, n_targets)),
+        cfg.server.replication_queue_batches,
+    );
+    if !restored && cfg.server.bootstrap_from_peer && !topo.is_training(args.pod) {
+        server.set_state(ServingState::Bootstrapping);
+        let a = topo.server(topo.training_pod(), args.shard).expect("training server exists");
+        let peer = Client::new(
+            Some(rdma.clone()),
+            tcp.clone(),
+            vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
+            ccfg.clone(),
+        );
+        match tokio::time::timeout(Duration::from_secs(10), bootstrap(&peer, server.tables())).await
+        {
+            Ok(Ok(rows)) => eprintln!("ps-server: bootstrapped {rows} rows from the training pod"),
+            Ok(Err(e)) => {
+                eprintln!("ps-server: no bootstrap from the training pod ({e}); starting empty")
+            }
+            Err(_) => eprintln!("ps-server: bootstrap timed out; starting empty"),
+        }
+    }
+    server.set_rdma(node.rdma.clone());
+    let stats = Arc::new(ServerStats::default());
+    let handler = Arc::new(Handler(server.clone()));
+    tokio::spawn(serve(rdma, handler.clone(), stats.clone()));
+    tokio::spawn(serve(tcp, handler, stats));
+    let (http_addr, _http) = http::serve(addrs.http, Arc::new(Endpoints(server.clone())))
+        .await
+        .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
+    server.set_state(ServingState::Serving);
+    if cfg.server.checkpoint_interval_s > 0 {
+        let (s, every) = (server.clone(), Duration::from_secs(cfg.server.checkpoint_interval_s));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = s.checkpoint().await {
+                    eprintln!("ps-server: periodic checkpoint failed: {e}");
+                }
+            }
+        });
+    }
+    println!(
+        "ready pod={} shard={} rdma={} tcp={} http={http_addr}",
+        args.pod,
+        args.shard,
+        node.rdma.local_addr(),
+        node.tcp.local_addr()
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .unwrap_or_else(|e| die(1, &format!("SIGTERM handler: {e}")));
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = server.shutdown.notified() => {}
+    }
+    server.set_state(ServingState::Draining);
+    if cfg.server.checkpoint_on_shutdown {
+        match server.checkpoint().await {
+            Ok(s) => eprintln!("ps-server: checkpoint {} ({} rows)", s.path, s.rows),
+            Err(e) => eprintln!("ps-server: shutdown checkpoint failed: {e}"),
+        }
+    }
+    Transport::Rdma(node.rdma.clone()).shutdown();
+    std::process::exit(0);
+}

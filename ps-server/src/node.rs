@@ -1,0 +1,133 @@
+//! What every bex process needs to talk: a software RNIC, a registered pool, an RDMA
+//! transport and a TCP transport on the addresses the cluster config gives, and RPC clients
+//! configured from it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bemalloc::Pool;
+use bex_ps_core::config::{RpcConfig, TransportConfig};
+use bex_rnic::soft::{SoftDevice, UdpConfig};
+use bex_rnic::verbs::Mtu;
+use bex_rnic::Device;
+use bex_rpc::ClientConfig;
+use bex_transport::tcp::TcpTransport;
+use bex_transport::{Config, RdmaTransport, Transport};
+
+/// A process's transports.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// RDMA over the software RNIC.
+    pub rdma: RdmaTransport,
+    /// TCP (fallback and baseline).
+    pub tcp: TcpTransport,
+    /// The software RNIC (its counters).
+    pub device: SoftDevice,
+}
+
+/// Maps the cluster's transport section (and the cluster secret) to the transport's config.
+pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
+    Config {
+        io_threads: t.io_threads,
+        sq_depth: t.sq_depth,
+        rq_depth: t.rq_depth,
+        cq_depth: t.cq_depth,
+        eager_max: t.eager_max,
+        fragment_bytes: t.fragment_bytes,
+        cwnd_bytes: (t.cwnd_bytes > 0).then_some(t.cwnd_bytes),
+        path_mtu: Mtu::from_bytes(t.path_mtu).unwrap_or(Mtu::Mtu4096),
+        keepalive_interval: Duration::from_millis(t.keepalive_interval_ms),
+        keepalive_timeout: Duration::from_millis(t.keepalive_timeout_ms),
+        connect_timeout: Duration::from_millis(t.connect_timeout_ms),
+        spin: Duration::from_micros(t.spin_us),
+        max_queued_sends: t.max_queued_sends,
+        secret: secret.to_vec(),
+        ..Config::default()
+    }
+}
+
+/// Maps the cluster's RPC section to the client's config.
+pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64) -> ClientConfig {
+    ClientConfig {
+        connect_timeout: Duration::from_millis(r.connect_timeout_ms),
+        request_timeout: Duration::from_millis(r.request_timeout_ms),
+        retry_probability: r.retry_probability,
+        max_retries: r.max_attempts.saturating_sub(1),
+        quarantine_connection_failures: r.quarantine_connect_failures as usize,
+        quarantine_request_failures: r.quarantine_request_failures as usize,
+        quarantine_window: Duration::from_secs(r.quarantine_window_s),
+        reprobe_interval: Duration::from_secs(r.rdma_reprobe_s.max(1)),
+        local_pod: if r.prefer_local_pod { local_pod } else { u32::MAX },
+        seed,
+        ..ClientConfig::default()
+    }
+}
+
+/// The shared secret: `BEX_SECRET` from the environment, or the cluster's name (a local
+/// default; real clusters set the variable).
+pub fn cluster_secret(cluster_name: &str) -> Vec<u8> {
+    std::env::var("BEX_SECRET")
+        .map(String::into_bytes)
+        .unwrap_or_else(|_| format!("bex-cluster:{cluster_name}").into_bytes())
+}
+
+impl Node {
+    /// Starts both transports: RDMA bootstrap on `rdma` (the soft RNIC on its IP), TCP on
+    /// `tcp`; port 0 picks free ports.
+    pub async fn start(
+        rdma: SocketAddr,
+        tcp: SocketAddr,
+        cfg: Config,
+    ) -> anyhow_like::Result<Node> {
+        let device = SoftDevice::open_udp(UdpConfig::new(SocketAddr::new(rdma.ip(), 0)))
+            .map_err(|e| anyhow_like::err("open the software RNIC", e))?;
+        let pd = device.alloc_pd().map_err(|e| anyhow_like::err("alloc pd", e))?;
+        let pool: &'static Pool = Pool::new(vec![Arc::new(device.registrar(&pd))])
+            .map_err(|e| anyhow_like::err("registered pool", e))?
+            .leak();
+        let r = RdmaTransport::start(
+            Arc::new(device.clone()),
+            Arc::new(pd),
+            pool,
+            0,
+            rdma,
+            cfg.clone(),
+        )
+        .await
+        .map_err(|e| anyhow_like::err(&format!("RDMA transport on {rdma}"), e))?;
+        let t = TcpTransport::start(pool, tcp, cfg)
+            .await
+            .map_err(|e| anyhow_like::err(&format!("TCP transport on {tcp}"), e))?;
+        Ok(Node { rdma: r, tcp: t, device })
+    }
+
+    /// The registered pool.
+    pub fn pool(&self) -> &'static Pool {
+        self.rdma.pool()
+    }
+
+    /// Both transports as the RPC layer takes them.
+    pub fn transports(&self) -> (Transport, Transport) {
+        (Transport::Rdma(self.rdma.clone()), Transport::Tcp(self.tcp.clone()))
+    }
+}
+
+/// A minimal error type for setup paths: what failed and why, as text.
+pub mod anyhow_like {
+    /// A setup error.
+    #[derive(Debug)]
+    pub struct Error(pub String);
+    impl std::fmt::Display for Error {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    impl std::error::Error for Error {}
+    /// Result of setup paths.
+    pub type Result<T> = std::result::Result<T, Error>;
+    /// `what: cause`.
+    pub fn err(what: &str, cause: impl std::fmt::Display) -> Error {
+        Error(format!("{what}: {cause}"))
+    }
+}

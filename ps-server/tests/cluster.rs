@@ -1,0 +1,379 @@
+//! A real cluster of `ps-server` processes on loopback (2 mini-pods × 2 shards): replication,
+//! failover after `kill -9`, push idempotence, checkpoint restore, and the shared secret.
+//! Every process is killed when the test ends, pass or fail.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
+use bex_ps_core::Config;
+use bex_ps_server::client::{PsClient, PsError};
+use bex_ps_server::node::{client_config, cluster_secret, transport_config, Node};
+
+struct Cluster {
+    dir: PathBuf,
+    config: PathBuf,
+    cfg: Config,
+    procs: Vec<Option<Child>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self.procs.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn base_port(salt: u16) -> u16 {
+    20_000 + ((std::process::id() % 1500) as u16) * 24 + salt * 12
+}
+
+impl Cluster {
+    fn new(name: &str, salt: u16) -> Cluster {
+        Cluster::with(name, salt, |_| {})
+    }
+
+    fn with(name: &str, salt: u16, tweak: impl FnOnce(&mut Config)) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("bex-cluster-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cfg = Config::local(2, 2, base_port(salt));
+        cfg.cluster.name = format!("test-{name}");
+        cfg.cluster.data_dir = dir.join("data");
+        cfg.server.checkpoint_interval_s = 0;
+        cfg.tables = vec![bex_ps_core::config::TableConfig {
+            name: "emb".into(),
+            dim: DIM,
+            seed: None,
+            init: bex_ps_core::config::InitConfig::Uniform { scale: 0.01 },
+            optimizer: bex_ps_core::config::OptimizerConfig::Adagrad {
+                lr: 0.05,
+                initial_accumulator: 0.1,
+                eps: 1e-8,
+            },
+        }];
+        // Loopback under a test harness on 2 cores: generous deadlines.
+        cfg.rpc.connect_timeout_ms = 500;
+        cfg.rpc.request_timeout_ms = 500;
+        // Failover is tested deterministically: a timed-out request is always retried.
+        cfg.rpc.retry_probability = 1.0;
+        tweak(&mut cfg);
+        cfg.validate().unwrap();
+        let config = dir.join("cluster.toml");
+        std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+        let mut c = Cluster { dir, config, cfg, procs: Vec::new() };
+        for pod in 0..2 {
+            for shard in 0..2 {
+                let p = c.spawn(pod, shard);
+                c.procs.push(Some(p));
+            }
+        }
+        c
+    }
+
+    fn spawn(&self, pod: u32, shard: u32) -> Child {
+        spawn_server(&self.config, pod, shard)
+    }
+
+    fn index(pod: u32, shard: u32) -> usize {
+        (pod * 2 + shard) as usize
+    }
+
+    fn kill9(&mut self, pod: u32, shard: u32) {
+        if let Some(mut c) = self.procs[Cluster::index(pod, shard)].take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn term(&mut self, pod: u32, shard: u32) {
+        if let Some(mut c) = self.procs[Cluster::index(pod, shard)].take() {
+            let pid = c.id().to_string();
+            Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+            let status = c.wait().unwrap();
+            assert!(status.success(), "clean exit on SIGTERM: {status}");
+        }
+    }
+
+    async fn client(&self, local_pod: u32, secret: &[u8]) -> Arc<PsClient> {
+        self.client_on(local_pod, secret, true).await
+    }
+
+    async fn client_on(&self, local_pod: u32, secret: &[u8], rdma: bool) -> Arc<PsClient> {
+        let tcfg = transport_config(&self.cfg.transport, secret);
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let node = Node::start(any, any, tcfg).await.unwrap();
+        let (r, tcp) = node.transports();
+        let ccfg = client_config(&self.cfg.rpc, local_pod, 99);
+        let id = 1000 + u64::from(local_pod) + if rdma { 0 } else { 500 };
+        Arc::new(PsClient::new(rdma.then_some(r), tcp, self.cfg.topology().unwrap(), ccfg, id))
+    }
+}
+
+fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--pod",
+            &pod.to_string(),
+            "--shard",
+            &shard.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ps-server starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready"), "ps-server did not come up: {line:?}");
+    child
+}
+
+const TABLE: u32 = 0;
+const DIM: u32 = 16;
+
+fn keys(n: u64) -> Vec<u64> {
+    (0..n).map(|i| i * 7919 + 13).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
+    let mut c = Cluster::new("repl", 0);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let trainer = c.client(0, &secret).await;
+    let ks = keys(200);
+    let before = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
+    let grads = vec![0.5f32; ks.len() * DIM as usize];
+    trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
+    let trained = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert_ne!(trained, before, "the push changed the rows");
+    // Pod 1's replicas converge to the training pod's values, bit for bit, within the lag bound.
+    let reader = c.client(1, &secret).await;
+    let start = bex_ps_server::clock::now();
+    loop {
+        let seen = reader.fetch(TABLE, DIM, &ks).await.unwrap();
+        if seen == trained {
+            break;
+        }
+        assert!(
+            bex_ps_server::clock::now() - start < Duration::from_secs(2),
+            "replicas did not converge within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let lag = bex_ps_server::clock::now() - start;
+    eprintln!("replication converged after {lag:?}");
+    // kill -9 pod 1, shard 1: the reader's requests for that shard go to pod 0, none waits
+    // beyond its deadline.
+    c.kill9(1, 1);
+    let deadline = Duration::from_millis(
+        c.cfg.rpc.connect_timeout_ms * 2
+            + c.cfg.rpc.request_timeout_ms * u64::from(c.cfg.rpc.max_attempts)
+            + 500,
+    );
+    for _ in 0..5 {
+        let t0 = bex_ps_server::clock::now();
+        let seen = reader.fetch(TABLE, DIM, &ks).await.unwrap();
+        let took = bex_ps_server::clock::now() - t0;
+        assert_eq!(seen, trained);
+        assert!(took < deadline, "a fetch took {took:?} (bound {deadline:?})");
+    }
+    let s = reader.rpc().stats();
+    assert!(
+        s.remote_pod_calls.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "served by the other pod"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly() {
+    let mut c = Cluster::new("dedupe", 1);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let cl = c.client(0, &secret).await;
+    // Keys of shard 0 only, pushed twice with the same (client, seq).
+    let ks: Vec<u64> =
+        keys(500).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(50).collect();
+    let before = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    let h = DataHeader { table: TABLE, dim: DIM, client: 77, seq: 1, flags: 0 };
+    let grads = vec![1.0f32; ks.len() * DIM as usize];
+    let mut frame = vec![0u8; wire::push_request_len(ks.len(), DIM as usize)];
+    wire::encode_push_into(&mut frame, &h, &ks, &grads).unwrap();
+    let first = cl.raw(0, 0, Op::Push, &frame).await.unwrap();
+    let r = wire::decode_response(first.as_slice(), &Limits::default()).unwrap();
+    assert_eq!(r.header.status, Status::Ok);
+    // The retry is answered Duplicate (a success for the caller) and not applied.
+    let again = cl.raw(0, 0, Op::Push, &frame).await.unwrap();
+    let r = wire::decode_response(again.as_slice(), &Limits::default()).unwrap();
+    assert_eq!(r.header.status, Status::Duplicate);
+    let once = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    // Apply the same gradient once more under a new seq: the rows move again, so the
+    // duplicate above really was skipped (not a no-op gradient).
+    let h2 = DataHeader { seq: 2, ..h };
+    wire::encode_push_into(&mut frame, &h2, &ks, &grads).unwrap();
+    cl.raw(0, 0, Op::Push, &frame).await.unwrap();
+    let twice = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert_ne!(once, before);
+    assert_ne!(twice, once);
+    // SIGTERM writes a checkpoint; the restarted server restores every row bit-exactly.
+    c.term(0, 0);
+    let p = c.spawn(0, 0);
+    c.procs[Cluster::index(0, 0)] = Some(p);
+    let fresh = c.client(0, &secret).await;
+    let restored = fresh.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert!(
+        restored.iter().zip(&twice).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "restored rows differ"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_the_shared_secret_is_refused() {
+    let c = Cluster::new("secret", 2);
+    let intruder = c.client(0, b"not the cluster secret").await;
+    let r = intruder.fetch(TABLE, DIM, &keys(10)).await;
+    assert!(matches!(r, Err(PsError::Rpc(_))), "{r:?}");
+}
+
+fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
+    let c = Cluster::with("rdma", 3, |cfg| cfg.rpc.rdma_reprobe_s = 1);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let cl = c.client(0, &secret).await;
+    // Admin commands go over TCP, which the drill leaves alone.
+    let admin = c.client_on(0, &secret, false).await;
+    let ks = keys(100);
+    let want = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    let s = cl.rpc().stats().clone();
+    assert_eq!(relaxed(&s.tcp_calls), 0, "RDMA while it works");
+    let set_rdma = |on: bool| {
+        let admin = admin.clone();
+        async move {
+            for pod in 0..2 {
+                for shard in 0..2 {
+                    let req = bex_ps_core::control::AdminRequest::SetRdma(on);
+                    let f = wire::control_request_vec(Op::Admin, 0, 1, 1, &req).unwrap();
+                    admin.raw(pod, shard, Op::Admin, &f).await.unwrap();
+                }
+            }
+        }
+    };
+    set_rdma(false).await;
+    for _ in 0..5 {
+        assert_eq!(cl.fetch(TABLE, DIM, &ks).await.unwrap(), want, "served over TCP");
+    }
+    assert!(relaxed(&s.fallbacks) >= 1, "fell back");
+    assert!(relaxed(&s.tcp_calls) >= 5, "calls went over TCP");
+    set_rdma(true).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for _ in 0..3 {
+        assert_eq!(cl.fetch(TABLE, DIM, &ks).await.unwrap(), want);
+    }
+    assert!(relaxed(&s.recoveries) >= 1, "RDMA came back after the re-probe");
+    let tcp_before = relaxed(&s.tcp_calls);
+    cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert_eq!(relaxed(&s.tcp_calls), tcp_before, "and is used again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_engages_at_exactly_m_plus_one_failures() {
+    let mut c = Cluster::with("quarantine", 4, |cfg| {
+        cfg.rpc.quarantine_connect_failures = 3;
+        cfg.rpc.rdma_reprobe_s = 60;
+    });
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    c.kill9(1, 0);
+    // A ranker in pod 1 asks shard 0: its local replica is dead.
+    let cl = c.client(1, &secret).await;
+    let ks: Vec<u64> =
+        keys(400).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(20).collect();
+    let dead = 2; // endpoint index of (pod 1, shard 0)
+    let s = cl.rpc().stats().clone();
+    let mut calls = 0;
+    while !cl.rpc().is_quarantined(dead) {
+        cl.fetch(TABLE, DIM, &ks).await.unwrap();
+        calls += 1;
+        assert!(calls < 10, "never quarantined");
+    }
+    // Call 1: RDMA connect + reconnect fail, fall back, TCP fails (3); call 2: TCP fails (4 > M).
+    assert_eq!(relaxed(&s.connect_failures), 4);
+    assert_eq!(relaxed(&s.quarantines), 1);
+    let before = relaxed(&s.connect_failures);
+    for _ in 0..5 {
+        cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    }
+    assert_eq!(relaxed(&s.connect_failures), before, "a quarantined destination is not tried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
+    let c = Cluster::new("bad", 5);
+    let secret = cluster_secret(&c.cfg.cluster.name);
+    let cl = c.client(0, &secret).await;
+    let ks = keys(8);
+    let h = DataHeader { table: TABLE, dim: DIM, client: 5, seq: 0, flags: 0 };
+    let mut ok = vec![0u8; wire::fetch_request_len(ks.len())];
+    wire::encode_fetch_into(&mut ok, &h, &ks).unwrap();
+    let cases: Vec<(Vec<u8>, Status)> = vec![
+        (b"garbage".to_vec(), Status::BadFrame),
+        (ok[..ok.len() - 3].to_vec(), Status::BadFrame),
+        (
+            {
+                let mut f = ok.clone();
+                wire::encode_fetch_into(&mut f, &DataHeader { table: 9, ..h }, &ks).unwrap();
+                f
+            },
+            Status::UnknownTable,
+        ),
+        (
+            {
+                let mut f = ok.clone();
+                wire::encode_fetch_into(&mut f, &DataHeader { dim: DIM + 1, ..h }, &ks).unwrap();
+                f
+            },
+            Status::WrongDim,
+        ),
+    ];
+    for (frame, want) in cases {
+        match cl.raw(0, 0, Op::Fetch, &frame).await {
+            Err(PsError::Server { status, .. }) => assert_eq!(status, want),
+            other => panic!("expected {want:?}, got {other:?}"),
+        }
+    }
+    // Oversize: more keys than the server accepts.
+    let big: Vec<u64> = (0..(c.cfg.server.max_keys_per_request as u64 + 1)).collect();
+    let mut f = vec![0u8; wire::fetch_request_len(big.len())];
+    wire::encode_fetch_into(&mut f, &h, &big).unwrap();
+    match cl.raw(0, 0, Op::Fetch, &f).await {
+        Err(PsError::Server { status, .. }) => assert_eq!(status, Status::TooLarge),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(
+        cl.fetch(TABLE, DIM, &ks).await.unwrap().len(),
+        ks.len() * DIM as usize,
+        "still serving"
+    );
+    let http = c.cfg.topology().unwrap().server(0, 0).unwrap().http;
+    let (code, metrics) = bex_ps_server::http::get(http, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    for status in ["bad_frame", "unknown_table", "wrong_dim", "too_large"] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("bex_ps_errors_total") && l.contains(status))
+            .unwrap_or_else(|| panic!("no {status} counter in\n{metrics}"));
+        assert!(!line.ends_with(" 0"), "{line}");
+    }
+    let (code, health) = bex_ps_server::http::get(http, "/health").await.unwrap();
+    assert_eq!(code, 200, "{health}");
+    assert!(health.contains("Serving"), "{health}");
+}
