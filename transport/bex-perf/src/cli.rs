@@ -364,6 +364,18 @@ pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
                 .into(),
         );
     }
+    let loads: Vec<f64> =
+        session.points.iter().filter_map(|p| p.extra.get("loadavg_1m").copied()).collect();
+    if let (Some(lo), Some(hi)) =
+        (loads.iter().copied().reduce(f64::min), loads.iter().copied().reduce(f64::max))
+    {
+        n.push(format!(
+            "Host load: the 1-minute load average after each job ranged {lo:.2}-{hi:.2} on {} \
+             CPUs (anything else running on the host shares them; see each point's \
+             extra.loadavg_1m in the JSON).",
+            allowed_cpus().map_or(0, |c| c.len())
+        ));
+    }
     if session.points.iter().any(|p| p.is_failure()) {
         n.push("Some jobs failed; see Failures.".into());
     }

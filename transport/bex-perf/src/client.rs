@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{counter_map, cpu_us, Node, Socket, Transport};
+use crate::net::{counter_map, cpu_us, loadavg_1m, Node, Socket, Transport};
 use crate::report::{Outcome, Point};
 use crate::sim::{frag_sim, hol_sim};
 use crate::spec::{Job, Plan, ServerSetup, Work};
@@ -127,6 +127,10 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
                 }
             }
         };
+        let mut point = point;
+        if let Some(l) = loadavg_1m() {
+            point.extra.insert("loadavg_1m".into(), l);
+        }
         progress.push(point);
     }
     if let Some(mut c) = ctrl {

@@ -110,3 +110,9 @@ pub fn cpu_us() -> u64 {
         .map(|u| (u.user_time().num_microseconds() + u.system_time().num_microseconds()) as u64)
         .unwrap_or(0)
 }
+
+/// The 1-minute load average (`/proc/loadavg`), recorded with every point: the benchmark
+/// shares its CPUs with whatever else runs.
+pub fn loadavg_1m() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}

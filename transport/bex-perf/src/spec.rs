@@ -389,7 +389,7 @@ impl Plan {
                 }
                 Test::Tput => {
                     let windows: Vec<u64> = if q { vec![1, 8] } else { vec![1, 2, 4, 8, 16, 32] };
-                    let msgs = if q { 24 } else { 400 };
+                    let msgs = if q { 24 } else { 200 };
                     // The paper's MTUs (1 KB, 4 KB) and the software RNIC's largest (60 KB, a
                     // soft-only size: fewer, larger UDP datagrams).
                     let series = [
@@ -425,7 +425,7 @@ impl Plan {
                 }
                 Test::Frag => {
                     let frags = if q { vec![4 * KB, 64 * KB, MB] } else { pow2(10, 20) };
-                    let msgs = if q { 24 } else { 400 };
+                    let msgs = if q { 24 } else { 200 };
                     for &f in &frags {
                         let knobs = Knobs { fragment_bytes: f as usize, ..base };
                         jobs.push(Job {
@@ -472,7 +472,7 @@ impl Plan {
                 }
                 Test::Rate => {
                     let engines: Vec<u64> = if q { vec![1, 8] } else { pow2(0, 7) };
-                    let msgs = if q { 4000 } else { 40_000 };
+                    let msgs = if q { 4000 } else { 20_000 };
                     let series = [
                         ("rdma 1 I/O thread", Kind::Rdma, 1),
                         ("rdma 2 I/O threads", Kind::Rdma, 2),
