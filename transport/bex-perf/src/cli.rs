@@ -364,16 +364,35 @@ pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
                 .into(),
         );
     }
-    let loads: Vec<f64> =
-        session.points.iter().filter_map(|p| p.extra.get("loadavg_1m").copied()).collect();
-    if let (Some(lo), Some(hi)) =
-        (loads.iter().copied().reduce(f64::min), loads.iter().copied().reduce(f64::max))
-    {
+    let other: f64 = session.points.iter().filter_map(|p| p.extra.get("other_cpu_ms")).sum();
+    let wall: f64 = session.points.iter().filter_map(|p| p.extra.get("job_ms")).sum();
+    if wall > 0.0 {
+        let worst = session
+            .points
+            .iter()
+            // /proc/stat counts 10 ms ticks: only jobs of half a second or more say much.
+            .filter(|p| p.extra.get("job_ms").is_some_and(|&ms| ms >= 500.0))
+            .filter_map(|p| Some((p.extra.get("other_cpu_ms")? / p.extra.get("job_ms")?, p)))
+            .fold(None, |a: Option<(f64, &report::Point)>, b| match a {
+                Some(a) if a.0 >= b.0 => Some(a),
+                _ => Some(b),
+            });
+        let worst = worst.map_or(String::new(), |(share, p)| {
+            format!(
+                "; at most {:.0}% of a CPU during one job of 0.5 s or more ({} {} x={})",
+                share * 100.0,
+                p.job.test,
+                p.job.series,
+                p.job.x
+            )
+        });
         n.push(format!(
-            "Host load: the 1-minute load average after each job ranged {lo:.2}-{hi:.2} on {} \
-             CPUs (anything else running on the host shares them; see each point's \
-             extra.loadavg_1m in the JSON).",
-            allowed_cpus().map_or(0, |c| c.len())
+            "Other processes on this host used {:.1} CPU-seconds during the {:.0} s of jobs \
+             ({:.0}% of one CPU on average{worst}); each point's extra.other_cpu_ms has its \
+             share. Numbers taken while other work ran are noisier.",
+            other / 1000.0,
+            wall / 1000.0,
+            100.0 * other / wall
         ));
     }
     if session.points.iter().any(|p| p.is_failure()) {

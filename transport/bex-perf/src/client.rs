@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{counter_map, cpu_us, loadavg_1m, Node, Socket, Transport};
+use crate::net::{counter_map, cpu_us, host_busy_us, Node, Socket, Transport};
 use crate::report::{Outcome, Point};
 use crate::sim::{frag_sim, hol_sim};
 use crate::spec::{Job, Plan, ServerSetup, Work};
@@ -99,6 +99,7 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
     let mut node: Option<Node> = None;
     let mut dead: Option<String> = None;
     for job in &plan.jobs {
+        let (host0, own0, t0) = (host_busy_us(), cpu_us(), Clock.now());
         let point = match (&job.server, job.work) {
             (None, Work::Sim { flows, large, samples, link_gbps, seed }) => {
                 sim_point(job, flows, large, samples, link_gbps, seed)
@@ -128,8 +129,13 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
             }
         };
         let mut point = point;
-        if let Some(l) = loadavg_1m() {
-            point.extra.insert("loadavg_1m".into(), l);
+        // What other processes took from the host's CPUs while this job ran: the host's busy
+        // time minus this process's and the server's.
+        let own = cpu_us().saturating_sub(own0) + point.server_counters.get("cpu_us").unwrap_or(&0);
+        if let (Some(h0), Some(h1)) = (host0, host_busy_us()) {
+            let other = h1.saturating_sub(h0).saturating_sub(own);
+            point.extra.insert("other_cpu_ms".into(), other as f64 / 1000.0);
+            point.extra.insert("job_ms".into(), (Clock.now() - t0).as_secs_f64() * 1000.0);
         }
         progress.push(point);
     }

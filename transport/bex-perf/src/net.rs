@@ -111,8 +111,14 @@ pub fn cpu_us() -> u64 {
         .unwrap_or(0)
 }
 
-/// The 1-minute load average (`/proc/loadavg`), recorded with every point: the benchmark
-/// shares its CPUs with whatever else runs.
-pub fn loadavg_1m() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+/// CPU time the whole host has spent busy so far (all CPUs: user, nice, system, irq,
+/// softirq, steal from `/proc/stat`, at USER_HZ = 100), µs. With the benchmark's own CPU
+/// time it gives what other processes took while a job ran.
+pub fn host_busy_us() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let f: Vec<u64> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let busy = f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)? + f.get(7)?;
+    Some(busy * 10_000)
 }
