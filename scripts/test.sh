@@ -33,6 +33,10 @@ step "alloc-bench --quick (bemalloc against glibc/jemalloc/mimalloc/rpmalloc, Fi
 cargo build --locked --release -q -p bemalloc-bench
 target/release/alloc-bench --quick --out target/alloc-bench
 
+step "bex-perf --quick (transport Figures 8-11 and 13: RDMA on the soft RNIC vs TCP)"
+cargo build --locked --release -q -p bex-perf
+target/release/bex-perf run --quick --out target/bex-perf
+
 if [ "$(id -u)" -eq 0 ]; then
     step "software RNIC across two network namespaces with 1% and 5% iptables loss"
     scripts/netns-loss.sh 0.01 0.05

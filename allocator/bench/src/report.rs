@@ -1,8 +1,10 @@
-//! Medians, the JSON file, the text table and the SVG figures (hand-written: no plotting
-//! dependency for four line charts).
+//! Medians, the JSON file, the text table and the SVG figures (drawn with the workspace's
+//! small `bex-plot` crate).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+use bex_plot::{chart, svg_doc, Chart, Series, COLORS};
 
 use crate::cell::{CellResult, Sample};
 
@@ -272,162 +274,6 @@ pub fn footprint_table(samples: &[Sample], step: usize) -> String {
     o
 }
 
-const COLORS: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#111111"];
-
-/// A named, coloured line of (x, y) points.
-type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
-
-/// One line chart at (`x0`, `y0`) of `w`×`h` pixels.
-struct Chart<'a> {
-    title: &'a str,
-    x_label: &'a str,
-    y_label: &'a str,
-    series: Vec<Series<'a>>,
-}
-
-fn nice_max(v: f64) -> f64 {
-    if v <= 0.0 {
-        return 1.0;
-    }
-    let p = 10f64.powf(v.log10().floor());
-    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
-        if m * p >= v {
-            return m * p;
-        }
-    }
-    10.0 * p
-}
-
-fn chart(o: &mut String, c: &Chart<'_>, x0: f64, y0: f64, w: f64, h: f64, legend: bool) {
-    let (pl, pr, pt, pb) = (60.0, 10.0, 28.0, 40.0);
-    let (iw, ih) = (w - pl - pr, h - pt - pb);
-    let pts = c.series.iter().flat_map(|s| s.2.iter());
-    let (mut xmin, mut xmax, mut ymax) = (f64::MAX, f64::MIN, 0f64);
-    for &(x, y) in pts {
-        xmin = xmin.min(x);
-        xmax = xmax.max(x);
-        ymax = ymax.max(y);
-    }
-    if xmin > xmax {
-        (xmin, xmax) = (0.0, 1.0);
-    }
-    if xmax == xmin {
-        xmax = xmin + 1.0;
-    }
-    let ymax = nice_max(ymax * 1.05);
-    let px = |x: f64| x0 + pl + (x - xmin) / (xmax - xmin) * iw;
-    let py = |y: f64| y0 + pt + ih - y / ymax * ih;
-    let _ = writeln!(
-        o,
-        r#"<text x="{:.1}" y="{:.1}" font-size="14" text-anchor="middle" font-weight="bold">{}</text>"#,
-        x0 + pl + iw / 2.0,
-        y0 + 18.0,
-        c.title
-    );
-    let _ = writeln!(
-        o,
-        r##"<rect x="{:.1}" y="{:.1}" width="{iw:.1}" height="{ih:.1}" fill="none" stroke="#888"/>"##,
-        x0 + pl,
-        y0 + pt
-    );
-    for i in 0..=4 {
-        let y = ymax * i as f64 / 4.0;
-        let _ = writeln!(
-            o,
-            r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
-            x0 + pl,
-            py(y),
-            x0 + pl + iw,
-            py(y),
-            x0 + pl - 4.0,
-            py(y) + 4.0,
-            fmt_tick(y)
-        );
-    }
-    let xt: Vec<f64> = if xmax - xmin <= 16.0 && xmin.fract() == 0.0 {
-        (xmin as i64..=xmax as i64).map(|v| v as f64).collect()
-    } else {
-        (0..=5).map(|i| xmin + (xmax - xmin) * i as f64 / 5.0).collect()
-    };
-    for x in xt {
-        let _ = writeln!(
-            o,
-            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
-            px(x),
-            y0 + pt + ih + 14.0,
-            fmt_tick(x)
-        );
-    }
-    let _ = writeln!(
-        o,
-        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle">{}</text>"#,
-        x0 + pl + iw / 2.0,
-        y0 + h - 8.0,
-        c.x_label
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">{}</text>"#,
-        x0 + 14.0,
-        y0 + pt + ih / 2.0,
-        x0 + 14.0,
-        y0 + pt + ih / 2.0,
-        c.y_label
-    );
-    for (i, (name, color, s)) in c.series.iter().enumerate() {
-        if s.is_empty() {
-            continue;
-        }
-        let d: Vec<String> = s.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
-        let _ = writeln!(
-            o,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
-            d.join(" ")
-        );
-        if s.len() <= 16 {
-            for &(x, y) in s {
-                let _ = writeln!(
-                    o,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
-                    px(x),
-                    py(y)
-                );
-            }
-        }
-        if legend {
-            let ly = y0 + pt + 14.0 + i as f64 * 15.0;
-            let lx = x0 + pl + 8.0;
-            let _ = writeln!(
-                o,
-                r#"<line x1="{lx:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="11">{name}</text>"#,
-                ly - 4.0,
-                lx + 18.0,
-                ly - 4.0,
-                lx + 22.0,
-                ly
-            );
-        }
-    }
-}
-
-fn fmt_tick(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 100.0 || v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn svg_doc(w: f64, h: f64, body: &str) -> String {
-    format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n{body}</svg>\n"
-    )
-}
-
 /// Figure 4: four panels (ops and peak memory for large and small) versus threads.
 pub fn figure4_svg(med: &BTreeMap<Key, Median>, threads: &[usize]) -> String {
     let mut body = String::new();
@@ -455,10 +301,10 @@ pub fn figure4_svg(med: &BTreeMap<Key, Median>, threads: &[usize]) -> String {
                         Some((t as f64, y))
                     })
                     .collect();
-                (*a, c, pts)
+                Series::new(*a, c, pts)
             })
             .collect();
-        let c = Chart { title, x_label: "threads", y_label: yl, series };
+        let c = Chart::new(*title, "threads", *yl, series);
         chart(&mut body, &c, (i % 2) as f64 * w, (i / 2) as f64 * h, w, h, i == 0);
     }
     svg_doc(2.0 * w, 2.0 * h, &body)
@@ -469,23 +315,19 @@ pub fn figure5_svg(samples: &[Sample]) -> String {
     let mut body = String::new();
     let mib = |v: u64| v as f64 / (1 << 20) as f64;
     let series = vec![
-        (
+        Series::new(
             "registered",
             COLORS[0],
             samples.iter().map(|s| (s.t_ms as f64 / 1000.0, mib(s.registered))).collect(),
         ),
-        (
+        Series::new(
             "live",
             COLORS[1],
             samples.iter().map(|s| (s.t_ms as f64 / 1000.0, mib(s.live))).collect(),
         ),
     ];
-    let c = Chart {
-        title: "Figure 5: bemalloc registered footprint",
-        x_label: "seconds since start",
-        y_label: "MiB",
-        series,
-    };
+    let c =
+        Chart::new("Figure 5: bemalloc registered footprint", "seconds since start", "MiB", series);
     chart(&mut body, &c, 0.0, 0.0, 640.0, 340.0, true);
     svg_doc(640.0, 340.0, &body)
 }

@@ -28,13 +28,27 @@ pub struct ChildGuard {
     child: Child,
     stdin: Option<ChildStdin>,
     reaped: bool,
+    ready_prefix: &'static str,
+    name: &'static str,
 }
 
 impl ChildGuard {
-    /// Takes ownership of `child` (spawned with piped stdin and stdout).
-    pub fn new(mut child: Child) -> ChildGuard {
+    /// Takes ownership of `child` (spawned with piped stdin and stdout), an `rnic-perf server`.
+    pub fn new(child: Child) -> ChildGuard {
+        ChildGuard::named(child, READY_LINE, "rnic-perf server")
+    }
+
+    /// Takes ownership of `child`, a server of another tool that announces itself with
+    /// `ready_prefix` followed by its address; its later stdout lines are echoed to stderr
+    /// prefixed with `name`.
+    pub fn named(mut child: Child, ready_prefix: &'static str, name: &'static str) -> ChildGuard {
         let stdin = child.stdin.take();
-        ChildGuard { child, stdin, reaped: false }
+        ChildGuard { child, stdin, reaped: false, ready_prefix, name }
+    }
+
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits for the server's ready line and returns the control address in it.
@@ -45,6 +59,7 @@ impl ChildGuard {
             .take()
             .ok_or_else(|| PerfError::Protocol("server child has no stdout pipe".into()))?;
         let (tx, rx) = mpsc::channel();
+        let name = self.name;
         // Reads the ready line, then keeps draining stdout so the child never blocks on (or
         // dies of) a full or closed pipe; ends with the child.
         std::thread::spawn(move || {
@@ -52,12 +67,12 @@ impl ChildGuard {
             let first = lines.next();
             let _ = tx.send(first);
             for line in lines.map_while(std::result::Result::ok) {
-                eprintln!("rnic-perf server: {line}");
+                eprintln!("{name}: {line}");
             }
         });
         match rx.recv_timeout(timeout) {
             Ok(Some(Ok(line))) => {
-                let addr = line.trim().strip_prefix(READY_LINE).unwrap_or("");
+                let addr = line.trim().strip_prefix(self.ready_prefix).unwrap_or("");
                 addr.parse().map_err(|_| {
                     PerfError::Protocol(format!(
                         "unexpected first line from the server child: {line:?}"
@@ -175,6 +190,14 @@ mod tests {
             g.wait_ready(Duration::from_secs(5)).unwrap(),
             "127.0.0.1:4242".parse().unwrap()
         );
+        let child = Command::new("echo")
+            .arg("other ready at 127.0.0.1:77")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut g = ChildGuard::named(child, "other ready at ", "other");
+        assert_eq!(g.wait_ready(Duration::from_secs(5)).unwrap(), "127.0.0.1:77".parse().unwrap());
     }
 
     #[test]

@@ -1,0 +1,195 @@
+//! The TCP control channel between client and server (async: both processes run their
+//! transports on a tokio runtime).
+//!
+//! Frames are a 4-byte little-endian length and a JSON [`Ctl`]. The client drives: `Hello` →
+//! `Welcome`; per job `Setup` → `Ready` (the bootstrap addresses of the server's transports),
+//! the data plane runs over the transports, then `Finish` → `Done` (the server's counters);
+//! finally `Bye`. A job the server cannot set up is answered with `Failed` and the session
+//! goes on.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::error::{io, BenchError, Result};
+use crate::spec::ServerSetup;
+
+/// Version of this protocol; both sides must agree.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest control frame accepted.
+const MAX_FRAME_BYTES: u32 = 1 << 20;
+
+/// One control message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum Ctl {
+    /// Client → server, first message.
+    Hello {
+        /// The client's [`PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// Server → client, answer to `Hello`.
+    Welcome {
+        /// The server's [`PROTOCOL_VERSION`].
+        version: u32,
+        /// The server's process id (recorded, so a test can check it is gone).
+        pid: u32,
+    },
+    /// Client → server: start transports for a job.
+    Setup {
+        /// What to start.
+        setup: ServerSetup,
+    },
+    /// Server → client: the transports listen at these bootstrap addresses.
+    Ready {
+        /// One per transport.
+        addrs: Vec<SocketAddr>,
+    },
+    /// Client → server: the job is over; stop its transports.
+    Finish,
+    /// Server → client: stopped; the transports' counters, summed.
+    Done {
+        /// Counter name → value.
+        counters: BTreeMap<String, u64>,
+    },
+    /// Server → client: the job could not be set up.
+    Failed {
+        /// Why.
+        message: String,
+    },
+    /// Client → server: the session is over.
+    Bye,
+}
+
+impl Ctl {
+    fn kind(&self) -> &'static str {
+        match self {
+            Ctl::Hello { .. } => "hello",
+            Ctl::Welcome { .. } => "welcome",
+            Ctl::Setup { .. } => "setup",
+            Ctl::Ready { .. } => "ready",
+            Ctl::Finish => "finish",
+            Ctl::Done { .. } => "done",
+            Ctl::Failed { .. } => "failed",
+            Ctl::Bye => "bye",
+        }
+    }
+}
+
+/// A framed control connection.
+#[derive(Debug)]
+pub struct Control {
+    stream: TcpStream,
+}
+
+impl Control {
+    /// Wraps a connected stream (Nagle off: control messages are small and latency-bound).
+    pub fn new(stream: TcpStream) -> Result<Control> {
+        stream.set_nodelay(true).map_err(io("control: set TCP_NODELAY"))?;
+        Ok(Control { stream })
+    }
+
+    /// The local address of the connection (the IP the peer reached us on).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.stream.local_addr().map_err(io("control: local address"))
+    }
+
+    /// Sends one message.
+    pub async fn send(&mut self, msg: &Ctl) -> Result<()> {
+        let body = serde_json::to_vec(msg)
+            .map_err(|e| BenchError::Protocol(format!("encoding {}: {e}", msg.kind())))?;
+        let len =
+            u32::try_from(body.len()).map_err(|_| BenchError::Protocol("frame too big".into()))?;
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&body);
+        self.stream.write_all(&frame).await.map_err(io(format!("control: sending {}", msg.kind())))
+    }
+
+    /// Receives one message; a closed connection is a protocol error.
+    pub async fn recv(&mut self) -> Result<Ctl> {
+        let mut len = [0u8; 4];
+        match self.stream.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(BenchError::Protocol("peer closed the control connection".into()))
+            }
+            Err(e) => return Err(io("control: receiving")(e)),
+        }
+        let len = u32::from_le_bytes(len);
+        if len > MAX_FRAME_BYTES {
+            return Err(BenchError::Protocol(format!(
+                "frame of {len} bytes (not a bex-perf peer?)"
+            )));
+        }
+        let mut body = vec![0u8; len as usize];
+        self.stream.read_exact(&mut body).await.map_err(io("control: receiving a frame body"))?;
+        serde_json::from_slice(&body).map_err(|e| BenchError::Protocol(format!("bad frame: {e}")))
+    }
+
+    /// Receives one message, turning `Failed` into [`BenchError::Remote`].
+    pub async fn recv_ok(&mut self) -> Result<Ctl> {
+        match self.recv().await? {
+            Ctl::Failed { message } => Err(BenchError::Remote(message)),
+            m => Ok(m),
+        }
+    }
+}
+
+/// The error for a message that is not the one the protocol expects here.
+pub fn unexpected(wanted: &str, got: &Ctl) -> BenchError {
+    BenchError::Protocol(format!("expected {wanted}, got {}", got.kind()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{Kind, Knobs};
+
+    #[tokio::test]
+    async fn messages_round_trip_and_garbage_is_an_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let setup = ServerSetup {
+            kind: Kind::Rdma,
+            transports: 3,
+            knobs: Knobs::default(),
+            echo_max: u64::MAX,
+            ack_bytes: 32,
+        };
+        let msgs = vec![
+            Ctl::Hello { version: PROTOCOL_VERSION },
+            Ctl::Setup { setup },
+            Ctl::Ready { addrs: vec!["127.0.0.1:9".parse().unwrap()] },
+            Ctl::Done { counters: BTreeMap::from([("messages_sent".to_string(), 7)]) },
+            Ctl::Failed { message: "nope".into() },
+            Ctl::Bye,
+        ];
+        let sent = msgs.clone();
+        let server = tokio::spawn(async move {
+            let mut c = Control::new(listener.accept().await.unwrap().0).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..sent.len() - 2 {
+                got.push(c.recv().await.unwrap());
+            }
+            let failed = c.recv_ok().await;
+            assert!(matches!(failed, Err(BenchError::Remote(ref m)) if m == "nope"));
+            got.push(c.recv().await.unwrap());
+            assert!(matches!(c.recv().await, Err(BenchError::Protocol(_))), "EOF");
+            got
+        });
+        let mut c = Control::new(TcpStream::connect(addr).await.unwrap()).unwrap();
+        for m in &msgs {
+            c.send(m).await.unwrap();
+        }
+        drop(c);
+        let got = server.await.unwrap();
+        let want: Vec<Ctl> =
+            msgs.into_iter().filter(|m| !matches!(m, Ctl::Failed { .. })).collect();
+        assert_eq!(got, want);
+    }
+}
