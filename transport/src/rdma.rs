@@ -66,6 +66,8 @@ struct FactoryImpl<D: Device> {
     device: Arc<D>,
     pd: Arc<D::Pd>,
     cqs: Vec<Arc<D::Cq>>,
+    /// Per I/O thread: its thread domain, where the device has them (paper §6.2.1).
+    tds: Vec<Option<Arc<D::Td>>>,
     /// Per I/O thread in SRQ mode: the shared receive ring and its SRQ.
     srqs: Vec<Option<SharedRecv<D>>>,
     engine_tx: Vec<Mutex<Sender<Engine<D>>>>,
@@ -166,9 +168,10 @@ impl<D: Device + 'static> FactoryImpl<D> {
         };
         let shared = self.srqs[worker].clone();
         let srq = shared.as_ref().map(|(_, s)| &**s);
+        let td = self.tds[worker].as_deref();
         let qp = self.device.create_qp(
             &self.pd,
-            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: None, caps },
+            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: td, caps },
         )?;
         let mine = Hello {
             nonce: rand::random(),
@@ -364,6 +367,7 @@ impl RdmaTransport {
         let socket_ids = Arc::new(AtomicU32::new(1));
         let mut workers = Vec::new();
         let mut cqs = Vec::new();
+        let mut tds = Vec::new();
         let mut srqs = Vec::new();
         let mut engine_tx = Vec::new();
         let mut wakes = Vec::new();
@@ -372,6 +376,13 @@ impl RdmaTransport {
             Arc::new((0..cfg.io_threads).map(|_| AtomicUsize::new(0)).collect());
         for i in 0..cfg.io_threads {
             let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
+            // A thread domain tells the provider that only this thread touches these QPs, so
+            // it can skip its locks; devices without them (the software RNIC, rxe) go on.
+            tds.push(match device.alloc_td() {
+                Ok(td) => Some(Arc::new(td)),
+                Err(bex_rnic::Error::Unsupported(_)) => None,
+                Err(e) => return Err(e.into()),
+            });
             srqs.push(if cfg.srq {
                 let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
                 let ring =
@@ -419,6 +430,7 @@ impl RdmaTransport {
             device,
             pd,
             cqs,
+            tds,
             srqs,
             engine_tx,
             wakes,
