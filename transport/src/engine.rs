@@ -289,6 +289,17 @@ impl<D: Device> Engine<D> {
         done: oneshot::Sender<Result<()>>,
     ) {
         let eager_max = self.cfg.eager_max;
+        // A bad argument is the caller's error whatever the connection's state.
+        if let Some(t) = target {
+            if msg.len() as u64 > t.len {
+                let _ = done.send(Err(TransportError::Invalid(format!(
+                    "message of {} bytes does not fit the remote buffer of {}",
+                    msg.len(),
+                    t.len
+                ))));
+                return;
+            }
+        }
         let failed = match &self.state {
             EngineState::Failed(why) => Some(TransportError::ConnectionLost(why.clone())),
             EngineState::Ready => None,
@@ -304,16 +315,6 @@ impl<D: Device> Engine<D> {
         if matches!(s.state, SockState::PeerClosed) {
             let _ = done.send(Err(TransportError::Closed));
             return;
-        }
-        if let Some(t) = target {
-            if msg.len() as u64 > t.len {
-                let _ = done.send(Err(TransportError::Invalid(format!(
-                    "message of {} bytes does not fit the remote buffer of {}",
-                    msg.len(),
-                    t.len
-                ))));
-                return;
-            }
         }
         let phase = match target {
             Some(t) => Phase::Write { addr: t.addr, rkey: t.rkey, slot: t.slot, offset: 0 },

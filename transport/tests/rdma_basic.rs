@@ -146,3 +146,32 @@ async fn engines_beyond_the_cq_capacity_are_refused_clearly() {
         check(&s.recv().await.unwrap(), 100, i as u64);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_exposed_in_advance_is_written_without_rts_cts() {
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(Config::default()).await;
+    let addr = b.local_addr();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let server = tokio::spawn(async move {
+        let s = b.accept().await.unwrap();
+        // The receiver offers a 1 MiB buffer; the target travels out of band (here in-process).
+        let buf = bex_transport::Msg::alloc(b.pool(), 1 << 20).unwrap();
+        tx.send(s.expose(buf).await.unwrap()).unwrap();
+        let got = s.recv().await.unwrap();
+        assert_eq!(got.len(), 1 << 20, "the whole exposed buffer is delivered");
+        let mut want = vec![0u8; 300_000];
+        fill(&mut want, 42);
+        assert!(got.as_slice()[..300_000] == want[..], "the message fills its start");
+        b
+    });
+    let s = a.connect(addr).await.unwrap();
+    let target = rx.await.unwrap();
+    s.send_to(pattern(a.pool(), 300_000, 42), target).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), server).await.unwrap().unwrap();
+    let c = a.counters();
+    assert_eq!(c.large_messages, 0, "no RTS was sent");
+    // Too large for the target: refused locally.
+    let too_big = pattern(a.pool(), (1 << 20) + 1, 1);
+    assert!(matches!(s.send_to(too_big, target).await, Err(TransportError::Invalid(_))));
+}
