@@ -416,12 +416,13 @@ impl RdmaTransport {
                 cfg.spin,
                 on_gone,
             );
+            let asleep = worker.asleep.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("bex-io-{i}"))
                 .spawn(move || worker.run())
                 .map_err(|e| TransportError::Io(format!("spawn I/O thread: {e}")))?;
             threads.push(handle);
-            workers.push(WorkerHandle { tx: Mutex::new(tx), wake: wake.clone() });
+            workers.push(WorkerHandle { tx: Mutex::new(tx), wake: wake.clone(), asleep });
             cqs.push(cq);
             engine_tx.push(Mutex::new(etx));
             wakes.push(wake);

@@ -63,13 +63,20 @@ pub(crate) enum Cmd {
 pub(crate) struct WorkerHandle {
     pub tx: Mutex<Sender<Cmd>>,
     pub wake: Arc<EventFd>,
+    /// Set by the I/O thread while it blocks (see [`Worker::run`]).
+    pub asleep: Arc<AtomicBool>,
 }
 
 impl WorkerHandle {
     pub fn send(&self, cmd: Cmd) -> Result<()> {
         self.tx.lock().send(cmd).map_err(|_| TransportError::Shutdown)?;
-        // The counter saturates only after 2^64 unread wake-ups.
-        let _ = self.wake.write(1);
+        // Only a blocked thread needs the eventfd (a syscall, and a wake-up for nothing when
+        // it is awake). SeqCst pairs with the thread's store-then-check in `run`: either it
+        // sees the command before blocking, or this sees it asleep.
+        if self.asleep.load(Ordering::SeqCst) {
+            // The counter saturates only after 2^64 unread wake-ups.
+            let _ = self.wake.write(1);
+        }
         Ok(())
     }
 }
@@ -96,6 +103,8 @@ pub(crate) struct Worker<D: Device> {
     pub shutdown: Arc<AtomicBool>,
     pub spin: Duration,
     pub on_gone: OnEngineGone,
+    /// True while blocked (senders then write the eventfd).
+    pub asleep: Arc<AtomicBool>,
     /// A frozen worker is not driven (simulation of a hung host).
     pub frozen: bool,
     engines: HashMap<u32, Engine<D>>,
@@ -124,6 +133,7 @@ impl<D: Device> Worker<D> {
             shutdown,
             spin,
             on_gone,
+            asleep: Arc::new(AtomicBool::new(false)),
             frozen: false,
             engines: HashMap::new(),
             socket_engine: HashMap::new(),
@@ -146,6 +156,14 @@ impl<D: Device> Worker<D> {
                 std::hint::spin_loop();
                 continue;
             }
+            // Announce the sleep, then look for a command that raced it (Dekker with `send`).
+            self.asleep.store(true, Ordering::SeqCst);
+            if let Ok(cmd) = self.cmds.try_recv() {
+                self.asleep.store(false, Ordering::SeqCst);
+                self.apply(cmd);
+                idle_since = None;
+                continue;
+            }
             let timeout = self
                 .next_deadline()
                 .map_or(MAX_BLOCK, |t| t.saturating_duration_since(now))
@@ -158,6 +176,7 @@ impl<D: Device> Worker<D> {
                     0
                 }
             };
+            self.asleep.store(false, Ordering::SeqCst);
             let _ = self.wake.read();
             let now = clock::now();
             busy |= self.dispatch(&wcs[..n], now);
@@ -179,6 +198,9 @@ impl<D: Device> Worker<D> {
             busy = true;
             self.engines.insert(e.qpn, e);
         }
+        // Sockets a peer opened during the last dispatch are known before any command about
+        // them is applied (the application may already hold them).
+        self.housekeeping();
         while let Ok(cmd) = self.cmds.try_recv() {
             busy = true;
             self.apply(cmd);

@@ -319,7 +319,14 @@ mod tests {
         let whole = hol_sim(&knobs(1 << 20), 2, 1 << 20, 30, 25, 3).unwrap();
         let (f, w) = (frag.small.summary().unwrap(), whole.small.summary().unwrap());
         assert!(w.p99_us > 2.0 * f.p99_us, "fragments help: {f:?} vs {w:?}");
-        assert!(frag.large_gbps > 15.0 && frag.large_gbps < 25.5, "{}", frag.large_gbps);
+        // Goodput counts whole 1 MiB messages when they are delivered, so one message begun
+        // before the window may land inside it: allow one message of slack over the link.
+        let slack = f64::from(1u32 << 20) * 8.0 / (frag.virtual_ms * 1e6);
+        assert!(
+            frag.large_gbps > 15.0 && frag.large_gbps < 25.0 + slack,
+            "{} (slack {slack})",
+            frag.large_gbps
+        );
         let again = hol_sim(&knobs(4096), 2, 1 << 20, 30, 25, 3).unwrap();
         assert_eq!(again.small.buckets(), frag.small.buckets(), "same seed, same run");
     }
