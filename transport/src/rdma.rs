@@ -416,6 +416,8 @@ impl RdmaTransport {
                 cfg.spin,
                 on_gone,
             );
+            let mut worker = worker;
+            worker.cmd_spin = cfg.cmd_spin;
             let asleep = worker.asleep.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("bex-io-{i}"))

@@ -105,6 +105,8 @@ pub(crate) struct Worker<D: Device> {
     pub on_gone: OnEngineGone,
     /// True while blocked (senders then write the eventfd).
     pub asleep: Arc<AtomicBool>,
+    /// How long an idle thread watches only its command queue before blocking.
+    pub cmd_spin: Duration,
     /// A frozen worker is not driven (simulation of a hung host).
     pub frozen: bool,
     engines: HashMap<u32, Engine<D>>,
@@ -134,6 +136,7 @@ impl<D: Device> Worker<D> {
             spin,
             on_gone,
             asleep: Arc::new(AtomicBool::new(false)),
+            cmd_spin: Duration::ZERO,
             frozen: false,
             engines: HashMap::new(),
             socket_engine: HashMap::new(),
@@ -155,6 +158,22 @@ impl<D: Device> Worker<D> {
             if now.duration_since(since) < self.spin {
                 std::hint::spin_loop();
                 continue;
+            }
+            // Request/response: what was just delivered is often answered within microseconds.
+            // Watching only the command queue (no CQ poll, no syscall) for a moment catches
+            // that answer without a sleep and a wake-up.
+            if !self.cmd_spin.is_zero() {
+                let until = clock::now() + self.cmd_spin;
+                let mut got = None;
+                while got.is_none() && clock::now() < until {
+                    got = self.cmds.try_recv().ok();
+                    std::hint::spin_loop();
+                }
+                if let Some(cmd) = got {
+                    self.apply(cmd);
+                    idle_since = None;
+                    continue;
+                }
             }
             // Announce the sleep, then look for a command that raced it (Dekker with `send`).
             self.asleep.store(true, Ordering::SeqCst);
