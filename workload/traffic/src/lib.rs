@@ -11,6 +11,32 @@
 //!   per-second time series, as JSON (serde) and as a readable summary.
 //!
 //! Nothing here reads a clock: times are offsets passed in by the caller.
+//!
+//! ```
+//! use std::time::Duration;
+//! use bex_traffic::{generate_trace, read_trace, write_trace, Completion, Recorder, WorkloadSpec};
+//!
+//! // 200 ms of Poisson arrivals at 1000 req/s, written and replayed.
+//! let trace =
+//!     generate_trace(WorkloadSpec::ranker_default(), 1000.0, Duration::from_millis(200), 1)
+//!         .unwrap();
+//! let mut file = Vec::new();
+//! write_trace(&mut file, &trace).unwrap();
+//! assert_eq!(read_trace(&file[..]).unwrap(), trace);
+//!
+//! // A pretend server that answers everything in 250 µs.
+//! let mut rec = Recorder::new();
+//! for r in &trace {
+//!     let latency = Duration::from_micros(250);
+//!     rec.record(Completion {
+//!         bytes_sent: r.request.wire_bytes(),
+//!         ..Completion::ok(r.offset() + latency, latency)
+//!     });
+//! }
+//! let report = rec.report(Duration::from_millis(200));
+//! assert_eq!(report.requests, trace.len() as u64);
+//! println!("{}", report.summary());
+//! ```
 #![forbid(unsafe_code)]
 
 mod arrivals;
