@@ -79,9 +79,9 @@ impl<'p> RegisteredBuf<'p> {
 impl std::ops::Deref for RegisteredBuf<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is a live allocation of at least `len` bytes owned by this buffer;
-        // its bytes are initialised (fresh blocks are zero pages and jemalloc only hands out
-        // memory inside them, whose bytes are always some previously written value).
+        // Fresh blocks are zero pages and jemalloc only hands out memory inside them, whose
+        // bytes are always some previously written value.
+        // SAFETY: `ptr` is a live allocation of `len` initialised bytes owned by this buffer.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }

@@ -45,8 +45,8 @@ unsafe fn ctl<O, N>(
         Some(n) => (n as *mut N as *mut c_void, std::mem::size_of::<N>()),
         None => (ptr::null_mut(), 0),
     };
-    // SAFETY: `name` is NUL-terminated; the pointers are either null or point to live values
-    // whose sizes are passed alongside; the caller guarantees the types match `name`.
+    // The caller guarantees the value types match `name`.
+    // SAFETY: `name` is NUL-terminated; pointers are null or live, with their sizes passed.
     let rc = unsafe { sys::mallctl(name.as_ptr(), oldp, oldlenp, newp, newlen) };
     if rc == 0 {
         Ok(())
@@ -81,8 +81,8 @@ fn ctl_dyn_size(name: String, value: usize) -> Result<(), CtlError> {
 pub(crate) unsafe fn create_arena(hooks: *mut extent_hooks_t) -> Result<c_uint, CtlError> {
     let mut ind: c_uint = 0;
     let mut h = hooks;
-    // SAFETY: `arenas.create` reads an `extent_hooks_t *` and returns an `unsigned`; the
-    // caller keeps the hooks alive for the arena's life.
+    // The caller keeps the hooks alive for the arena's life.
+    // SAFETY: `arenas.create` reads an `extent_hooks_t *` and returns an `unsigned`.
     unsafe { ctl(c"arenas.create", Some(&mut ind), Some(&mut h))? };
     Ok(ind)
 }
@@ -104,8 +104,8 @@ pub(crate) fn configure_arena(arena: c_uint, grow_limit: usize) -> Result<(), Ct
 /// hold any of its memory (destroy them first).
 pub(crate) unsafe fn destroy_arena(arena: c_uint) -> Result<(), CtlError> {
     let name = std::ffi::CString::new(format!("arena.{arena}.destroy")).expect("no NUL");
-    // SAFETY: `arena.<i>.destroy` takes no values (all pointers null); the caller discharged
-    // the use-after-destroy obligations above.
+    // The caller discharged the use-after-destroy obligations above.
+    // SAFETY: `arena.<i>.destroy` takes no values (all pointers null).
     let rc = unsafe {
         sys::mallctl(name.as_ptr(), ptr::null_mut(), ptr::null_mut(), ptr::null_mut(), 0)
     };
@@ -148,8 +148,8 @@ pub(crate) fn flags(arena: c_uint, tcache: Option<c_uint>) -> c_int {
 /// `size` must be non-zero.
 pub(crate) fn mallocx(size: usize, flags: c_int) -> Option<NonNull<u8>> {
     debug_assert!(size > 0);
-    // SAFETY: `size` is non-zero (mallocx's only precondition); `flags` names an arena and a
-    // tcache this crate created and has not destroyed (the pool outlives every call).
+    // `flags` names an arena and a tcache this crate created and has not destroyed.
+    // SAFETY: `size` is non-zero, mallocx's only precondition; the pool outlives the call.
     NonNull::new(unsafe { sys::mallocx(size, flags) }.cast())
 }
 

@@ -12,21 +12,7 @@ use bex_rnic::soft::packet::{self, Aeth, Header, Opcode, Reth, Syndrome};
 use bex_rnic::verbs::*;
 use proptest::prelude::*;
 
-const OPS: [Opcode; 13] = [
-    Opcode::SendFirst,
-    Opcode::SendMiddle,
-    Opcode::SendLast,
-    Opcode::SendLastImm,
-    Opcode::SendOnly,
-    Opcode::SendOnlyImm,
-    Opcode::WriteFirst,
-    Opcode::WriteMiddle,
-    Opcode::WriteLast,
-    Opcode::WriteLastImm,
-    Opcode::WriteOnly,
-    Opcode::WriteOnlyImm,
-    Opcode::Acknowledge,
-];
+const OPS: [Opcode; 13] = Opcode::ALL;
 
 #[derive(Debug, Clone)]
 struct Pkt {

@@ -58,6 +58,23 @@ pub enum Opcode {
 }
 
 impl Opcode {
+    /// Every opcode the software RNIC speaks, in code order.
+    pub const ALL: [Opcode; 13] = [
+        Opcode::SendFirst,
+        Opcode::SendMiddle,
+        Opcode::SendLast,
+        Opcode::SendLastImm,
+        Opcode::SendOnly,
+        Opcode::SendOnlyImm,
+        Opcode::WriteFirst,
+        Opcode::WriteMiddle,
+        Opcode::WriteLast,
+        Opcode::WriteLastImm,
+        Opcode::WriteOnly,
+        Opcode::WriteOnlyImm,
+        Opcode::Acknowledge,
+    ];
+
     /// Decodes a wire opcode; `None` for anything the software RNIC does not speak.
     pub fn from_u8(v: u8) -> Option<Opcode> {
         use Opcode::*;
@@ -451,21 +468,7 @@ mod tests {
         h
     }
 
-    const ALL: [Opcode; 13] = [
-        Opcode::SendFirst,
-        Opcode::SendMiddle,
-        Opcode::SendLast,
-        Opcode::SendLastImm,
-        Opcode::SendOnly,
-        Opcode::SendOnlyImm,
-        Opcode::WriteFirst,
-        Opcode::WriteMiddle,
-        Opcode::WriteLast,
-        Opcode::WriteLastImm,
-        Opcode::WriteOnly,
-        Opcode::WriteOnlyImm,
-        Opcode::Acknowledge,
-    ];
+    const ALL: [Opcode; 13] = Opcode::ALL;
 
     #[test]
     fn every_opcode_round_trips_with_odd_payloads() {
