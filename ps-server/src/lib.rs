@@ -12,4 +12,5 @@ pub mod client;
 pub mod clock;
 pub mod http;
 pub mod node;
+pub mod process;
 pub mod server;

@@ -66,7 +66,7 @@ fn die(code: i32, msg: &str) -> ! {
     std::process::exit(code)
 }
 
-struct Endpoints(Arc<PsServer>);
+struct Endpoints(Arc<PsServer>, bex_rnic::soft::SoftDevice);
 
 impl http::Endpoints for Endpoints {
     fn health(&self) -> (bool, String) {
@@ -75,8 +75,33 @@ impl http::Endpoints for Endpoints {
         (ok, serde_json::to_string(&h).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
     }
     fn metrics(&self) -> String {
-        self.0.metrics.registry.render()
+        let mut text = self.0.metrics.registry.render();
+        text.push_str(&rnic_metrics(&bex_rnic::Device::stats(&self.1)));
+        text
     }
+}
+
+/// The software RNIC's protocol counters in the Prometheus text format.
+fn rnic_metrics(s: &bex_rnic::DeviceStats) -> String {
+    let mut out = String::new();
+    for (name, help, v) in [
+        (
+            "rnr_naks_received",
+            "RNR NAKs received (sends found no receive posted)",
+            s.rnr_naks_received,
+        ),
+        ("rnr_naks_sent", "RNR NAKs sent", s.rnr_naks_sent),
+        ("seq_naks_received", "sequence NAKs received", s.seq_naks_received),
+        ("retransmitted_packets", "data packets sent again", s.retransmitted_packets),
+        ("ack_timeouts", "local ACK timeouts", s.ack_timeouts),
+        ("tx_packets", "packets sent", s.tx_packets),
+        ("rx_packets", "packets received", s.rx_packets),
+    ] {
+        out.push_str(&format!(
+            "# HELP bex_rnic_{name}_total {help}\n# TYPE bex_rnic_{name}_total counter\nbex_rnic_{name}_total {v}\n"
+        ));
+    }
+    out
 }
 
 /// Copies the training pod's rows of this shard into `tables` (a fresh replica).
@@ -105,6 +130,7 @@ async fn bootstrap(client: &Client, tables: &TableSet) -> Result<u64, String> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    bex_ps_server::process::exit_with_parent();
     let args = parse_args().unwrap_or_else(|e| die(2, &format!("{e}\n{USAGE}")));
     let cfg = Config::load(&args.config).unwrap_or_else(|e| die(2, &e.to_string()));
     let topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
@@ -198,9 +224,10 @@ async fn main() {
     let handler = Arc::new(Handler(server.clone()));
     tokio::spawn(serve(rdma, handler.clone(), stats.clone()));
     tokio::spawn(serve(tcp, handler, stats));
-    let (http_addr, _http) = http::serve(addrs.http, Arc::new(Endpoints(server.clone())))
-        .await
-        .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
+    let (http_addr, _http) =
+        http::serve(addrs.http, Arc::new(Endpoints(server.clone(), node.device.clone())))
+            .await
+            .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
     server.set_state(ServingState::Serving);
     if cfg.server.checkpoint_interval_s > 0 {
         let (s, every) = (server.clone(), Duration::from_secs(cfg.server.checkpoint_interval_s));

@@ -16,4 +16,4 @@ pub mod model;
 
 pub use data::{ClicksConfig, Sample, SyntheticClicks};
 pub use metrics::{auc, log_loss, sigmoid};
-pub use model::{DenseGrads, Model, ModelConfig, Step};
+pub use model::{dense_keys, dense_len, DenseGrads, Model, ModelConfig, Step, DENSE_KEY_TAG};

@@ -351,3 +351,43 @@ mod tests {
         model.forward_backward(&rows, &[0.0]);
     }
 }
+
+/// Dense parameters live on the PS as well, as rows of a table `row_dim` wide: chunk `c` of
+/// model `model`'s flat parameter vector (`[W1 | b1 | w2 | b2]`, zero-padded to whole rows)
+/// is key `DENSE_KEY_TAG | model << 32 | c`. The tag keeps them apart from
+/// [`crate::SyntheticClicks::key`]s (`slot << 48 | rank`, slots < 2^15).
+pub const DENSE_KEY_TAG: u64 = 1 << 63;
+
+/// The PS keys holding `params` dense parameters of `model` in rows of `row_dim` (see
+/// [`DENSE_KEY_TAG`]).
+///
+/// # Panics
+/// If `row_dim` is zero.
+pub fn dense_keys(model: u32, params: usize, row_dim: usize) -> Vec<u64> {
+    assert!(row_dim > 0, "dense rows need a width");
+    (0..params.div_ceil(row_dim) as u64)
+        .map(|c| DENSE_KEY_TAG | u64::from(model) << 32 | c)
+        .collect()
+}
+
+/// Dense parameters of an MLP `slots·dim → hidden → 1`: `W1`, `b1`, `w2` and `b2`.
+pub fn dense_len(slots: usize, dim: usize, hidden: usize) -> usize {
+    hidden * slots * dim + 2 * hidden + 1
+}
+
+#[cfg(test)]
+mod dense_key_tests {
+    use super::*;
+
+    #[test]
+    fn dense_keys_cover_the_parameters_and_never_collide_with_feature_keys() {
+        let n = dense_len(4, 8, 32);
+        assert_eq!(n, Model::new(ModelConfig::default()).dense().len());
+        let k = dense_keys(3, n, 16);
+        assert_eq!(k.len(), n.div_ceil(16));
+        assert!(k.iter().all(|&k| k & DENSE_KEY_TAG != 0 && (k >> 32) & 0x7fff_ffff == 3));
+        assert_ne!(dense_keys(0, 10, 4), dense_keys(1, 10, 4));
+        let feature = crate::SyntheticClicks::key(7, 123);
+        assert_eq!(feature & DENSE_KEY_TAG, 0);
+    }
+}

@@ -1,0 +1,214 @@
+//! What every bex client process (ranker, trainer) shares with `ps-server`: dying with its
+//! parent (so a launcher that is SIGKILLed leaves no orphans), CPU accounting from `/proc`,
+//! and connecting a [`PsClient`] from the cluster config.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use bex_ps_core::config::TransportKind;
+use bex_ps_core::Config;
+use serde::{Deserialize, Serialize};
+
+use crate::client::PsClient;
+use crate::node::{anyhow_like, client_config, cluster_secret, transport_config, Node};
+
+/// Asks the kernel to send this process SIGTERM when its parent dies (Linux
+/// `PR_SET_PDEATHSIG`), and exits at once if the parent is already gone. Every bex binary
+/// calls this first, so a killed launcher or benchmark leaves no process behind.
+pub fn exit_with_parent() {
+    let parent = nix::unistd::getppid();
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
+        eprintln!("warning: PR_SET_PDEATHSIG failed ({e}); this process can outlive its parent");
+    }
+    // The parent may have died before the call: then we were re-parented already.
+    if nix::unistd::getppid() != parent {
+        std::process::exit(143);
+    }
+}
+
+/// CPU time a process has used, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuTimes {
+    /// User time.
+    pub user_s: f64,
+    /// System time.
+    pub sys_s: f64,
+}
+
+impl CpuTimes {
+    /// This process.
+    pub fn of_self() -> std::io::Result<CpuTimes> {
+        Self::parse(&std::fs::read_to_string("/proc/self/stat")?)
+    }
+
+    /// Process `pid`.
+    pub fn of_pid(pid: u32) -> std::io::Result<CpuTimes> {
+        Self::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat"))?)
+    }
+
+    /// `utime` and `stime` of a `/proc/<pid>/stat` line; the command name (field 2) may
+    /// hold spaces and parentheses, so fields are counted after its last `)`.
+    pub fn parse(stat: &str) -> std::io::Result<CpuTimes> {
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed stat line");
+        let rest = &stat[stat.rfind(')').ok_or_else(bad)? + 1..];
+        // After the name: state is field 3, utime field 14, stime field 15.
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let tick = |i: usize| -> std::io::Result<f64> {
+            let v: u64 = f.get(i).ok_or_else(bad)?.parse().map_err(|_| bad())?;
+            Ok(v as f64 / clock_ticks_per_s())
+        };
+        Ok(CpuTimes { user_s: tick(11)?, sys_s: tick(12)? })
+    }
+
+    /// `self − earlier`, never negative.
+    pub fn since(&self, earlier: &CpuTimes) -> CpuTimes {
+        CpuTimes {
+            user_s: (self.user_s - earlier.user_s).max(0.0),
+            sys_s: (self.sys_s - earlier.sys_s).max(0.0),
+        }
+    }
+}
+
+fn clock_ticks_per_s() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
+    }
+}
+
+/// Machine-wide CPU time by kind (all CPUs summed), from the first line of `/proc/stat`.
+/// Softirq time cannot be charged to a process, so reports give the machine's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SystemCpu {
+    /// User (with nice).
+    pub user_s: f64,
+    /// System.
+    pub sys_s: f64,
+    /// Softirq (network receive processing among it).
+    pub softirq_s: f64,
+    /// Hard irq.
+    pub irq_s: f64,
+    /// Idle (with iowait).
+    pub idle_s: f64,
+}
+
+impl SystemCpu {
+    /// Reads `/proc/stat`.
+    pub fn read() -> std::io::Result<SystemCpu> {
+        Self::parse(&std::fs::read_to_string("/proc/stat")?)
+    }
+
+    /// Parses `/proc/stat` text.
+    pub fn parse(text: &str) -> std::io::Result<SystemCpu> {
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed /proc/stat");
+        let line = text.lines().find(|l| l.starts_with("cpu ")).ok_or_else(bad)?;
+        let v: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse::<u64>().map(|t| t as f64 / clock_ticks_per_s()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+        // user nice system idle iowait irq softirq ...
+        Ok(SystemCpu {
+            user_s: at(0) + at(1),
+            sys_s: at(2),
+            idle_s: at(3) + at(4),
+            irq_s: at(5),
+            softirq_s: at(6),
+        })
+    }
+
+    /// `self − earlier`.
+    pub fn since(&self, e: &SystemCpu) -> SystemCpu {
+        SystemCpu {
+            user_s: (self.user_s - e.user_s).max(0.0),
+            sys_s: (self.sys_s - e.sys_s).max(0.0),
+            softirq_s: (self.softirq_s - e.softirq_s).max(0.0),
+            irq_s: (self.irq_s - e.irq_s).max(0.0),
+            idle_s: (self.idle_s - e.idle_s).max(0.0),
+        }
+    }
+}
+
+/// A client process's transports and its PS client.
+#[derive(Debug)]
+pub struct ClientNode {
+    /// Both transports and the software RNIC (its counters: `node.device`).
+    pub node: Node,
+    /// The fan-out PS client.
+    pub ps: Arc<PsClient>,
+    /// What the client sends on.
+    pub kind: TransportKind,
+}
+
+/// Starts a client's transports on `bind` (ephemeral ports) and a [`PsClient`] for the
+/// cluster in `cfg`: over RDMA with TCP fallback (`kind = Rdma`), or TCP only. `client_id`
+/// must be unique among the cluster's clients (it scopes push sequence numbers and seeds
+/// replica choice); `pod` is the client's own mini-pod (served first).
+pub async fn connect_client(
+    cfg: &Config,
+    pod: u32,
+    bind: IpAddr,
+    kind: TransportKind,
+    client_id: u64,
+) -> anyhow_like::Result<ClientNode> {
+    let topo = cfg.topology().map_err(|e| anyhow_like::err("cluster config", e))?;
+    if pod >= topo.pods() {
+        return Err(anyhow_like::Error(format!(
+            "--pod {pod}: the cluster has {} pods",
+            topo.pods()
+        )));
+    }
+    let tcfg = transport_config(&cfg.transport, &cluster_secret(&cfg.cluster.name));
+    let node = Node::start(SocketAddr::new(bind, 0), SocketAddr::new(bind, 0), tcfg).await?;
+    let (rdma, tcp) = node.transports();
+    let rdma = (kind == TransportKind::Rdma).then_some(rdma);
+    let ps = Arc::new(PsClient::new(
+        rdma,
+        tcp,
+        topo,
+        client_config(&cfg.rpc, pod, client_id),
+        client_id,
+    ));
+    Ok(ClientNode { node, ps, kind })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_a_hostile_command_name() {
+        let line = "42 (a) b (c)) S 1 42 42 0 -1 4194304 100 0 0 0 250 75 0 0 20 0 1 0 5 0 0";
+        let t = CpuTimes::parse(line).unwrap();
+        let hz = clock_ticks_per_s();
+        assert!((t.user_s - 250.0 / hz).abs() < 1e-9 && (t.sys_s - 75.0 / hz).abs() < 1e-9);
+        assert!(CpuTimes::parse("42 (x) S 1").is_err());
+        assert!(CpuTimes::parse("no parens").is_err());
+    }
+
+    #[test]
+    fn parses_proc_stat() {
+        let s = SystemCpu::parse("cpu  10 5 20 100 3 1 7 0 0 0\ncpu0 1 1 1 1 1 1 1\n").unwrap();
+        let hz = clock_ticks_per_s();
+        assert!((s.user_s - 15.0 / hz).abs() < 1e-9);
+        assert!((s.softirq_s - 7.0 / hz).abs() < 1e-9);
+        assert!((s.idle_s - 103.0 / hz).abs() < 1e-9);
+        assert!(SystemCpu::parse("intr 1 2 3").is_err());
+        assert!(SystemCpu::parse("cpu  1 x 3").is_err());
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let a = CpuTimes::of_self().unwrap();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let b = CpuTimes::of_self().unwrap();
+        assert!(b.user_s >= a.user_s);
+        SystemCpu::read().unwrap();
+    }
+}
