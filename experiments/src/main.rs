@@ -1,0 +1,295 @@
+//! `bex-exp`: see `bex-exp --help` and the `bex_experiments` crate docs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use bex_experiments::extract::{self, InferenceRun, TrainingRun};
+use bex_experiments::summary;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+/// Runs the paper's end-to-end experiments on clusters started by `bex-cluster`, and writes
+/// runs.json, summary.json, summary.md and an SVG plot into the output directory.
+#[derive(Parser, Debug)]
+#[command(name = "bex-exp", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Inference, RDMA vs TCP at matched load (paper Tables 5–6): the same Poisson arrivals
+    /// (same seed) over each transport, at each rate, repeated with the transports interleaved.
+    Inference {
+        /// The cluster file (with [ranker] and [launch] sections).
+        #[arg(long, default_value = "configs/exp-inference.toml")]
+        config: PathBuf,
+        /// Output directory (runs/ holds every launched cluster's reports and logs).
+        #[arg(long, default_value = "results/exp-inference")]
+        out: PathBuf,
+        /// Offered loads, requests/s over all rankers (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "100,200")]
+        rates: Vec<f64>,
+        /// Measured seconds per run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Runs per (transport, rate) cell; the summary reports medians.
+        #[arg(long, default_value_t = 3)]
+        repeats: u32,
+        /// Extra `bex-cluster --set section.key=value` overrides for every run (repeatable).
+        #[arg(long = "set")]
+        sets: Vec<String>,
+        /// The bex-cluster executable (default: next to this one).
+        #[arg(long)]
+        cluster_bin: Option<PathBuf>,
+    },
+    /// Training under incast (paper Table 7): N trainers at once on TCP, on RDMA without the
+    /// per-engine send window, and on RDMA with it, in network namespaces with rate-limited
+    /// links (root).
+    Training {
+        /// The cluster file (with [trainer] and [launch] sections).
+        #[arg(long, default_value = "configs/exp-training.toml")]
+        config: PathBuf,
+        /// Output directory.
+        #[arg(long, default_value = "results/exp-training")]
+        out: PathBuf,
+        /// Trainers at once (comma-separated: one cell each).
+        #[arg(long, value_delimiter = ',', default_value = "4")]
+        trainers: Vec<u32>,
+        /// Seconds each trainer runs.
+        #[arg(long, default_value_t = 15.0)]
+        seconds: f64,
+        /// Runs per cell.
+        #[arg(long, default_value_t = 1)]
+        repeats: u32,
+        /// The send window of the `rdma+window` variant, bytes per engine.
+        #[arg(long, default_value_t = 16384)]
+        window: u64,
+        /// Variants to run (tcp, rdma, rdma+window).
+        #[arg(long, value_delimiter = ',', default_value = "tcp,rdma,rdma+window")]
+        variants: Vec<String>,
+        /// Extra `bex-cluster --set` overrides for every run (repeatable).
+        #[arg(long = "set")]
+        sets: Vec<String>,
+        /// The bex-cluster executable (default: next to this one).
+        #[arg(long)]
+        cluster_bin: Option<PathBuf>,
+    },
+}
+
+fn default_cluster_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("bex-cluster")))
+        .unwrap_or_else(|| PathBuf::from("bex-cluster"))
+}
+
+/// Runs one cluster; `Ok(report)` if it wrote a report (even one that says not ok).
+fn launch(bin: &Path, config: &Path, dir: &Path, args: &[String]) -> Result<Value, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut cmd = Command::new(bin);
+    cmd.arg("run").arg("--config").arg(config).arg("--out").arg(dir).args(args);
+    eprintln!("bex-exp: {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let path = dir.join("report.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{} ({status}): no report: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !status.success() {
+        eprintln!("bex-exp: warning: bex-cluster exited with {status}; see {}", dir.display());
+    }
+    Ok(v)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+fn with_sets(base: Vec<String>, sets: &[String]) -> Vec<String> {
+    let mut v = base;
+    for s in sets {
+        v.push("--set".into());
+        v.push(s.clone());
+    }
+    v
+}
+
+fn run() -> Result<(), String> {
+    match Cli::parse().cmd {
+        Cmd::Inference { config, out, rates, seconds, repeats, sets, cluster_bin } => {
+            if rates.is_empty() || rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+                return Err("--rates: every rate must be a positive number".into());
+            }
+            if !(seconds.is_finite() && seconds > 0.0) || repeats == 0 {
+                return Err("--seconds must be positive and --repeats at least 1".into());
+            }
+            let bin = cluster_bin.unwrap_or_else(default_cluster_bin);
+            std::fs::create_dir_all(out.join("runs")).map_err(|e| e.to_string())?;
+            let mut runs: Vec<InferenceRun> = Vec::new();
+            let mut failures = Vec::new();
+            for rep in 0..repeats {
+                for &rate in &rates {
+                    for transport in ["rdma", "tcp"] {
+                        let dir = out.join("runs").join(format!("{transport}-{rate}-{rep}"));
+                        let args = with_sets(
+                            vec![
+                                "--transport".into(),
+                                transport.into(),
+                                "--set".into(),
+                                "launch.phases=[\"inference\"]".into(),
+                                "--set".into(),
+                                format!("ranker.rate={rate:?}"),
+                                "--set".into(),
+                                format!("ranker.seconds={seconds:?}"),
+                            ],
+                            &sets,
+                        );
+                        match launch(&bin, &config, &dir, &args)
+                            .and_then(|v| extract::inference(&v, transport, rate))
+                        {
+                            Ok(r) => {
+                                eprintln!(
+                                    "bex-exp: {transport} {rate} req/s #{rep}: pull p99 {:.0} µs, mean {:.0} µs, errors {}",
+                                    r.pull_p99_us, r.pull_mean_us, r.errors
+                                );
+                                runs.push(r);
+                            }
+                            Err(e) => {
+                                eprintln!("bex-exp: {}: {e}", dir.display());
+                                failures.push(json!({"run": dir, "error": e}));
+                            }
+                        }
+                    }
+                }
+            }
+            let cells = summary::inference_cells(&runs);
+            write(
+                &out.join("runs.json"),
+                &serde_json::to_string_pretty(&json!({"runs": runs, "failures": failures}))
+                    .unwrap_or_default(),
+            )?;
+            write(
+                &out.join("summary.json"),
+                &serde_json::to_string_pretty(&json!({"command": command_line(), "cells": cells}))
+                    .unwrap_or_default(),
+            )?;
+            let md = summary::inference_markdown(&cells, &command_line());
+            write(&out.join("summary.md"), &md)?;
+            write(&out.join("inference.svg"), &summary::inference_svg(&cells))?;
+            println!("{md}");
+            if !failures.is_empty() {
+                return Err(format!("{} runs failed (see runs.json)", failures.len()));
+            }
+        }
+        Cmd::Training {
+            config,
+            out,
+            trainers,
+            seconds,
+            repeats,
+            window,
+            variants,
+            sets,
+            cluster_bin,
+        } => {
+            if trainers.is_empty() || trainers.contains(&0) {
+                return Err("--trainers: counts must be at least 1".into());
+            }
+            if let Some(v) = variants.iter().find(|v| !summary::VARIANTS.contains(&v.as_str())) {
+                return Err(format!("--variants: unknown variant {v} (tcp, rdma, rdma+window)"));
+            }
+            if !(seconds.is_finite() && seconds > 0.0) || repeats == 0 || window == 0 {
+                return Err("--seconds, --repeats and --window must be positive".into());
+            }
+            let bin = cluster_bin.unwrap_or_else(default_cluster_bin);
+            std::fs::create_dir_all(out.join("runs")).map_err(|e| e.to_string())?;
+            let mut runs: Vec<TrainingRun> = Vec::new();
+            let mut failures = Vec::new();
+            for rep in 0..repeats {
+                for &n in &trainers {
+                    for variant in &variants {
+                        let (transport, cwnd) = match variant.as_str() {
+                            "tcp" => ("tcp", 0),
+                            "rdma" => ("rdma", 0),
+                            _ => ("rdma", window),
+                        };
+                        let dir = out
+                            .join("runs")
+                            .join(format!("{}-{n}-{rep}", variant.replace('+', "-")));
+                        let args = with_sets(
+                            vec![
+                                "--transport".into(),
+                                transport.into(),
+                                "--set".into(),
+                                "launch.phases=[\"training\"]".into(),
+                                "--set".into(),
+                                format!("launch.trainers={n}"),
+                                "--set".into(),
+                                format!("trainer.seconds={seconds:?}"),
+                                "--set".into(),
+                                format!("transport.cwnd_bytes={cwnd}"),
+                            ],
+                            &sets,
+                        );
+                        match launch(&bin, &config, &dir, &args)
+                            .and_then(|v| extract::training(&v, variant))
+                        {
+                            Ok(r) => {
+                                eprintln!(
+                                    "bex-exp: {variant} × {n} #{rep}: push p99 {:.0} µs, fetch p99 {:.0} µs, retransmits {}",
+                                    r.push_p99_us, r.fetch_p99_us, r.retransmits
+                                );
+                                runs.push(r);
+                            }
+                            Err(e) => {
+                                eprintln!("bex-exp: {}: {e}", dir.display());
+                                failures.push(json!({"run": dir, "error": e}));
+                            }
+                        }
+                    }
+                }
+            }
+            let cells = summary::training_cells(&runs);
+            let setup = format!(
+                "Each run starts a fresh cluster from `{}` (see its [launch] section for the link \
+                 rate and namespaces); {seconds} s per trainer; the window variant sets \
+                 `transport.cwnd_bytes = {window}` on every process. Medians of {repeats} run(s) per cell; \
+                 the busiest trainer is the one with the highest P99.",
+                config.display()
+            );
+            write(
+                &out.join("runs.json"),
+                &serde_json::to_string_pretty(&json!({"runs": runs, "failures": failures}))
+                    .unwrap_or_default(),
+            )?;
+            write(
+                &out.join("summary.json"),
+                &serde_json::to_string_pretty(&json!({"command": command_line(), "cells": cells}))
+                    .unwrap_or_default(),
+            )?;
+            let md = summary::training_markdown(&cells, &command_line(), &setup);
+            write(&out.join("summary.md"), &md)?;
+            write(&out.join("training.svg"), &summary::training_svg(&cells))?;
+            println!("{md}");
+            if !failures.is_empty() {
+                return Err(format!("{} runs failed (see runs.json)", failures.len()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bex-exp: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
