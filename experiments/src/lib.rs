@@ -11,6 +11,7 @@
 //! Each experiment writes `runs.json` (every run's extracted numbers), `summary.json`
 //! (medians per cell), `summary.md` (tables next to the paper's) and SVG plots.
 
+pub mod check;
 pub mod extract;
 pub mod paper;
 pub mod stats;

@@ -76,6 +76,16 @@ enum Cmd {
         #[arg(long)]
         cluster_bin: Option<PathBuf>,
     },
+    /// Checks a demo/CI run's report.json: the launcher said ok, every ranker served requests
+    /// with no errors or timeouts, and every trainer's held-out AUC and log-loss improved
+    /// (and reached --min-auc). Exits 1 naming every failed check.
+    Check {
+        /// The run's report.json.
+        report: PathBuf,
+        /// Lowest acceptable final held-out AUC of every trainer.
+        #[arg(long, default_value_t = 0.0)]
+        min_auc: f64,
+    },
 }
 
 fn default_cluster_bin() -> PathBuf {
@@ -121,6 +131,20 @@ fn with_sets(base: Vec<String>, sets: &[String]) -> Vec<String> {
 
 fn run() -> Result<(), String> {
     match Cli::parse().cmd {
+        Cmd::Check { report, min_auc } => {
+            let text = std::fs::read_to_string(&report)
+                .map_err(|e| format!("{}: {e}", report.display()))?;
+            let v: Value =
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", report.display()))?;
+            let failed = bex_experiments::check::demo(&v, min_auc);
+            for line in bex_experiments::check::describe(&v) {
+                println!("{line}");
+            }
+            if !failed.is_empty() {
+                return Err(format!("check failed:\n  {}", failed.join("\n  ")));
+            }
+            println!("check passed: {}", report.display());
+        }
         Cmd::Inference { config, out, rates, seconds, repeats, sets, cluster_bin } => {
             if rates.is_empty() || rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
                 return Err("--rates: every rate must be a positive number".into());
