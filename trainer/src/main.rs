@@ -55,28 +55,28 @@ struct Args {
     /// Local IP the trainer's RDMA (software RNIC) and TCP transports bind to.
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
     bind: IpAddr,
-    /// Transport for requests; default: the config's [transport].kind.
+    /// Transport for requests; default: the config's `[transport].kind`.
     #[arg(long, value_enum)]
     transport: Option<Kind>,
     /// Client id: unique per trainer process (scopes push sequence numbers); also the
     /// default training-stream seed.
     #[arg(long, value_name = "N", default_value_t = 1)]
     id: u64,
-    /// Train this many steps (default: [trainer].steps).
+    /// Train this many steps (default: `[trainer].steps`).
     #[arg(long, value_name = "N", conflicts_with = "seconds")]
     steps: Option<u64>,
     /// Train for this many seconds instead of a step count.
     #[arg(long, value_name = "S")]
     seconds: Option<f64>,
     /// Mean samples per step (batch sizes vary log-normally around it with
-    /// [trainer].batch_sigma).
+    /// `[trainer].batch_sigma`).
     #[arg(long, value_name = "N")]
     batch_size: Option<usize>,
     /// Evaluate on the held-out set every N steps (0: only at start and end).
     #[arg(long, value_name = "N")]
     eval_every: Option<u64>,
     /// Seed of this trainer's training stream and batch sizes (default: --id). The ground
-    /// truth and held-out set are shared by all trainers ([trainer].data_seed).
+    /// truth and held-out set are shared by all trainers (`[trainer].data_seed`).
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
     /// Write the JSON report here.
