@@ -1,5 +1,287 @@
-//! Placeholder until the binary lands (issue 6).
-fn main() {
-    eprintln!("not built yet");
+//! `trainer`: one asynchronous data-parallel trainer of a synthetic click model whose
+//! embedding rows and dense MLP weights live on the bex parameter server.
+//!
+//! ```text
+//! trainer --config configs/local.toml --id 1 --json target/trainer-1.json
+//! ```
+//!
+//! Each step fetches the batch's rows and the dense weights, runs forward/backward, and
+//! pushes row and dense gradients; the PS applies the optimizers, so any number of trainers
+//! (distinct `--id`s) train one model. Held-out AUC and log-loss are printed as they improve
+//! and reported with fetch/push latency, message sizes and RPC/RNIC counters at the end.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_ps_core::config::TransportKind;
+use bex_ps_core::Config;
+use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes};
+use bex_rnic::Device;
+use bex_trainer::clock;
+use bex_trainer::report::{Report, RnicCounters, RpcCounters};
+use bex_trainer::settings::{Overrides, Settings};
+use bex_trainer::store::PsStore;
+use bex_trainer::train::{EvalPoint, Trainer};
+use clap::Parser;
+
+/// Which transport the trainer's requests use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Kind {
+    /// ByteExpress over the software RNIC, falling back to TCP per destination.
+    Rdma,
+    /// TCP only.
+    Tcp,
+}
+
+/// Trains a synthetic click model (embeddings + MLP) against a bex PS cluster.
+///
+/// Run-length, batch and model defaults come from the `[trainer]` section of the cluster
+/// file (keys documented in configs/local.toml); options given here override them. Exit
+/// codes: 0 done (or interrupted by SIGINT/SIGTERM after a final evaluation and report),
+/// 1 runtime failure (cluster unreachable, more than half the steps failed), 2 bad usage or
+/// configuration.
+#[derive(Debug, Parser)]
+#[command(name = "trainer", version)]
+struct Args {
+    /// Cluster configuration (TOML; see configs/local.toml).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// This trainer's mini-pod (replicas there are read first); default: the training pod.
+    #[arg(long, value_name = "P")]
+    pod: Option<u32>,
+    /// Local IP the trainer's RDMA (software RNIC) and TCP transports bind to.
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// Transport for requests; default: the config's `[transport].kind`.
+    #[arg(long, value_enum)]
+    transport: Option<Kind>,
+    /// Client id: unique per trainer process (scopes push sequence numbers); also the
+    /// default training-stream seed.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    id: u64,
+    /// Train this many steps (default: `[trainer].steps`).
+    #[arg(long, value_name = "N", conflicts_with = "seconds")]
+    steps: Option<u64>,
+    /// Train for this many seconds instead of a step count.
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
+    /// Mean samples per step (batch sizes vary log-normally around it with
+    /// `[trainer].batch_sigma`).
+    #[arg(long, value_name = "N")]
+    batch_size: Option<usize>,
+    /// Evaluate on the held-out set every N steps (0: only at start and end).
+    #[arg(long, value_name = "N")]
+    eval_every: Option<u64>,
+    /// Seed of this trainer's training stream and batch sizes (default: --id). The ground
+    /// truth and held-out set are shared by all trainers (`[trainer].data_seed`).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn usage_error(msg: impl std::fmt::Display) -> ! {
+    eprintln!("trainer: {msg}");
+    std::process::exit(2);
+}
+
+fn runtime_error(msg: impl std::fmt::Display) -> ! {
+    eprintln!("trainer: {msg}");
     std::process::exit(1);
+}
+
+fn main() {
+    exit_with_parent();
+    let args = Args::parse();
+    let cfg = Config::load(&args.config).unwrap_or_else(|e| usage_error(e));
+    let overrides = Overrides {
+        steps: args.steps,
+        seconds: args.seconds,
+        batch_size: args.batch_size,
+        eval_every: args.eval_every,
+    };
+    let settings = Settings::resolve(&cfg, &overrides).unwrap_or_else(|e| usage_error(e));
+    let pod = args.pod.unwrap_or(cfg.cluster.training_pod);
+    if pod >= cfg.cluster.pods {
+        usage_error(format!("--pod {pod}: the cluster has {} pods", cfg.cluster.pods));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| runtime_error(format!("tokio runtime: {e}")));
+    let code = rt.block_on(run(args, cfg, settings, pod));
+    std::process::exit(code);
+}
+
+/// Sets the returned flag on SIGINT or SIGTERM.
+fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        flag.store(true, Ordering::SeqCst);
+    });
+    Ok(stop)
+}
+
+async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
+    let stop = stop_on_signals().unwrap_or_else(|e| runtime_error(format!("signals: {e}")));
+    let kind = match args.transport {
+        Some(Kind::Rdma) => TransportKind::Rdma,
+        Some(Kind::Tcp) => TransportKind::Tcp,
+        None => cfg.transport.kind,
+    };
+    let client = connect_client(&cfg, pod, args.bind, kind, args.id)
+        .await
+        .unwrap_or_else(|e| runtime_error(format!("starting the client transports: {e}")));
+    let store = PsStore(client.ps.clone());
+    let seed = args.seed.unwrap_or(args.id);
+    let s = settings.section.clone();
+    let mut trainer = Trainer::new(settings, seed);
+    let cpu0 = CpuTimes::of_self().unwrap_or_default();
+
+    // The first fetch doubles as the reachability check: retried until the deadline, since
+    // a launcher may start trainers while the servers are still coming up.
+    let deadline = clock::now() + Duration::from_secs_f64(s.connect_deadline_s);
+    let (auc0, ll0) = loop {
+        let left = deadline.saturating_duration_since(clock::now());
+        let err = match tokio::time::timeout(left, trainer.evaluate(&store)).await {
+            Ok(Ok(v)) => break v,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer".to_string(),
+        };
+        if clock::now() >= deadline || stop.load(Ordering::SeqCst) {
+            runtime_error(format!(
+                "cluster unreachable: the first fetch did not succeed within {} s ({err})",
+                s.connect_deadline_s
+            ));
+        }
+        // Slow enough that connection failures do not reach the quarantine threshold.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let start = clock::now();
+    let mut eval =
+        vec![EvalPoint { step: 0, samples: 0, elapsed_s: 0.0, auc: auc0, log_loss: ll0 }];
+    let mut eval_errors = 0u64;
+    let progress = |p: &EvalPoint, t: &Trainer| {
+        if !args.quiet {
+            let f = t.stats.fetch.summary();
+            let sps = if p.elapsed_s > 0.0 { p.samples as f64 / p.elapsed_s } else { 0.0 };
+            eprintln!(
+                "trainer {}: step={} samples/s={:.0} loss={:.4} auc={:.4} fetch_p99={}us errors={}",
+                args.id, p.step, sps, p.log_loss, p.auc, f.p99_us, t.stats.errors
+            );
+        }
+    };
+    progress(&eval[0], &trainer);
+    let time_bound = (s.seconds > 0.0).then(|| start + Duration::from_secs_f64(s.seconds));
+    loop {
+        let steps = trainer.stats.steps;
+        let done = match time_bound {
+            Some(end) => clock::now() >= end,
+            None => steps >= s.steps,
+        };
+        if done || stop.load(Ordering::SeqCst) {
+            break;
+        }
+        trainer.step(&store).await;
+        let steps = trainer.stats.steps;
+        if s.eval_every > 0 && steps % s.eval_every == 0 {
+            match trainer.evaluate(&store).await {
+                Ok((auc, log_loss)) => {
+                    let p = EvalPoint {
+                        step: steps,
+                        samples: trainer.stats.samples,
+                        elapsed_s: start.elapsed().as_secs_f64(),
+                        auc,
+                        log_loss,
+                    };
+                    progress(&p, &trainer);
+                    eval.push(p);
+                }
+                Err(_) => eval_errors += 1,
+            }
+        }
+    }
+    let elapsed_s = start.elapsed().as_secs_f64();
+    let st = &trainer.stats;
+    let needs_final = eval.last().is_none_or(|p| p.step != st.steps);
+    if needs_final {
+        match trainer.evaluate(&store).await {
+            Ok((auc, log_loss)) => {
+                let st = &trainer.stats;
+                let p = EvalPoint { step: st.steps, samples: st.samples, elapsed_s, auc, log_loss };
+                progress(&p, &trainer);
+                eval.push(p);
+            }
+            Err(_) => eval_errors += 1,
+        }
+    }
+    let last = eval.last().cloned().unwrap_or(eval[0].clone());
+    let st = &trainer.stats;
+    let ok_steps = st.steps - st.errors;
+    let report = Report {
+        kind: "trainer",
+        id: args.id,
+        transport: match client.kind {
+            TransportKind::Rdma => "rdma".into(),
+            TransportKind::Tcp => "tcp".into(),
+        },
+        table: trainer.settings().emb.name.clone(),
+        dense_table: trainer.settings().dense.name.clone(),
+        seed,
+        batch_size: s.batch_size,
+        steps: st.steps,
+        samples: st.samples,
+        elapsed_s,
+        samples_per_s: if elapsed_s > 0.0 { st.samples as f64 / elapsed_s } else { 0.0 },
+        steps_per_s: if elapsed_s > 0.0 { st.steps as f64 / elapsed_s } else { 0.0 },
+        train_loss_mean: if ok_steps > 0 { st.train_loss_sum / ok_steps as f64 } else { 0.0 },
+        fetch_latency: st.fetch.summary(),
+        push_latency: st.push.summary(),
+        auc_initial: auc0,
+        auc_final: last.auc,
+        log_loss_initial: ll0,
+        log_loss_final: last.log_loss,
+        eval_samples: s.eval_samples,
+        eval,
+        message_bytes: st.sizes.report(),
+        errors: st.errors,
+        last_error: st.last_error.clone(),
+        eval_errors,
+        rpc: RpcCounters::from(&**client.ps.rpc().stats()),
+        rnic: RnicCounters::from(&client.node.device.stats()),
+        cpu: CpuTimes::of_self().unwrap_or_default().since(&cpu0),
+        interrupted: stop.load(Ordering::SeqCst),
+    };
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .unwrap_or_else(|e| runtime_error(format!("report: {e}")));
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            runtime_error(format!("writing {}: {e}", path.display()));
+        }
+    }
+    println!("{}", report.summary());
+    if st.errors * 2 > st.steps {
+        eprintln!(
+            "trainer: {} of {} steps failed (last: {:?})",
+            st.errors, st.steps, st.last_error
+        );
+        return 1;
+    }
+    0
 }

@@ -1,0 +1,200 @@
+//! The run's report: JSON (`--json`) and a readable summary.
+
+use bex_ps_server::process::CpuTimes;
+use bex_rnic::DeviceStats;
+use bex_rpc::ClientStats;
+use serde::Serialize;
+use std::sync::atomic::Ordering;
+
+use crate::sizes::MessageSizesReport;
+use crate::train::{EvalPoint, LatencySummary};
+
+/// RPC counters of the trainer's client (`bex_rpc::ClientStats`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RpcCounters {
+    /// Calls made (one per sub-request).
+    pub calls: u64,
+    /// Calls that failed after every attempt.
+    pub failures: u64,
+    /// Request timeouts.
+    pub timeouts: u64,
+    /// Attempts beyond the first.
+    pub retries: u64,
+    /// Connections opened.
+    pub connects: u64,
+    /// Failed connection attempts.
+    pub connect_failures: u64,
+    /// Destinations moved from RDMA to TCP.
+    pub fallbacks: u64,
+    /// Destinations moved back to RDMA.
+    pub recoveries: u64,
+    /// Destinations quarantined.
+    pub quarantines: u64,
+    /// Calls answered by another mini-pod.
+    pub remote_pod_calls: u64,
+    /// Calls answered over TCP.
+    pub tcp_calls: u64,
+}
+
+impl From<&ClientStats> for RpcCounters {
+    fn from(s: &ClientStats) -> Self {
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        RpcCounters {
+            calls: g(&s.calls),
+            failures: g(&s.failures),
+            timeouts: g(&s.timeouts),
+            retries: g(&s.retries),
+            connects: g(&s.connects),
+            connect_failures: g(&s.connect_failures),
+            fallbacks: g(&s.fallbacks),
+            recoveries: g(&s.recoveries),
+            quarantines: g(&s.quarantines),
+            remote_pod_calls: g(&s.remote_pod_calls),
+            tcp_calls: g(&s.tcp_calls),
+        }
+    }
+}
+
+/// Counters of the trainer's software RNIC.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RnicCounters {
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// Sequence NAKs received.
+    pub seq_naks_received: u64,
+    /// Packets retransmitted.
+    pub retransmitted_packets: u64,
+    /// ACK timeouts.
+    pub ack_timeouts: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Packets received.
+    pub rx_packets: u64,
+}
+
+impl From<&DeviceStats> for RnicCounters {
+    fn from(s: &DeviceStats) -> Self {
+        RnicCounters {
+            rnr_naks_received: s.rnr_naks_received,
+            rnr_naks_sent: s.rnr_naks_sent,
+            seq_naks_received: s.seq_naks_received,
+            retransmitted_packets: s.retransmitted_packets,
+            ack_timeouts: s.ack_timeouts,
+            tx_packets: s.tx_packets,
+            rx_packets: s.rx_packets,
+        }
+    }
+}
+
+/// The JSON report (`"kind": "trainer"`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// Always `"trainer"`.
+    pub kind: &'static str,
+    /// Client id (`--id`).
+    pub id: u64,
+    /// `"rdma"` or `"tcp"`.
+    pub transport: String,
+    /// Embedding table name and the dense table name.
+    pub table: String,
+    /// Dense table name.
+    pub dense_table: String,
+    /// Stream seed.
+    pub seed: u64,
+    /// Mean batch size.
+    pub batch_size: usize,
+    /// Steps attempted.
+    pub steps: u64,
+    /// Samples trained on (successful steps).
+    pub samples: u64,
+    /// Wall time of the training loop, s.
+    pub elapsed_s: f64,
+    /// Samples per second of the training loop.
+    pub samples_per_s: f64,
+    /// Steps per second.
+    pub steps_per_s: f64,
+    /// Mean training loss over successful steps.
+    pub train_loss_mean: f64,
+    /// The fetch phase of each step (embedding + dense fetches, concurrent).
+    pub fetch_latency: LatencySummary,
+    /// The push phase of each step (embedding + dense pushes, concurrent).
+    pub push_latency: LatencySummary,
+    /// Held-out AUC before training.
+    pub auc_initial: f64,
+    /// Held-out AUC at the end.
+    pub auc_final: f64,
+    /// Held-out log-loss before training.
+    pub log_loss_initial: f64,
+    /// Held-out log-loss at the end.
+    pub log_loss_final: f64,
+    /// Held-out samples.
+    pub eval_samples: usize,
+    /// Every evaluation.
+    pub eval: Vec<EvalPoint>,
+    /// Per-shard sub-request sizes, bytes.
+    pub message_bytes: MessageSizesReport,
+    /// Failed steps.
+    pub errors: u64,
+    /// The last failure's message.
+    pub last_error: Option<String>,
+    /// Evaluations that failed (not counted in `errors`).
+    pub eval_errors: u64,
+    /// RPC counters.
+    pub rpc: RpcCounters,
+    /// Software RNIC counters.
+    pub rnic: RnicCounters,
+    /// This process's CPU time over the run.
+    pub cpu: CpuTimes,
+    /// Stopped by SIGINT/SIGTERM.
+    pub interrupted: bool,
+}
+
+impl Report {
+    /// A few readable lines.
+    pub fn summary(&self) -> String {
+        let m = &self.message_bytes;
+        format!(
+            "trainer {id} over {t}: {steps} steps, {samples} samples in {el:.1} s \
+             ({sps:.0} samples/s), {err} errors{int}\n\
+             held-out AUC {a0:.4} -> {a1:.4}, log-loss {l0:.4} -> {l1:.4}\n\
+             fetch p50 {fp50} us p99 {fp99} us mean {fm:.0} us; push p50 {pp50} us p99 {pp99} us mean {pm:.0} us\n\
+             per-shard fetch response {fr:.0} B mean / {fr99} B p99; push request {pr:.0} B mean / {pr99} B p99\n\
+             rpc: {calls} calls, {retries} retries, {timeouts} timeouts, {fb} fallbacks, {q} quarantines; \
+             rnic: {rnr} rnr naks, {seq} seq naks, {rt} retransmits; cpu user {cu:.2} s sys {cs:.2} s",
+            id = self.id,
+            t = self.transport,
+            steps = self.steps,
+            samples = self.samples,
+            el = self.elapsed_s,
+            sps = self.samples_per_s,
+            err = self.errors,
+            int = if self.interrupted { " (interrupted)" } else { "" },
+            a0 = self.auc_initial,
+            a1 = self.auc_final,
+            l0 = self.log_loss_initial,
+            l1 = self.log_loss_final,
+            fp50 = self.fetch_latency.p50_us,
+            fp99 = self.fetch_latency.p99_us,
+            fm = self.fetch_latency.mean_us,
+            pp50 = self.push_latency.p50_us,
+            pp99 = self.push_latency.p99_us,
+            pm = self.push_latency.mean_us,
+            fr = m.fetch_response.mean,
+            fr99 = m.fetch_response.p99,
+            pr = m.push_request.mean,
+            pr99 = m.push_request.p99,
+            calls = self.rpc.calls,
+            retries = self.rpc.retries,
+            timeouts = self.rpc.timeouts,
+            fb = self.rpc.fallbacks,
+            q = self.rpc.quarantines,
+            rnr = self.rnic.rnr_naks_received,
+            seq = self.rnic.seq_naks_received,
+            rt = self.rnic.retransmitted_packets,
+            cu = self.cpu.user_s,
+            cs = self.cpu.sys_s,
+        )
+    }
+}
