@@ -1,6 +1,7 @@
 //! `ranker`: replays synthetic ranking traffic against a bex PS cluster and reports latency,
 //! throughput, CPU and transport counters. See `ranker --help`.
 
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -214,7 +215,8 @@ fn main() {
             std::fs::write(path, text + "\n")
                 .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
         }
-        println!("{}", report::summary(&json));
+        // stdout may be a closed pipe (`| head`): the report is already written.
+        let _ = writeln!(std::io::stdout(), "{}", report::summary(&json));
     });
     // The transports' threads need no orderly shutdown: the report is written.
     std::process::exit(0);

@@ -75,6 +75,7 @@ pub fn to_json(s: &Settings, info: &RunInfo, out: &RunOutput) -> Value {
         "goodput_rps": report.goodput_rps,
         "latency": report.latency,
         "subrequest_latency": summarize(&out.collected.sub),
+        "launch_lag": summarize(&out.collected.launch_lag),
         "bytes_sent": report.bytes_sent,
         "bytes_received": report.bytes_received,
         "cpu": {

@@ -25,6 +25,11 @@ use crate::settings::{feature_key, ModelShape, Settings};
 /// run and `--generate-trace` with the same seed send the same traffic.
 const ARRIVAL_SEED_XOR: u64 = 0x9e37_79b9_7f4a_7c15;
 
+/// tokio's timer fires on the millisecond tick at or after a deadline (≈ 0.5–1 ms late).
+/// Aiming this much early centres launches on the arrival time; latency is then measured
+/// from the later of arrival and launch, so an early launch never shortens it.
+const TIMER_SLACK: Duration = Duration::from_micros(500);
+
 /// The ranker's shared state: the PS client, the models, and their current dense weights.
 #[derive(Debug)]
 pub struct Ranker {
@@ -313,6 +318,8 @@ pub struct RunOptions {
 #[derive(Debug)]
 struct Done {
     arrival: Duration,
+    /// When the request was actually launched (the timer's lateness after `arrival`).
+    launched: Duration,
     finished: Duration,
     result: RequestResult,
     dropped: bool,
@@ -325,6 +332,8 @@ pub struct Collected {
     pub recorder: Recorder,
     /// Per-model fetch latencies in the measured window.
     pub sub: Histogram<u64>,
+    /// Scheduled arrival to launch (timer lateness, included in request latency).
+    pub launch_lag: Histogram<u64>,
     /// Arrivals dropped at `max_outstanding` (measured window).
     pub dropped: u64,
     /// The first error message.
@@ -450,7 +459,7 @@ pub async fn run(
     while !interrupted {
         let Some((offset, request)) = schedule.next() else { break };
         tokio::select! {
-            _ = tokio::time::sleep_until(start + offset) => {}
+            _ = tokio::time::sleep_until(start + offset.saturating_sub(TIMER_SLACK)) => {}
             _ = stop.changed() => { interrupted = true; break; }
         }
         issued.fetch_add(1, Ordering::Relaxed);
@@ -462,15 +471,22 @@ pub async fn run(
                 received: 0,
                 error: Some(format!("dropped: {max_outstanding} requests outstanding")),
             };
-            let _ = tx.send(Done { arrival: offset, finished: offset, result, dropped: true });
+            let _ = tx.send(Done {
+                arrival: offset,
+                launched: offset,
+                finished: offset,
+                result,
+                dropped: true,
+            });
             continue;
         }
         outstanding.fetch_add(1, Ordering::Relaxed);
         let (ranker, tx, outstanding) = (ranker.clone(), tx.clone(), outstanding.clone());
+        let launched = start.elapsed();
         tokio::spawn(async move {
             let result = ranker.serve(request).await;
             let finished = start.elapsed();
-            let _ = tx.send(Done { arrival: offset, finished, result, dropped: false });
+            let _ = tx.send(Done { arrival: offset, launched, finished, result, dropped: false });
             outstanding.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -546,6 +562,7 @@ async fn collect(
     let mut c = Collected {
         recorder: Recorder::new(),
         sub: new_histogram(),
+        launch_lag: new_histogram(),
         dropped: 0,
         first_error: None,
     };
@@ -553,7 +570,7 @@ async fn collect(
     let mut tick = tokio::time::interval_at(start + Duration::from_secs(1), Duration::from_secs(1));
     let record = |d: Done, c: &mut Collected, p: &mut Progress| {
         p.done += 1;
-        let latency = d.finished.saturating_sub(d.arrival);
+        let latency = d.finished.saturating_sub(d.arrival.max(d.launched));
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         if d.result.outcome == Outcome::Ok {
             p.window.saturating_record(ns.max(1));
@@ -567,6 +584,8 @@ async fn collect(
             return;
         }
         c.dropped += u64::from(d.dropped);
+        let lag = d.launched.saturating_sub(d.arrival);
+        c.launch_lag.saturating_record(u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1));
         for s in &d.result.sub {
             c.sub.saturating_record(u64::try_from(s.as_nanos()).unwrap_or(u64::MAX).max(1));
         }
