@@ -497,6 +497,14 @@ slots = [{ table = "item", ids_per_candidate = 2, vocab = 100, zipf_s = 0.5 }]"#
     }
 
     #[test]
+    fn the_local_config_shows_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");
+        let cfg = Config::load(&path).unwrap();
+        let s = Settings::from_config(&cfg, &Overrides::default()).unwrap();
+        assert_eq!(s.raw, RankerToml::default(), "configs/local.toml [ranker] vs the defaults");
+    }
+
+    #[test]
     fn features_get_disjoint_key_ranges() {
         assert_ne!(feature_key(0, 5), feature_key(1, 5));
         assert_eq!(feature_key(2, 5) >> ID_BITS, 2);
