@@ -1,5 +1,223 @@
-//! Placeholder until the binary lands (issue 6).
-fn main() {
-    eprintln!("not built yet");
+//! `ranker`: replays synthetic ranking traffic against a bex PS cluster and reports latency,
+//! throughput, CPU and transport counters. See `ranker --help`.
+
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_ps_core::config::TransportKind;
+use bex_ps_core::Config;
+use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes, SystemCpu};
+use bex_ranker::report::{self, RunInfo};
+use bex_ranker::run::{run, Ranker, RpcCounters, RunOptions, Schedule, Snapshot};
+use bex_ranker::settings::{Overrides, Settings};
+use bex_rnic::Device;
+use clap::{Parser, ValueEnum};
+
+/// Replays synthetic inference traffic against a bex PS cluster: open-loop Poisson arrivals
+/// (or a trace), each request fanning out to k models whose embedding rows are fetched from
+/// every touched shard concurrently, pooled and scored by a small MLP whose dense weights also
+/// live on the PS. Prints a progress line per second on stderr and a summary at the end.
+///
+/// Defaults come from the `[ranker]` section of the cluster config (see configs/local.toml);
+/// options given here override them. Exit codes: 0 done (also after SIGINT/SIGTERM, with
+/// `"interrupted": true` in the report), 1 runtime failure (cluster unreachable), 2 bad usage
+/// or config.
+#[derive(Debug, Parser)]
+#[command(name = "ranker", version)]
+struct Cli {
+    /// Cluster config (TOML): topology, tables, transport, rpc and the `[ranker]` section.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// This client's mini-pod: its replicas are asked first.
+    #[arg(long, default_value_t = 0, value_name = "P")]
+    pod: u32,
+    /// Local address the client's transports bind to (ephemeral ports).
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    bind: IpAddr,
+    /// Data-path transport [default: the config's `[transport] kind`]. rdma falls back to
+    /// tcp per destination when RDMA fails.
+    #[arg(long, value_enum, value_name = "KIND")]
+    transport: Option<Transport>,
+    /// PS client id, unique among the cluster's clients [default: this process id].
+    #[arg(long, value_name = "N")]
+    id: Option<u64>,
+    /// Arrival rate, requests per second [default: `[ranker] rate`, 200].
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// Measured run length in seconds [default: `[ranker] seconds`, 10].
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
+    /// Unmeasured warm-up before the measured run, seconds [default: `[ranker]
+    /// warmup_seconds`, 0]. With --trace, the trace's first S seconds are the warm-up.
+    #[arg(long, value_name = "S")]
+    warmup_seconds: Option<f64>,
+    /// Requests in flight at most; arrivals beyond it are dropped and counted as errors
+    /// [default: `[ranker] max_outstanding`, 256].
+    #[arg(long, value_name = "N")]
+    max_outstanding: Option<u32>,
+    /// Seed of the requests and arrivals [default: `[ranker] seed`, 1].
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Replay this trace (JSON lines of `bex_traffic::TraceRecord`) instead of generating
+    /// arrivals; its requests must fit the configured models.
+    #[arg(long, value_name = "FILE", conflicts_with = "generate_trace")]
+    trace: Option<PathBuf>,
+    /// Write a trace of warm-up + seconds at the rate (same traffic a live run with this
+    /// seed sends) to FILE and exit, without contacting the cluster.
+    #[arg(long, value_name = "FILE")]
+    generate_trace: Option<PathBuf>,
+    /// Write the JSON report here.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// No per-second progress line on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Transport {
+    /// ByteExpress over the (software) RNIC.
+    Rdma,
+    /// TCP only.
+    Tcp,
+}
+
+/// Bad usage or config: exit 2.
+fn usage(msg: impl std::fmt::Display) -> ! {
+    eprintln!("ranker: {msg}");
+    std::process::exit(2);
+}
+
+/// Runtime failure: exit 1.
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("ranker: {msg}");
     std::process::exit(1);
+}
+
+fn main() {
+    exit_with_parent();
+    let cli = Cli::parse();
+    let cfg = Config::load(&cli.config).unwrap_or_else(|e| usage(e));
+    let over = Overrides {
+        rate: cli.rate,
+        seconds: cli.seconds,
+        warmup_seconds: cli.warmup_seconds,
+        max_outstanding: cli.max_outstanding,
+        seed: cli.seed,
+    };
+    let settings = Arc::new(Settings::from_config(&cfg, &over).unwrap_or_else(|e| usage(e)));
+
+    if let Some(path) = &cli.generate_trace {
+        let dur = Duration::from_secs_f64(settings.raw.seconds + settings.raw.warmup_seconds);
+        let trace = bex_traffic::generate_trace(
+            settings.spec.clone(),
+            settings.raw.rate,
+            dur,
+            settings.raw.seed,
+        )
+        .unwrap_or_else(|e| usage(e));
+        bex_traffic::write_trace_file(path, &trace)
+            .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+        println!(
+            "wrote {} requests over {:.1} s to {}",
+            trace.len(),
+            dur.as_secs_f64(),
+            path.display()
+        );
+        return;
+    }
+    let schedule = match &cli.trace {
+        Some(path) => {
+            let trace = bex_traffic::read_trace_file(path).unwrap_or_else(|e| usage(e));
+            for (i, r) in trace.iter().enumerate() {
+                if let Err(e) = settings.check_request(&r.request) {
+                    usage(format!("{} line {}: {e}", path.display(), i + 1));
+                }
+            }
+            Schedule::Trace(trace.into_iter())
+        }
+        None => Schedule::generated(&settings).unwrap_or_else(|e| usage(e)),
+    };
+    let kind = match cli.transport {
+        Some(Transport::Rdma) => TransportKind::Rdma,
+        Some(Transport::Tcp) => TransportKind::Tcp,
+        None => cfg.transport.kind,
+    };
+    let client_id = cli.id.unwrap_or_else(|| u64::from(std::process::id()));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(format!("tokio runtime: {e}")));
+    rt.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let signals = tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) =
+                (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+            else {
+                eprintln!("ranker: warning: cannot install signal handlers");
+                return stop_tx;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            let _ = stop_tx.send(true);
+            // Keep the sender alive: a dropped sender would look like a change forever.
+            stop_tx
+        });
+
+        let client = connect_client(&cfg, cli.pod, cli.bind, kind, client_id)
+            .await
+            .unwrap_or_else(|e| fail(format!("starting the client: {e}")));
+        let ranker = Ranker::connect(client.ps.clone(), settings.clone(), Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| {
+                fail(format!("cluster unreachable (dense weights not fetched in 10 s): {e}"))
+            });
+        let (ps, device) = (client.ps.clone(), client.node.device.clone());
+        let snapshot = move || Snapshot {
+            cpu: CpuTimes::of_self().unwrap_or_default(),
+            system: SystemCpu::read().unwrap_or_default(),
+            rpc: RpcCounters::of(ps.rpc().stats()),
+            rnic: device.stats(),
+        };
+        let opts = RunOptions {
+            quiet: cli.quiet,
+            drain: Duration::from_secs(10),
+            drain_interrupted: Duration::from_secs(2),
+        };
+        let out = run(ranker.clone(), schedule, opts, snapshot, stop_rx).await;
+        signals.abort();
+        let info = RunInfo {
+            transport: match kind {
+                TransportKind::Rdma => "rdma".into(),
+                TransportKind::Tcp => "tcp".into(),
+            },
+            config: cli.config.display().to_string(),
+            pod: cli.pod,
+            client_id,
+            trace: cli.trace.as_ref().map(|p| p.display().to_string()),
+            dense_refreshes: (
+                ranker.dense_refreshes.load(Ordering::Relaxed),
+                ranker.dense_refresh_failures.load(Ordering::Relaxed),
+            ),
+        };
+        let json = report::to_json(&settings, &info, &out);
+        if let Some(path) = &cli.json {
+            let text = serde_json::to_string_pretty(&json)
+                .unwrap_or_else(|e| fail(format!("report: {e}")));
+            std::fs::write(path, text + "\n")
+                .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+        }
+        // stdout may be a closed pipe (`| head`): the report is already written.
+        let _ = writeln!(std::io::stdout(), "{}", report::summary(&json));
+    });
+    // The transports' threads need no orderly shutdown: the report is written.
+    std::process::exit(0);
 }
