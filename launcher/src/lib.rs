@@ -50,3 +50,44 @@ pub fn load_config(text: &str, sets: &[String]) -> Result<(Config, LaunchConfig)
         .map_err(|e| e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))?;
     Ok((cfg, launch))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "[cluster]\npods = 2\nshards = 2\n[transport]\ncwnd_bytes = 0\n[launch]\nrankers = 2\n";
+
+    #[test]
+    fn overrides_apply_to_defaults_and_launch() {
+        let sets = ["transport.cwnd_bytes=65536", "rpc.request_timeout_ms=80", "launch.mode=netns", "launch.phases=[\"training\"]"]
+            .map(String::from);
+        let (cfg, l) = load_config(FILE, &sets).unwrap();
+        assert_eq!(cfg.transport.cwnd_bytes, 65536);
+        assert_eq!(cfg.rpc.request_timeout_ms, 80, "a key absent from the file");
+        assert_eq!(l.mode, launch::Mode::Netns);
+        assert_eq!(l.rankers, 2, "kept from the file");
+        assert_eq!(l.phases, ["training"]);
+    }
+
+    #[test]
+    fn override_errors_are_clear() {
+        let e = load_config(FILE, &["rpc.request_timeout_ms=soon".into()]).unwrap_err();
+        assert!(e.contains("rpc.request_timeout_ms expects an integer"), "{e}");
+        let e = load_config(FILE, &["transport.cwnd_byte=1".into()]).unwrap_err();
+        assert!(e.contains("cwnd_byte") && e.contains("--set"), "{e}");
+        let e = load_config(FILE, &["cluster.pods=0".into()]).unwrap_err();
+        assert!(e.contains("cluster.pods: must be in 1..=64"), "{e}");
+        let e = load_config(FILE, &["launch.mode=satellite".into()]).unwrap_err();
+        assert!(e.contains("satellite"), "{e}");
+        let e = load_config(FILE, &["launch.phases=[\"warmup\"]".into()]).unwrap_err();
+        assert!(e.contains("launch.phases"), "{e}");
+    }
+
+    #[test]
+    fn shipped_local_config_loads() {
+        let text = include_str!("../../configs/local.toml");
+        let (cfg, l) = load_config(text, &[]).unwrap();
+        assert_eq!((cfg.cluster.pods, cfg.cluster.shards), (2, 2));
+        assert_eq!(l, LaunchConfig::default(), "configs/local.toml documents the defaults");
+    }
+}

@@ -381,3 +381,180 @@ pub fn log_paths(out: &Path, name: &str) -> (PathBuf, PathBuf) {
     let d = out.join("logs");
     (d.join(format!("{name}.out")), d.join(format!("{name}.err")))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn input() -> PlanInput {
+        PlanInput {
+            launcher_pid: 4242,
+            out_dir: PathBuf::from("/tmp/out"),
+            bin_dir: PathBuf::from("/opt/bex"),
+        }
+    }
+
+    fn cfg(pods: u32, shards: u32, training_pod: u32) -> Config {
+        let mut c = Config::local(pods, shards, 17000);
+        c.cluster.training_pod = training_pod;
+        c
+    }
+
+    fn launch(mode: Mode, rankers: u32, trainers: u32, phases: &[&str]) -> LaunchConfig {
+        LaunchConfig {
+            mode,
+            rankers,
+            trainers,
+            phases: phases.iter().map(|p| p.to_string()).collect(),
+            ranker_args: vec!["--seconds".into(), "3".into()],
+            ..LaunchConfig::default()
+        }
+    }
+
+    fn arg<'a>(p: &'a ProcSpec, flag: &str) -> &'a str {
+        let i = p.args.iter().position(|a| a == flag).expect(flag);
+        &p.args[i + 1]
+    }
+
+    #[test]
+    fn loopback_servers_clients_ids_and_pods() {
+        let c = cfg(3, 2, 0);
+        let l = launch(Mode::Loopback, 3, 2, &["inference", "training", "inference+training"]);
+        let p = Plan::build(&c, &l, &input()).unwrap();
+        assert_eq!(p.servers.len(), 6);
+        assert!(p.net.is_none());
+        let https: HashSet<_> = p.servers.iter().map(|s| s.http.unwrap()).collect();
+        assert_eq!(https.len(), 6, "http addresses unique");
+        assert_eq!(p.servers[3].role, Role::Server { pod: 1, shard: 1 });
+        assert_eq!(p.servers[3].argv(), [
+            "/opt/bex/ps-server", "--config", "/tmp/out/cluster.toml", "--pod", "1", "--shard", "1"
+        ]);
+        assert_eq!(p.phases.iter().map(|ph| ph.clients.len()).collect::<Vec<_>>(), [3, 2, 5]);
+        let ids: Vec<&str> = p.phases.iter().flat_map(|ph| &ph.clients).map(|c| arg(c, "--id")).collect();
+        assert_eq!(ids.len(), 10);
+        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 10, "ids unique across phases: {ids:?}");
+        let names: HashSet<_> = p.all_procs().map(|c| c.name.clone()).collect();
+        assert_eq!(names.len(), 16, "names (logs, json files) unique");
+        for c in p.phases.iter().flat_map(|ph| &ph.clients) {
+            match c.role {
+                // Serving pods are 1 and 2, round-robin.
+                Role::Ranker { pod, .. } => assert!(pod == 1 || pod == 2),
+                Role::Trainer { pod, .. } => assert_eq!(pod, 0),
+                Role::Server { .. } => panic!("a server among the clients"),
+            }
+            assert_eq!(arg(c, "--bind"), "127.0.0.1");
+            assert_eq!(arg(c, "--transport"), "rdma");
+            assert_eq!(arg(c, "--json"), c.json.as_ref().unwrap().display().to_string());
+            assert!(c.netns.is_none());
+        }
+        let rankers: Vec<u32> = p.phases[0]
+            .clients
+            .iter()
+            .map(|c| if let Role::Ranker { pod, .. } = c.role { pod } else { 99 })
+            .collect();
+        assert_eq!(rankers, [1, 2, 1]);
+        // Extra args go to the rankers only, last.
+        assert_eq!(&p.phases[0].clients[0].args[12..], ["--seconds", "3"]);
+        assert!(!p.phases[1].clients[0].args.contains(&"--seconds".to_string()));
+    }
+
+    #[test]
+    fn single_pod_serves_from_the_training_pod() {
+        let p = Plan::build(&cfg(1, 2, 0), &launch(Mode::Loopback, 2, 1, &["inference"]), &input())
+            .unwrap();
+        assert!(p.phases[0].clients.iter().all(|c| matches!(c.role, Role::Ranker { pod: 0, .. })));
+        let p = Plan::build(&cfg(2, 1, 1), &launch(Mode::Loopback, 2, 1, &["training"]), &input())
+            .unwrap();
+        assert!(p.phases[0].clients.iter().all(|c| matches!(c.role, Role::Trainer { pod: 1, .. })));
+        assert_eq!(serving_pods(&cfg(2, 1, 1)), [0]);
+    }
+
+    #[test]
+    fn netns_names_addresses_and_commands() {
+        let mut l = launch(Mode::Netns, 2, 1, &["inference+training"]);
+        l.link_rate = "1gbit".into();
+        let p = Plan::build(&cfg(2, 2, 0), &l, &input()).unwrap();
+        let net = p.net.as_ref().unwrap();
+        assert_eq!(net.hosts.len(), 7, "4 servers + 3 clients");
+        assert_eq!(net.switch_ns, "bex-4242-sw");
+        let ips: HashSet<_> = net.hosts.iter().map(|h| h.ip).collect();
+        assert_eq!(ips.len(), 7, "host addresses unique");
+        assert!(!ips.contains(&BRIDGE_IP));
+        let nss: HashSet<_> = net.namespaces().into_iter().collect();
+        assert_eq!(nss.len(), 8);
+        for ns in &nss {
+            assert!(ns.starts_with("bex-4242-"), "{ns}");
+            assert_eq!(ns_owner(ns), Some(4242));
+        }
+        for h in &net.hosts {
+            assert!(h.sw_if.len() <= 15, "interface names fit IFNAMSIZ");
+        }
+        for proc in p.all_procs() {
+            let ns = proc.netns.as_deref().unwrap();
+            assert_eq!(proc.argv()[..4], ["ip", "netns", "exec", ns]);
+            assert!(net.hosts.iter().any(|h| h.ns == ns && IpAddr::V4(h.ip) == proc.ip));
+            if proc.http.is_none() {
+                assert_eq!(arg(proc, "--bind"), proc.ip.to_string());
+            }
+        }
+        // Two tbf qdiscs per host link (both ends), each with the parsed rate.
+        let tbf: Vec<_> = net.setup.iter().filter(|c| c.contains(&"tbf".to_string())).collect();
+        assert_eq!(tbf.len(), 14);
+        assert!(tbf.iter().all(|c| c.contains(&"1000000000bit".to_string())));
+        // Every host namespace is created before it is used; lo is brought up in each.
+        for h in &net.hosts {
+            let add = net.setup.iter().position(|c| c[..3] == ["ip", "netns", "add"] && c[3] == h.ns);
+            let first_use = net.setup.iter().position(|c| c.contains(&h.ns) && c[1] != "netns");
+            assert!(add.unwrap() < first_use.unwrap());
+            assert!(net.setup.iter().any(|c| c[..3] == ["ip", "-n", h.ns.as_str()] && c.ends_with(&["lo".into(), "up".into()])));
+        }
+        // The rewritten config lists every server at its namespace address and is valid.
+        assert_eq!(p.config.cluster.servers.len(), 4);
+        let text = p.config.to_toml_string().unwrap();
+        let back = Config::from_toml_str(&text).unwrap();
+        assert_eq!(back, p.config);
+        let topo = back.topology().unwrap();
+        for s in &p.servers {
+            let Role::Server { pod, shard } = s.role else { panic!() };
+            let a = topo.server(pod, shard).unwrap();
+            assert_eq!(a.http, s.http.unwrap());
+            assert_eq!(a.rdma.ip(), s.ip);
+        }
+    }
+
+    #[test]
+    fn unlimited_links_have_no_qdisc_and_bursts_default_sensibly() {
+        let l = launch(Mode::Netns, 1, 0, &["inference"]);
+        let p = Plan::build(&cfg(1, 1, 0), &l, &input()).unwrap();
+        assert!(p.net.unwrap().setup.iter().all(|c| c[0] != "tc"));
+        let mut l = LaunchConfig { link_rate: "10gbit".into(), ..LaunchConfig::default() };
+        assert_eq!(tbf_params(&l).unwrap(), Some((10_000_000_000, 1_250_000, 2_500_000)));
+        l.link_rate = "100mbit".into();
+        assert_eq!(tbf_params(&l).unwrap(), Some((100_000_000, 65536, 131072)));
+        l.link_queue = "1mb".into();
+        assert_eq!(tbf_params(&l).unwrap().unwrap().2, 1 << 20);
+    }
+
+    #[test]
+    fn loopback_config_is_unchanged_and_round_trips() {
+        let c = cfg(2, 2, 0);
+        let p = Plan::build(&c, &launch(Mode::Loopback, 1, 1, &[]), &input()).unwrap();
+        assert_eq!(p.config, c);
+        assert!(p.phases.is_empty());
+        let back = Config::from_toml_str(&p.config.to_toml_string().unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn namespace_owners() {
+        assert_eq!(ns_owner("bex-123-ps-p0-s1"), Some(123));
+        assert_eq!(ns_owner("bex-123-"), None);
+        assert_eq!(ns_owner("bexl77a"), None);
+        assert_eq!(ns_owner("bex-abc-sw"), None);
+        assert_eq!(host_ip(0), Some(Ipv4Addr::new(10, 77, 0, 1)));
+        assert_eq!(host_ip(255), Some(Ipv4Addr::new(10, 77, 1, 0)));
+        assert_eq!(host_ip(70_000), None);
+    }
+}
