@@ -17,9 +17,13 @@ pub fn state_dir() -> PathBuf {
     std::env::temp_dir().join("bex-cluster")
 }
 
-/// Whether `pid` is a running `bex-cluster` (a pid reused by another program is not).
+/// Whether `pid` is a running `bex-cluster` (a pid reused by another program is not, nor
+/// is a zombie: a SIGKILLed launcher stays one until its parent reaps it).
 pub fn launcher_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "bex-cluster")
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { return false };
+    let state = stat[close + 1..].split_whitespace().next();
+    &stat[open + 1..close] == "bex-cluster" && !matches!(state, Some("Z" | "X"))
 }
 
 /// A process's start time in clock ticks since boot (`/proc/<pid>/stat` field 22): with the

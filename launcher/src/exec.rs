@@ -123,6 +123,12 @@ impl Drop for Executor {
     }
 }
 
+/// `/health` answers 200.
+fn healthy_now(s: &ProcSpec) -> bool {
+    let Some(http) = s.http else { return false };
+    matches!(http_get(http, "/health", s.netns.as_deref(), HTTP_TIMEOUT), Ok((200, _)))
+}
+
 fn cpu_of(pid: u32) -> CpuTimes {
     CpuTimes::of_pid(pid).unwrap_or_default()
 }
@@ -181,11 +187,6 @@ impl Executor {
         false
     }
 
-    fn health(&self, s: &Running) -> bool {
-        let Some(http) = s.spec.http else { return false };
-        matches!(http_get(http, "/health", s.spec.netns.as_deref(), HTTP_TIMEOUT), Ok((200, _)))
-    }
-
     fn snapshot(&self) -> Vec<(CpuTimes, BTreeMap<String, u64>)> {
         self.servers
             .iter()
@@ -193,7 +194,9 @@ impl Executor {
                 let metrics = s
                     .spec
                     .http
-                    .and_then(|a| http_get(a, "/metrics", s.spec.netns.as_deref(), HTTP_TIMEOUT).ok())
+                    .and_then(|a| {
+                        http_get(a, "/metrics", s.spec.netns.as_deref(), HTTP_TIMEOUT).ok()
+                    })
                     .filter(|(code, _)| *code == 200)
                     .map(|(_, body)| rnic_counters(&body))
                     .unwrap_or_default();
@@ -204,7 +207,11 @@ impl Executor {
 
     fn setup_network(&mut self) -> Result<(), String> {
         let Some(net) = self.plan.net.clone() else { return Ok(()) };
-        println!("bex-cluster: netns: {} hosts behind bridge in {}", net.hosts.len(), net.switch_ns);
+        println!(
+            "bex-cluster: netns: {} hosts behind bridge in {}",
+            net.hosts.len(),
+            net.switch_ns
+        );
         for cmd in &net.setup {
             if self.interrupted() {
                 return Err("interrupted during network setup".into());
@@ -241,21 +248,21 @@ impl Executor {
             if self.interrupted() {
                 return Err("interrupted while waiting for the servers".into());
             }
-            for i in 0..self.servers.len() {
-                if healthy[i] {
+            for (s, h) in self.servers.iter_mut().zip(healthy.iter_mut()) {
+                if *h {
                     continue;
                 }
-                let (out, err) = log_paths(&self.out, &self.servers[i].spec.name);
-                if let Some(st) = self.servers[i].poll() {
+                let (out, err) = log_paths(&self.out, &s.spec.name);
+                if let Some(st) = s.poll() {
                     return Err(format!(
                         "{} exited during start-up ({st}); stderr tail:\n{}",
-                        self.servers[i].spec.name,
+                        s.spec.name,
                         tail(&err, 15)
                     ));
                 }
                 let ready = std::fs::read_to_string(&out)
                     .is_ok_and(|t| t.lines().any(|l| l.starts_with("ready ")));
-                healthy[i] = ready && self.health(&self.servers[i]);
+                *h = ready && healthy_now(&s.spec);
             }
             if healthy.iter().all(|h| *h) {
                 return Ok(now() - t0);
@@ -329,8 +336,9 @@ impl Executor {
         let sys = SystemCpu::read().unwrap_or_default().since(&sys_before);
         let after = self.snapshot();
         for s in &self.servers {
-            if s.status.is_none() && !self.health(s) {
-                self.reasons.push(format!("{}: /health not 200 after phase {}", s.spec.name, phase.name));
+            if s.status.is_none() && !healthy_now(&s.spec) {
+                self.reasons
+                    .push(format!("{}: /health not 200 after phase {}", s.spec.name, phase.name));
             }
         }
 
@@ -460,7 +468,10 @@ impl Executor {
         // A server that exits uncleanly on SIGTERM did not checkpoint.
         for (s, alive) in self.servers.iter().zip(alive_before) {
             if alive && s.status.and_then(|st| st.code()) != Some(0) {
-                self.reasons.push(format!("{} did not exit cleanly on SIGTERM ({:?})", s.spec.name, s.status));
+                self.reasons.push(format!(
+                    "{} did not exit cleanly on SIGTERM ({:?})",
+                    s.spec.name, s.status
+                ));
             }
         }
         let ok = self.reasons.is_empty();

@@ -118,9 +118,11 @@ impl LaunchConfig {
         if let Err(m) = self.parsed_phases() {
             e.push(FieldError::new("launch.phases", m));
         }
-        for (k, v) in
-            [("link_rate", &self.link_rate), ("link_burst", &self.link_burst), ("link_queue", &self.link_queue)]
-        {
+        for (k, v) in [
+            ("link_rate", &self.link_rate),
+            ("link_burst", &self.link_burst),
+            ("link_queue", &self.link_queue),
+        ] {
             if !v.is_empty() {
                 let parsed = if k == "link_rate" { parse_rate(v) } else { parse_size(v) };
                 if let Err(m) = parsed {
@@ -129,7 +131,10 @@ impl LaunchConfig {
             }
         }
         if self.mode == Mode::Loopback && !self.link_rate.is_empty() {
-            e.push(FieldError::new("launch.link_rate", "needs mode = \"netns\" (loopback has no links)"));
+            e.push(FieldError::new(
+                "launch.link_rate",
+                "needs mode = \"netns\" (loopback has no links)",
+            ));
         }
         if self.timeout_s == 0 {
             e.push(FieldError::new("launch.timeout_s", "must be ≥ 1"));
@@ -184,7 +189,11 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         "kbps" => 8e3,
         "mbps" => 8e6,
         "gbps" => 8e9,
-        _ => return Err(format!("unknown rate unit {unit:?} in {s:?} (bit, kbit, mbit, gbit, bps…)")),
+        _ => {
+            return Err(format!(
+                "unknown rate unit {unit:?} in {s:?} (bit, kbit, mbit, gbit, bps…)"
+            ))
+        }
     };
     let bits = n * mult;
     if !(bits.is_finite() && bits >= 8.0) {
@@ -217,10 +226,15 @@ mod tests {
     fn defaults_round_trip_and_bad_values_name_their_key() {
         let l = LaunchConfig::from_table(&LaunchConfig::default_table()).unwrap();
         assert_eq!(l, LaunchConfig::default());
-        let t: toml::Table = toml::from_str("phases = [\"inference+training\", \"train\"]\nlink_rate = \"fast\"").unwrap();
+        let t: toml::Table =
+            toml::from_str("phases = [\"inference+training\", \"train\"]\nlink_rate = \"fast\"")
+                .unwrap();
         let e = LaunchConfig::from_table(&t).unwrap_err();
         let text: Vec<String> = e.iter().map(|e| e.to_string()).collect();
-        assert!(text.iter().any(|m| m.starts_with("launch.phases") && m.contains("\"train\"")), "{text:?}");
+        assert!(
+            text.iter().any(|m| m.starts_with("launch.phases") && m.contains("\"train\"")),
+            "{text:?}"
+        );
         assert!(text.iter().any(|m| m.starts_with("launch.link_rate")), "{text:?}");
         let t: toml::Table = toml::from_str("rankerz = 2").unwrap();
         assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("rankerz"));
@@ -228,7 +242,10 @@ mod tests {
 
     #[test]
     fn phases_parse() {
-        let l = LaunchConfig { phases: vec!["inference+training".into(), "training".into()], ..Default::default() };
+        let l = LaunchConfig {
+            phases: vec!["inference+training".into(), "training".into()],
+            ..Default::default()
+        };
         let p = l.parsed_phases().unwrap();
         assert!(p[0].inference && p[0].training);
         assert!(!p[1].inference && p[1].training);

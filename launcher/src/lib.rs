@@ -55,12 +55,18 @@ pub fn load_config(text: &str, sets: &[String]) -> Result<(Config, LaunchConfig)
 mod tests {
     use super::*;
 
-    const FILE: &str = "[cluster]\npods = 2\nshards = 2\n[transport]\ncwnd_bytes = 0\n[launch]\nrankers = 2\n";
+    const FILE: &str =
+        "[cluster]\npods = 2\nshards = 2\n[transport]\ncwnd_bytes = 0\n[launch]\nrankers = 2\n";
 
     #[test]
     fn overrides_apply_to_defaults_and_launch() {
-        let sets = ["transport.cwnd_bytes=65536", "rpc.request_timeout_ms=80", "launch.mode=netns", "launch.phases=[\"training\"]"]
-            .map(String::from);
+        let sets = [
+            "transport.cwnd_bytes=65536",
+            "rpc.request_timeout_ms=80",
+            "launch.mode=netns",
+            "launch.phases=[\"training\"]",
+        ]
+        .map(String::from);
         let (cfg, l) = load_config(FILE, &sets).unwrap();
         assert_eq!(cfg.transport.cwnd_bytes, 65536);
         assert_eq!(cfg.rpc.request_timeout_ms, 80, "a key absent from the file");

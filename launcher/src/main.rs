@@ -25,14 +25,30 @@ Exit codes: 0 every process behaved; 1 runtime failure (see report.json \"reason
 2 bad usage or configuration; 128+N interrupted by signal N (after a full teardown).
 The [launch] section of the cluster file is documented in configs/local.toml.";
 
+const RUN_AFTER: &str = "\
+[launch] keys (override with --set launch.KEY=VALUE):
+  mode = \"loopback\" | \"netns\"      where the processes run
+  link_rate = \"10gbit\"              netns: tc tbf rate on both ends of every host link (\"\" = none)
+  link_burst, link_queue            tbf burst and limit (default 1 ms at link_rate ≥ 64kb; 2 × burst)
+  rankers = 1, trainers = 1         processes per phase (rankers round-robin over serving pods)
+  phases = [\"inference\", \"training\"]  in order; \"inference+training\" = both at once; [] = health only
+  ranker_args, trainer_args = []    extra CLI args of the clients
+  transport = \"rdma\" | \"tcp\"       the clients' transport
+  timeout_s = 600                   deadline of the whole workload
+  bin_dir = \"\"                      ps-server/ranker/trainer directory (default: next to bex-cluster)
+Examples:
+  bex-cluster run --config configs/local.toml --set 'launch.ranker_args=[\"--seconds\",\"10\"]'
+  bex-cluster run --config configs/local.toml --mode netns --set launch.link_rate=1gbit";
+
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run a cluster: start every ps-server (all pods × shards), wait until each prints
     /// `ready` and answers /health 200, run the phases of launch.phases (rankers on the
     /// serving pods, trainers on the training pod), stop the servers with SIGTERM (they
-    /// checkpoint) and write <out>/report.json.
+    /// checkpoint) and write OUT/report.json.
+    #[command(after_help = RUN_AFTER)]
     Run(RunArgs),
-    /// Remove leftovers of dead launchers: network namespaces `bex-<pid>-*` whose launcher
+    /// Remove leftovers of dead launchers: network namespaces `bex-PID-*` whose launcher
     /// is gone and the processes such launchers recorded (also done at the start of `run`).
     Cleanup,
 }
@@ -42,8 +58,8 @@ struct RunArgs {
     /// The cluster file (TOML, e.g. configs/local.toml).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    /// Output directory: cluster.toml (the configuration every process reads), logs/<name>.
-    /// {out,err}, <client>.json, report.json. Default: target/bex-cluster/run-<pid>.
+    /// Output directory: cluster.toml (the configuration every process reads),
+    /// logs/NAME.{out,err}, CLIENT.json, report.json. Default: target/bex-cluster/run-PID.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Overrides launch.mode: loopback (every process on 127.0.0.1) or netns (one network
@@ -90,9 +106,7 @@ fn main() {
 /// Effective uid 0, from `/proc/self/status` (`Uid: real effective saved fs`).
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|u| u.split_whitespace().nth(1))
+        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|u| u.split_whitespace().nth(1))
             == Some("0")
     })
 }
@@ -132,7 +146,9 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
                 .status()
                 .is_ok();
             if !found {
-                return usage(&format!("mode = \"netns\" needs `{tool}` (apt-get install iproute2)"));
+                return usage(&format!(
+                    "mode = \"netns\" needs `{tool}` (apt-get install iproute2)"
+                ));
             }
         }
     }

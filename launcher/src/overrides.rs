@@ -41,9 +41,9 @@ fn set_in(
     for (i, seg) in parents.iter().enumerate() {
         let here = parents[..=i].join(".");
         node = match node {
-            toml::Value::Table(t) => t
-                .entry(seg.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new())),
+            toml::Value::Table(t) => {
+                t.entry(seg.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            }
             toml::Value::Array(a) => {
                 let idx: usize =
                     seg.parse().map_err(|_| format!("{here}: index {seg:?} is not a number"))?;
@@ -66,7 +66,8 @@ fn set_in(
             let idx: usize =
                 last.parse().map_err(|_| format!("{path}: index {last:?} is not a number"))?;
             let len = a.len();
-            let slot = a.get_mut(idx).ok_or_else(|| format!("{path}: index {idx} ≥ length {len}"))?;
+            let slot =
+                a.get_mut(idx).ok_or_else(|| format!("{path}: index {idx} ≥ length {len}"))?;
             *slot = coerce(slot, value, path)?;
             Ok(())
         }
@@ -129,7 +130,10 @@ mod tests {
     fn type_errors_name_the_key_and_types() {
         let mut d = doc();
         let e = apply(&mut d, "transport.cwnd_bytes=lots").unwrap_err();
-        assert!(e.contains("transport.cwnd_bytes expects an integer") && e.contains("string"), "{e}");
+        assert!(
+            e.contains("transport.cwnd_bytes expects an integer") && e.contains("string"),
+            "{e}"
+        );
         let e = apply(&mut d, "launch.phases=inference").unwrap_err();
         assert!(e.contains("expects an array"), "{e}");
         assert!(apply(&mut d, "tables.5.dim=3").unwrap_err().contains("index 5"));

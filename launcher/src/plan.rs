@@ -195,7 +195,13 @@ impl Plan {
                         let p = port.checked_add(d).ok_or("cluster.base_port too large")?;
                         Ok(SocketAddr::new(IpAddr::V4(ip), p).to_string())
                     };
-                    entries.push(ServerEntry { pod, shard, rdma: at(0)?, tcp: at(1)?, http: at(2)? });
+                    entries.push(ServerEntry {
+                        pod,
+                        shard,
+                        rdma: at(0)?,
+                        tcp: at(1)?,
+                        http: at(2)?,
+                    });
                     let http = SocketAddr::new(IpAddr::V4(ip), port.saturating_add(2));
                     (Some(format!("{prefix}{name}")), IpAddr::V4(ip), http)
                 } else {
@@ -325,11 +331,16 @@ pub fn tbf_params(launch: &LaunchConfig) -> Result<Option<(u64, u64, u64)>, Stri
     } else {
         parse_size(&launch.link_burst)?
     };
-    let limit = if launch.link_queue.is_empty() { 2 * burst } else { parse_size(&launch.link_queue)? };
+    let limit =
+        if launch.link_queue.is_empty() { 2 * burst } else { parse_size(&launch.link_queue)? };
     Ok(Some((rate, burst, limit)))
 }
 
-fn net_plan(switch_ns: &str, hosts: Vec<NetHost>, launch: &LaunchConfig) -> Result<NetPlan, String> {
+fn net_plan(
+    switch_ns: &str,
+    hosts: Vec<NetHost>,
+    launch: &LaunchConfig,
+) -> Result<NetPlan, String> {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
     let mtu = LINK_MTU.to_string();
     let tbf = tbf_params(launch)?;
@@ -357,8 +368,21 @@ fn net_plan(switch_ns: &str, hosts: Vec<NetHost>, launch: &LaunchConfig) -> Resu
         if let Some((rate, burst, limit)) = tbf {
             for (n, dev) in [(ns, "eth0"), (switch_ns, sw)] {
                 setup.push(s(&[
-                    "tc", "-n", n, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                    &format!("{rate}bit"), "burst", &burst.to_string(), "limit", &limit.to_string(),
+                    "tc",
+                    "-n",
+                    n,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    &format!("{rate}bit"),
+                    "burst",
+                    &burst.to_string(),
+                    "limit",
+                    &limit.to_string(),
                 ]));
             }
         }
@@ -428,13 +452,27 @@ mod tests {
         let https: HashSet<_> = p.servers.iter().map(|s| s.http.unwrap()).collect();
         assert_eq!(https.len(), 6, "http addresses unique");
         assert_eq!(p.servers[3].role, Role::Server { pod: 1, shard: 1 });
-        assert_eq!(p.servers[3].argv(), [
-            "/opt/bex/ps-server", "--config", "/tmp/out/cluster.toml", "--pod", "1", "--shard", "1"
-        ]);
+        assert_eq!(
+            p.servers[3].argv(),
+            [
+                "/opt/bex/ps-server",
+                "--config",
+                "/tmp/out/cluster.toml",
+                "--pod",
+                "1",
+                "--shard",
+                "1"
+            ]
+        );
         assert_eq!(p.phases.iter().map(|ph| ph.clients.len()).collect::<Vec<_>>(), [3, 2, 5]);
-        let ids: Vec<&str> = p.phases.iter().flat_map(|ph| &ph.clients).map(|c| arg(c, "--id")).collect();
+        let ids: Vec<&str> =
+            p.phases.iter().flat_map(|ph| &ph.clients).map(|c| arg(c, "--id")).collect();
         assert_eq!(ids.len(), 10);
-        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 10, "ids unique across phases: {ids:?}");
+        assert_eq!(
+            ids.iter().collect::<HashSet<_>>().len(),
+            10,
+            "ids unique across phases: {ids:?}"
+        );
         let names: HashSet<_> = p.all_procs().map(|c| c.name.clone()).collect();
         assert_eq!(names.len(), 16, "names (logs, json files) unique");
         for c in p.phases.iter().flat_map(|ph| &ph.clients) {
@@ -505,10 +543,12 @@ mod tests {
         assert!(tbf.iter().all(|c| c.contains(&"1000000000bit".to_string())));
         // Every host namespace is created before it is used; lo is brought up in each.
         for h in &net.hosts {
-            let add = net.setup.iter().position(|c| c[..3] == ["ip", "netns", "add"] && c[3] == h.ns);
+            let add =
+                net.setup.iter().position(|c| c[..3] == ["ip", "netns", "add"] && c[3] == h.ns);
             let first_use = net.setup.iter().position(|c| c.contains(&h.ns) && c[1] != "netns");
             assert!(add.unwrap() < first_use.unwrap());
-            assert!(net.setup.iter().any(|c| c[..3] == ["ip", "-n", h.ns.as_str()] && c.ends_with(&["lo".into(), "up".into()])));
+            assert!(net.setup.iter().any(|c| c[..3] == ["ip", "-n", h.ns.as_str()]
+                && c.ends_with(&["lo".into(), "up".into()])));
         }
         // The rewritten config lists every server at its namespace address and is valid.
         assert_eq!(p.config.cluster.servers.len(), 4);

@@ -37,7 +37,9 @@ fn get_here(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes())?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut out = Vec::new();
     // Bounded: a metrics page is a few KiB.
     s.take(16 << 20).read_to_end(&mut out)?;

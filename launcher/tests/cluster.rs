@@ -52,7 +52,8 @@ fn ps_server() -> &'static Path {
             .expect("cargo runs");
         assert!(status.success(), "cargo build --release -p bex-ps-server failed");
         // target/<profile>/bex-cluster → target/release/ps-server
-        let target = Path::new(env!("CARGO_BIN_EXE_bex-cluster")).parent().unwrap().parent().unwrap();
+        let target =
+            Path::new(env!("CARGO_BIN_EXE_bex-cluster")).parent().unwrap().parent().unwrap();
         target.join("release/ps-server")
     })
 }
@@ -170,7 +171,10 @@ fn phases_run_clients_on_the_right_pods_and_embed_their_reports() {
     let r = setup("phases", 2, 2);
     let (out, rep) = r.run(
         1,
-        &["launch.rankers=2", "launch.phases=[\"inference\", \"training\", \"inference+training\"]"],
+        &[
+            "launch.rankers=2",
+            "launch.phases=[\"inference\", \"training\", \"inference+training\"]",
+        ],
     );
     assert!(out.status.success(), "{}", show(&out));
     assert_eq!(rep["ok"], true, "{rep:#}");
@@ -207,7 +211,10 @@ fn phases_run_clients_on_the_right_pods_and_embed_their_reports() {
 #[test]
 fn a_failing_client_fails_the_run_and_still_tears_down() {
     let r = setup("fail", 1, 2);
-    let (out, rep) = r.run(2, &["launch.phases=[\"training\", \"inference\"]", "launch.trainer_args=[\"--fail\"]"]);
+    let (out, rep) = r.run(
+        2,
+        &["launch.phases=[\"training\", \"inference\"]", "launch.trainer_args=[\"--fail\"]"],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert_eq!(rep["ok"], false);
     let reasons = rep["reasons"].to_string();
@@ -248,7 +255,14 @@ fn recorded(launcher: u32) -> Vec<u64> {
 fn sigterm_mid_run_tears_everything_down() {
     let r = setup("sigterm", 2, 2);
     let mut child = r
-        .cmd(4, &["launch.phases=[\"inference+training\"]", "launch.ranker_args=[\"--hang\"]", "launch.trainer_args=[\"--hang\"]"])
+        .cmd(
+            4,
+            &[
+                "launch.phases=[\"inference+training\"]",
+                "launch.ranker_args=[\"--hang\"]",
+                "launch.trainer_args=[\"--hang\"]",
+            ],
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -273,7 +287,8 @@ fn sigterm_mid_run_tears_everything_down() {
         assert!(!alive(*p), "pid {p} survived the launcher");
     }
     let rep: Value =
-        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
+            .unwrap();
     assert_eq!(rep["ok"], false);
     assert!(rep["reasons"].to_string().contains("interrupted by SIGTERM"), "{rep:#}");
     // The clients got SIGTERM and wrote their reports (the contract), which are embedded.
@@ -309,7 +324,8 @@ fn netns_1x2_cluster_with_link_rates_comes_up_and_leaves_no_namespace() {
         return;
     }
     let r = setup("netns", 1, 2);
-    let (out, rep) = r.run(5, &["launch.mode=netns", "launch.link_rate=1gbit", "launch.phases=[\"inference\"]"]);
+    let (out, rep) =
+        r.run(5, &["launch.mode=netns", "launch.link_rate=1gbit", "launch.phases=[\"inference\"]"]);
     assert!(out.status.success(), "{}", show(&out));
     assert_eq!(rep["ok"], true, "{rep:#}");
     let net = &rep["network"];
@@ -325,6 +341,44 @@ fn netns_1x2_cluster_with_link_rates_comes_up_and_leaves_no_namespace() {
     let c = &rep["phases"][0]["clients"][0];
     assert!(c["ip"].as_str().unwrap().starts_with("10.77."));
     assert_eq!(c["report"]["kind"], "ranker");
-    assert!(rep["servers"][0]["rnic"]["tx_packets"].is_u64(), "metrics scraped inside the namespace");
+    assert!(
+        rep["servers"][0]["rnic"]["tx_packets"].is_u64(),
+        "metrics scraped inside the namespace"
+    );
     assert!(namespaces_of(prefix).is_empty(), "namespaces left: {:?}", namespaces_of(prefix));
+}
+
+#[test]
+fn cleanup_removes_leftovers_of_dead_launchers() {
+    // A dead "launcher": a process that has exited and been reaped.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    // It recorded a child that is still running.
+    let mut orphan = Command::new("sleep").arg("600").spawn().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", orphan.id())).unwrap();
+    let start =
+        stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_string();
+    let dir = std::env::temp_dir().join("bex-cluster");
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join(format!("{dead}.pids"));
+    std::fs::write(&record, format!("{} {start} ranker-1\n", orphan.id())).unwrap();
+    let ns = format!("bex-{dead}-sw");
+    let netns = netns_available();
+    if netns {
+        assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success());
+    } else {
+        println!("SKIPPED: the namespace part needs root and iproute2");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_bex-cluster")).arg("cleanup").output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Killed (SIGKILL) and reaped here.
+    let status = orphan.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{text}");
+    assert!(!record.exists());
+    if netns {
+        assert!(text.contains(&format!("deleted namespace {ns}")), "{text}");
+        assert!(namespaces_of(&ns).is_empty());
+    }
 }
