@@ -56,6 +56,10 @@ impl Running {
     }
 }
 
+fn fmt_status(s: Option<ExitStatus>) -> String {
+    s.map_or_else(|| "still running".into(), |s| s.to_string())
+}
+
 fn status_json(s: Option<ExitStatus>) -> Value {
     use std::os::unix::process::ExitStatusExt;
     match s {
@@ -121,6 +125,19 @@ impl Drop for Executor {
     fn drop(&mut self) {
         self.teardown(STOP_GRACE);
     }
+}
+
+/// The configuration the processes read: the plan's, without `[launch]` (it is the
+/// launcher's alone and is recorded in report.json), so binaries built before that section
+/// existed still accept the file.
+pub fn process_config_text(cfg: &bex_ps_core::Config) -> Result<String, String> {
+    let mut doc = match toml::Value::try_from(cfg) {
+        Ok(toml::Value::Table(t)) => t,
+        Ok(_) => return Err("configuration is not a table".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    doc.remove("launch");
+    toml::to_string(&doc).map_err(|e| e.to_string())
 }
 
 /// `/health` answers 200.
@@ -357,9 +374,9 @@ impl Executor {
             if code != Some(0) {
                 let (_, err) = log_paths(&self.out, &c.spec.name);
                 self.reasons.push(format!(
-                    "{} exited with {:?}; stderr tail:\n{}",
+                    "{} {}; stderr tail:\n{}",
                     c.spec.name,
-                    c.status,
+                    fmt_status(c.status),
                     tail(&err, 10)
                 ));
             } else if report.is_none() {
@@ -469,8 +486,9 @@ impl Executor {
         for (s, alive) in self.servers.iter().zip(alive_before) {
             if alive && s.status.and_then(|st| st.code()) != Some(0) {
                 self.reasons.push(format!(
-                    "{} did not exit cleanly on SIGTERM ({:?})",
-                    s.spec.name, s.status
+                    "{} did not exit cleanly on SIGTERM ({})",
+                    s.spec.name,
+                    fmt_status(s.status)
                 ));
             }
         }
@@ -531,7 +549,7 @@ impl Executor {
     fn prepare(&mut self) -> Result<(), String> {
         let logs = self.out.join("logs");
         std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
-        let text = self.plan.config.to_toml_string().map_err(|e| e.to_string())?;
+        let text = process_config_text(&self.plan.config)?;
         std::fs::write(&self.plan.config_path, text)
             .map_err(|e| format!("{}: {e}", self.plan.config_path.display()))?;
         for p in self.plan.all_procs() {

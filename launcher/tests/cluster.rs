@@ -382,3 +382,46 @@ fn cleanup_removes_leftovers_of_dead_launchers() {
         assert!(namespaces_of(&ns).is_empty());
     }
 }
+
+/// The real `ranker` and `trainer`, when `BEX_BIN_DIR` holds working builds of all three
+/// binaries (e.g. `scripts/cluster.sh`'s `target/release` after a release build).
+#[test]
+fn real_clients_when_available() {
+    let Ok(dir) = std::env::var("BEX_BIN_DIR") else {
+        println!("SKIPPED: set BEX_BIN_DIR to a directory with ps-server, ranker and trainer");
+        return;
+    };
+    let works = |b: &str| {
+        Command::new(Path::new(&dir).join(b))
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !(works("ranker") && works("trainer")) {
+        println!("SKIPPED: ranker/trainer in {dir} are not working builds");
+        return;
+    }
+    let r = setup("real", 2, 2);
+    // The clients need the shipped tables (user, item, context, dense).
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml"), &r.config)
+        .unwrap();
+    let bin = format!("launch.bin_dir={dir}");
+    let (out, rep) = r.run(
+        6,
+        &[
+            &bin,
+            "launch.phases=[\"inference\", \"training\"]",
+            "launch.ranker_args=[\"--seconds\", \"2\"]",
+            "launch.trainer_args=[\"--seconds\", \"2\"]",
+            "trainer.batch_size=64",
+        ],
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(rep["ok"], true, "{rep:#}");
+    assert_eq!(rep["phases"][0]["clients"][0]["report"]["kind"], "ranker");
+    let t = &rep["phases"][1]["clients"][0]["report"];
+    assert_eq!(t["kind"], "trainer");
+    assert!(t["auc_initial"].is_f64() && t["auc_final"].is_f64(), "{t:#}");
+}
