@@ -528,6 +528,7 @@ impl Executor {
             "ok": ok,
             "reasons": self.reasons,
             "mode": self.plan.mode,
+            "launcher_pid": std::process::id(),
             "out_dir": self.out.display().to_string(),
             "config": serde_json::to_value(&self.plan.config).unwrap_or(Value::Null),
             "launch": serde_json::to_value(&self.launch).unwrap_or(Value::Null),
