@@ -180,6 +180,10 @@ impl Executor {
     fn spawn(&mut self, spec: &ProcSpec) -> Result<Running, String> {
         let (out, err) = log_paths(&self.out, &spec.name);
         let open = |p: &Path| File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        if let Some(json) = &spec.json {
+            // A report left by an earlier run in the same directory must not pass for this one.
+            let _ = std::fs::remove_file(json);
+        }
         let argv = spec.argv();
         let child = Command::new(&argv[0])
             .args(&argv[1..])

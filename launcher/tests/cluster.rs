@@ -468,3 +468,20 @@ fn sigkilled_launcher_leaves_nothing_after_cleanup() {
     assert!(!std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids")).exists());
     assert!(!alive(pids[2]));
 }
+
+#[test]
+fn a_server_that_cannot_start_fails_the_run_with_its_stderr() {
+    let r = setup("startfail", 1, 2);
+    // Server (0, 1)'s HTTP port is taken: it exits at start-up.
+    let taken = std::net::TcpListener::bind(("127.0.0.1", base_port(8) + 5)).unwrap();
+    let (out, rep) = r.run(8, &["launch.phases=[\"inference\"]"]);
+    drop(taken);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let reasons = rep["reasons"].to_string();
+    assert!(reasons.contains("ps-p0-s1"), "{reasons}");
+    assert!(reasons.contains("stderr tail"), "{reasons}");
+    assert!(rep["phases"].as_array().unwrap().is_empty(), "no phase ran");
+    for s in rep["servers"].as_array().unwrap() {
+        assert!(!alive(s["pid"].as_u64().unwrap()));
+    }
+}
