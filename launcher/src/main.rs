@@ -1,5 +1,206 @@
-//! Placeholder until the binary lands (issue 6).
+//! `bex-cluster`: see the crate docs and `--help`.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use bex_launcher::exec::Executor;
+use bex_launcher::launch::Mode;
+use bex_launcher::plan::{Plan, PlanInput};
+use bex_launcher::probe::Stop;
+use bex_launcher::{cleanup, load_config};
+use clap::{Parser, Subcommand};
+
+/// Starts a bex cluster from its TOML file, runs the workload, collects the reports and
+/// tears everything down (also on Ctrl-C or failure).
+#[derive(Debug, Parser)]
+#[command(name = "bex-cluster", version, after_help = AFTER)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+const AFTER: &str = "\
+Exit codes: 0 every process behaved; 1 runtime failure (see report.json \"reasons\");
+2 bad usage or configuration; 128+N interrupted by signal N (after a full teardown).
+The [launch] section of the cluster file is documented in configs/local.toml.";
+
+const RUN_AFTER: &str = "\
+[launch] keys (override with --set launch.KEY=VALUE):
+  mode = \"loopback\" | \"netns\"      where the processes run
+  link_rate = \"10gbit\"              netns: tc tbf rate on both ends of every host link (\"\" = none)
+  link_burst, link_queue            tbf burst and limit (default 1 ms at link_rate ≥ 64kb; 2 × burst)
+  rankers = 1, trainers = 1         processes per phase (rankers round-robin over serving pods)
+  phases = [\"inference\", \"training\"]  in order; \"inference+training\" = both at once; [] = health only
+  ranker_args, trainer_args = []    extra CLI args of the clients
+  transport = \"rdma\" | \"tcp\"       the clients' transport
+  timeout_s = 600                   deadline of the whole workload
+  bin_dir = \"\"                      ps-server/ranker/trainer directory (default: next to bex-cluster)
+Examples:
+  bex-cluster run --config configs/local.toml --set 'launch.ranker_args=[\"--seconds\",\"10\"]'
+  bex-cluster run --config configs/local.toml --mode netns --set launch.link_rate=1gbit";
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run a cluster: start every ps-server (all pods × shards), wait until each prints
+    /// `ready` and answers /health 200, run the phases of launch.phases (rankers on the
+    /// serving pods, trainers on the training pod), stop the servers with SIGTERM (they
+    /// checkpoint) and write OUT/report.json.
+    #[command(after_help = RUN_AFTER)]
+    Run(RunArgs),
+    /// Remove leftovers of dead launchers: network namespaces `bex-PID-*` whose launcher
+    /// is gone and the processes such launchers recorded (also done at the start of `run`).
+    Cleanup,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The cluster file (TOML, e.g. configs/local.toml).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Output directory: cluster.toml (the configuration every process reads),
+    /// logs/NAME.{out,err}, CLIENT.json, report.json. Default: target/bex-cluster/run-PID.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Overrides launch.mode: loopback (every process on 127.0.0.1) or netns (one network
+    /// namespace per host behind a bridge, tc link rates; needs root and iproute2).
+    #[arg(long, value_name = "MODE")]
+    mode: Option<String>,
+    /// Overrides launch.transport, the clients' transport: rdma or tcp.
+    #[arg(long, value_name = "KIND")]
+    transport: Option<String>,
+    /// Overrides any key of the file, e.g. --set transport.cwnd_bytes=65536,
+    /// --set launch.phases='["inference"]', --set tables.0.dim=32. VALUE is TOML (a bare word
+    /// is a string); the type must match the key's. Repeatable; applied in order after
+    /// --mode/--transport.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
 fn main() {
-    eprintln!("not built yet");
-    std::process::exit(1);
+    // First: a Ctrl-C from now on leads to a full teardown.
+    let stop = match Stop::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bex-cluster: cannot install signal handling: {e}");
+            std::process::exit(1);
+        }
+    };
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Cmd::Cleanup => {
+            let done = cleanup::stale();
+            if done.is_empty() {
+                println!("bex-cluster: nothing to clean up");
+            }
+            for d in done {
+                println!("bex-cluster: {d}");
+            }
+            0
+        }
+        Cmd::Run(args) => run(args, stop),
+    };
+    std::process::exit(code);
+}
+
+/// Effective uid 0, from `/proc/self/status` (`Uid: real effective saved fs`).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|u| u.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
+fn usage(msg: &str) -> i32 {
+    eprintln!("bex-cluster: {msg}");
+    2
+}
+
+fn run(args: RunArgs, stop: Stop) -> i32 {
+    let pid = std::process::id();
+    let text = match std::fs::read_to_string(&args.config) {
+        Ok(t) => t,
+        Err(e) => return usage(&format!("{}: {e}", args.config.display())),
+    };
+    let mut sets = Vec::new();
+    if let Some(m) = &args.mode {
+        sets.push(format!("launch.mode={m}"));
+    }
+    if let Some(t) = &args.transport {
+        sets.push(format!("launch.transport={t}"));
+    }
+    sets.extend(args.sets.iter().cloned());
+    let (cfg, launch) = match load_config(&text, &sets) {
+        Ok(v) => v,
+        Err(e) => return usage(&format!("{}:\n{e}", args.config.display())),
+    };
+    if launch.mode == Mode::Netns {
+        if !is_root() {
+            return usage("mode = \"netns\" needs root (network namespaces, veth, tc)");
+        }
+        for tool in ["ip", "tc"] {
+            let found = std::process::Command::new(tool)
+                .arg("-V")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok();
+            if !found {
+                return usage(&format!(
+                    "mode = \"netns\" needs `{tool}` (apt-get install iproute2)"
+                ));
+            }
+        }
+    }
+    let bin_dir = if launch.bin_dir.is_empty() {
+        match std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)) {
+            Some(d) => d,
+            None => return usage("cannot find the directory of bex-cluster; set launch.bin_dir"),
+        }
+    } else {
+        PathBuf::from(&launch.bin_dir)
+    };
+    let out = args.out.unwrap_or_else(|| PathBuf::from(format!("target/bex-cluster/run-{pid}")));
+    if let Err(e) = std::fs::create_dir_all(&out) {
+        return usage(&format!("{}: {e}", out.display()));
+    }
+    // Absolute, so children and the report name the same files whatever their cwd.
+    let out = std::fs::canonicalize(&out).unwrap_or(out);
+    for d in cleanup::stale() {
+        println!("bex-cluster: {d}");
+    }
+    let input = PlanInput { launcher_pid: pid, out_dir: out.clone(), bin_dir };
+    let plan = match Plan::build(&cfg, &launch, &input) {
+        Ok(p) => p,
+        Err(e) => return usage(&e),
+    };
+    let exec = match Executor::new(plan, launch, out.clone(), stop, pid) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("bex-cluster: {e}");
+            return 1;
+        }
+    };
+    let outcome = exec.run();
+    let r = &outcome.report;
+    println!("bex-cluster: report {}", out.join("report.json").display());
+    for p in r["phases"].as_array().into_iter().flatten() {
+        println!(
+            "  phase {}: {}s, server cpu user {:.2}s sys {:.2}s, rnic {}",
+            p["name"].as_str().unwrap_or("?"),
+            p["duration_s"],
+            p["server_cpu_total"]["user_s"].as_f64().unwrap_or(0.0),
+            p["server_cpu_total"]["sys_s"].as_f64().unwrap_or(0.0),
+            p["rnic_total"]
+        );
+    }
+    if outcome.ok {
+        println!("bex-cluster: OK ({}s)", r["duration_s"]);
+    } else {
+        eprintln!("bex-cluster: FAILED");
+        for reason in r["reasons"].as_array().into_iter().flatten() {
+            eprintln!("  - {}", reason.as_str().unwrap_or(""));
+        }
+    }
+    outcome.exit_code
 }

@@ -4,8 +4,9 @@
 //! `[[cluster.servers]]` or derived on one host from `base_port`), `[server]` (limits,
 //! dedupe, checkpoints, replication), `[[tables]]` (name, dim, seed, initializer and
 //! optimizer with hyperparameters), `[transport]` (the ByteExpress settings), `[rpc]`
-//! (deadlines, retry, quarantine), and `[ranker]` / `[trainer]` passed through untouched for
-//! those programs. Unknown keys are errors (typos do not silently fall back to defaults).
+//! (deadlines, retry, quarantine), and `[ranker]` / `[trainer]` / `[launch]` passed through
+//! untouched for those programs. Unknown keys are errors (typos do not silently fall back to
+//! defaults).
 //!
 //! [`Config::validate`] reports every problem, each naming its field the way the file spells
 //! it: `cluster.pods: must be ≥ 1`, `tables[2].dim: must be in 1..=4096`,
@@ -113,6 +114,9 @@ pub struct Config {
     /// The trainer's section, passed through.
     #[serde(default)]
     pub trainer: toml::Table,
+    /// The cluster launcher's (`bex-cluster`) section, passed through.
+    #[serde(default)]
+    pub launch: toml::Table,
 }
 
 /// `[cluster]`.
@@ -570,6 +574,7 @@ impl Config {
             rpc: RpcConfig::default(),
             ranker: toml::Table::new(),
             trainer: toml::Table::new(),
+            launch: toml::Table::new(),
         }
     }
 

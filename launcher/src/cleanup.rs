@@ -1,0 +1,145 @@
+//! Leftovers of launchers that died without tearing down (SIGKILL, a crash): their network
+//! namespaces (`bex-<pid>-*`) and the processes they recorded in
+//! `<tmp>/bex-cluster/<pid>.pids`. Children normally die with the launcher (pdeathsig);
+//! this is for the rest (a process stuck in a namespace, a child that started while its
+//! parent was dying).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::plan::ns_owner;
+
+/// The directory of the launchers' records.
+pub fn state_dir() -> PathBuf {
+    std::env::temp_dir().join("bex-cluster")
+}
+
+/// Whether `pid` is a running `bex-cluster` (a pid reused by another program is not, nor
+/// is a zombie: a SIGKILLed launcher stays one until its parent reaps it).
+pub fn launcher_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { return false };
+    let state = stat[close + 1..].split_whitespace().next();
+    &stat[open + 1..close] == "bex-cluster" && !matches!(state, Some("Z" | "X"))
+}
+
+/// A process's start time in clock ticks since boot (`/proc/<pid>/stat` field 22): with the
+/// pid it names the process uniquely, so a recorded pid that was reused is left alone.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The launcher's record: one `pid start_time name` line per child.
+#[derive(Debug)]
+pub struct Record {
+    path: PathBuf,
+    lines: Vec<String>,
+}
+
+impl Record {
+    /// The record of this launcher.
+    pub fn new(launcher_pid: u32) -> std::io::Result<Record> {
+        let dir = state_dir();
+        std::fs::create_dir_all(&dir)?;
+        Ok(Record { path: dir.join(format!("{launcher_pid}.pids")), lines: Vec::new() })
+    }
+
+    /// Adds a child and rewrites the file.
+    pub fn add(&mut self, pid: u32, name: &str) {
+        let st = start_time(pid).unwrap_or(0);
+        self.lines.push(format!("{pid} {st} {name}"));
+        let _ = std::fs::write(&self.path, self.lines.join("\n") + "\n");
+    }
+
+    /// Removes the file (clean teardown).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Network namespaces whose names start with `prefix`.
+pub fn namespaces_with(prefix: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).stderr(Stdio::null()).output();
+    let Ok(out) = out else { return Vec::new() };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(prefix))
+        .map(String::from)
+        .collect()
+}
+
+/// Kills every process in namespace `ns` and deletes it; errors are returned as text.
+pub fn delete_namespace(ns: &str) -> Result<(), String> {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).stderr(Stdio::null()).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            if let Ok(p) = pid.parse::<i32>() {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+        }
+    }
+    let out = Command::new("ip")
+        .args(["netns", "del", ns])
+        .output()
+        .map_err(|e| format!("ip netns del {ns}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip netns del {ns}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Removes every leftover of dead launchers; returns what was done, one line each.
+pub fn stale() -> Vec<String> {
+    let mut done = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(state_dir()) {
+        for e in dir.flatten() {
+            let path = e.path();
+            let Some(owner) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".pids"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if launcher_alive(owner) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for line in text.lines() {
+                let mut f = line.split_whitespace();
+                let (Some(pid), Some(st), name) = (
+                    f.next().and_then(|p| p.parse::<u32>().ok()),
+                    f.next().and_then(|s| s.parse::<u64>().ok()),
+                    f.next().unwrap_or("?"),
+                ) else {
+                    continue;
+                };
+                if start_time(pid) == Some(st) {
+                    if let Ok(p) = i32::try_from(pid) {
+                        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                        done.push(format!("killed {name} (pid {pid}) of dead launcher {owner}"));
+                    }
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    for ns in namespaces_with("bex-") {
+        let Some(owner) = ns_owner(&ns) else { continue };
+        if launcher_alive(owner) {
+            continue;
+        }
+        match delete_namespace(&ns) {
+            Ok(()) => done.push(format!("deleted namespace {ns} of dead launcher {owner}")),
+            Err(e) => done.push(format!("could not delete {ns}: {e}")),
+        }
+    }
+    done
+}

@@ -1,0 +1,571 @@
+//! The executor: runs a [`Plan`] — network, servers, health, phases, teardown — and builds
+//! `report.json`. Teardown runs on every path: the normal end, a failure, a signal to the
+//! launcher (polled between steps) and, as a last resort, `Drop`.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use bex_ps_server::process::{CpuTimes, SystemCpu};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use crate::cleanup::{delete_namespace, Record};
+use crate::clock::{now, wait_then_now};
+use crate::launch::LaunchConfig;
+use crate::plan::{log_paths, tbf_params, Plan, ProcSpec, Role};
+use crate::probe::{counter_delta, http_get, rnic_counters, Stop};
+
+/// How long servers get to print `ready` and answer `/health` 200.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
+/// How long servers get to checkpoint and exit after SIGTERM at the end.
+pub const SERVER_STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long clients (and everything on an abort) get after SIGTERM.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(50);
+const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A started process.
+#[derive(Debug)]
+struct Running {
+    spec: ProcSpec,
+    child: Child,
+    pid: u32,
+    status: Option<ExitStatus>,
+}
+
+impl Running {
+    fn poll(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.status = Some(s);
+            }
+        }
+        self.status
+    }
+
+    fn signal(&self, sig: Signal) {
+        if self.status.is_none() {
+            if let Ok(p) = i32::try_from(self.pid) {
+                let _ = kill(Pid::from_raw(p), sig);
+            }
+        }
+    }
+}
+
+fn fmt_status(s: Option<ExitStatus>) -> String {
+    s.map_or_else(|| "still running".into(), |s| s.to_string())
+}
+
+fn status_json(s: Option<ExitStatus>) -> Value {
+    use std::os::unix::process::ExitStatusExt;
+    match s {
+        Some(s) => json!({ "exit_code": s.code(), "signal": s.signal() }),
+        None => json!({ "exit_code": null, "signal": null }),
+    }
+}
+
+/// SIGTERM to every process still running, up to `grace` for them to exit, then SIGKILL;
+/// every child is reaped.
+fn stop_all(procs: &mut [Running], grace: Duration) {
+    for p in procs.iter_mut() {
+        p.poll();
+        p.signal(Signal::SIGTERM);
+    }
+    let deadline = now() + grace;
+    while procs.iter_mut().any(|p| p.poll().is_none()) && now() < deadline {
+        wait_then_now(POLL);
+    }
+    for p in procs.iter_mut() {
+        if p.poll().is_none() {
+            p.signal(Signal::SIGKILL);
+            if let Ok(s) = p.child.wait() {
+                p.status = Some(s);
+            }
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// What one run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// `report.json`'s content.
+    pub report: Value,
+    /// Whether every process behaved.
+    pub ok: bool,
+    /// The launcher's exit code: 0 ok, 1 failure, 128+n after signal n.
+    pub exit_code: i32,
+}
+
+/// Runs `plan`, writing into `out`.
+#[derive(Debug)]
+pub struct Executor {
+    plan: Plan,
+    launch: LaunchConfig,
+    out: PathBuf,
+    stop: Stop,
+    record: Record,
+    servers: Vec<Running>,
+    clients: Vec<Running>,
+    namespaces: Vec<String>,
+    reasons: Vec<String>,
+    torn_down: bool,
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        self.teardown(STOP_GRACE);
+    }
+}
+
+/// The configuration the processes read: the plan's, without `[launch]` (it is the
+/// launcher's alone and is recorded in report.json), so binaries built before that section
+/// existed still accept the file.
+pub fn process_config_text(cfg: &bex_ps_core::Config) -> Result<String, String> {
+    let mut doc = match toml::Value::try_from(cfg) {
+        Ok(toml::Value::Table(t)) => t,
+        Ok(_) => return Err("configuration is not a table".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    doc.remove("launch");
+    toml::to_string(&doc).map_err(|e| e.to_string())
+}
+
+/// `/health` answers 200.
+fn healthy_now(s: &ProcSpec) -> bool {
+    let Some(http) = s.http else { return false };
+    matches!(http_get(http, "/health", s.netns.as_deref(), HTTP_TIMEOUT), Ok((200, _)))
+}
+
+fn cpu_of(pid: u32) -> CpuTimes {
+    CpuTimes::of_pid(pid).unwrap_or_default()
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+impl Executor {
+    /// An executor for `plan`; nothing runs yet.
+    pub fn new(
+        plan: Plan,
+        launch: LaunchConfig,
+        out: PathBuf,
+        stop: Stop,
+        launcher_pid: u32,
+    ) -> std::io::Result<Executor> {
+        Ok(Executor {
+            plan,
+            launch,
+            out,
+            stop,
+            record: Record::new(launcher_pid)?,
+            servers: Vec::new(),
+            clients: Vec::new(),
+            namespaces: Vec::new(),
+            reasons: Vec::new(),
+            torn_down: false,
+        })
+    }
+
+    fn spawn(&mut self, spec: &ProcSpec) -> Result<Running, String> {
+        let (out, err) = log_paths(&self.out, &spec.name);
+        let open = |p: &Path| File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        if let Some(json) = &spec.json {
+            // A report left by an earlier run in the same directory must not pass for this one.
+            let _ = std::fs::remove_file(json);
+        }
+        let argv = spec.argv();
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(open(&out)?)
+            .stderr(open(&err)?)
+            .spawn()
+            .map_err(|e| format!("starting {} ({}): {e}", spec.name, argv[0]))?;
+        let pid = child.id();
+        self.record.add(pid, &spec.name);
+        Ok(Running { spec: spec.clone(), child, pid, status: None })
+    }
+
+    fn interrupted(&mut self) -> bool {
+        if let Some(sig) = self.stop.signal() {
+            let r = format!("interrupted by {sig}");
+            if !self.reasons.contains(&r) {
+                self.reasons.push(r);
+            }
+            return true;
+        }
+        false
+    }
+
+    fn snapshot(&self) -> Vec<(CpuTimes, BTreeMap<String, u64>)> {
+        self.servers
+            .iter()
+            .map(|s| {
+                let metrics = s
+                    .spec
+                    .http
+                    .and_then(|a| {
+                        http_get(a, "/metrics", s.spec.netns.as_deref(), HTTP_TIMEOUT).ok()
+                    })
+                    .filter(|(code, _)| *code == 200)
+                    .map(|(_, body)| rnic_counters(&body))
+                    .unwrap_or_default();
+                (cpu_of(s.pid), metrics)
+            })
+            .collect()
+    }
+
+    fn setup_network(&mut self) -> Result<(), String> {
+        let Some(net) = self.plan.net.clone() else { return Ok(()) };
+        println!(
+            "bex-cluster: netns: {} hosts behind bridge in {}",
+            net.hosts.len(),
+            net.switch_ns
+        );
+        for cmd in &net.setup {
+            if self.interrupted() {
+                return Err("interrupted during network setup".into());
+            }
+            // Track namespaces before creating them so a half-built network is removed.
+            if cmd.len() == 4 && cmd[1] == "netns" && cmd[2] == "add" {
+                self.namespaces.push(cmd[3].clone());
+            }
+            let out = Command::new(&cmd[0])
+                .args(&cmd[1..])
+                .output()
+                .map_err(|e| format!("{}: {e}", cmd.join(" ")))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "`{}` failed: {}",
+                    cmd.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts every server and waits until each printed `ready` and answers `/health` 200.
+    fn start_servers(&mut self) -> Result<Duration, String> {
+        let t0 = now();
+        for spec in self.plan.servers.clone() {
+            let r = self.spawn(&spec)?;
+            self.servers.push(r);
+        }
+        let deadline = t0 + STARTUP_DEADLINE;
+        let mut healthy = vec![false; self.servers.len()];
+        loop {
+            if self.interrupted() {
+                return Err("interrupted while waiting for the servers".into());
+            }
+            for (s, h) in self.servers.iter_mut().zip(healthy.iter_mut()) {
+                if *h {
+                    continue;
+                }
+                let (out, err) = log_paths(&self.out, &s.spec.name);
+                if let Some(st) = s.poll() {
+                    return Err(format!(
+                        "{} exited during start-up ({st}); stderr tail:\n{}",
+                        s.spec.name,
+                        tail(&err, 15)
+                    ));
+                }
+                let ready = std::fs::read_to_string(&out)
+                    .is_ok_and(|t| t.lines().any(|l| l.starts_with("ready ")));
+                *h = ready && healthy_now(&s.spec);
+            }
+            if healthy.iter().all(|h| *h) {
+                return Ok(now() - t0);
+            }
+            if now() >= deadline {
+                let i = healthy.iter().position(|h| !h).unwrap_or(0);
+                let (_, err) = log_paths(&self.out, &self.servers[i].spec.name);
+                return Err(format!(
+                    "{} not healthy after {}s; stderr tail:\n{}",
+                    self.servers[i].spec.name,
+                    STARTUP_DEADLINE.as_secs(),
+                    tail(&err, 15)
+                ));
+            }
+            wait_then_now(Duration::from_millis(100));
+        }
+    }
+
+    fn server_died(&mut self) -> Option<String> {
+        for s in &mut self.servers {
+            if let Some(st) = s.poll() {
+                return Some(format!("{} exited during the workload ({st})", s.spec.name));
+            }
+        }
+        None
+    }
+
+    fn run_phase(&mut self, idx: usize, deadline: Instant) -> Value {
+        let phase = self.plan.phases[idx].clone();
+        println!(
+            "bex-cluster: phase {} ({}): {} client(s)",
+            idx + 1,
+            phase.name,
+            phase.clients.len()
+        );
+        let before = self.snapshot();
+        let sys_before = SystemCpu::read().unwrap_or_default();
+        let t0 = now();
+        let first = self.clients.len();
+        for spec in &phase.clients {
+            match self.spawn(spec) {
+                Ok(r) => self.clients.push(r),
+                Err(e) => {
+                    self.reasons.push(e);
+                    break;
+                }
+            }
+        }
+        loop {
+            if self.clients[first..].iter_mut().all(|c| c.poll().is_some()) {
+                break;
+            }
+            if self.interrupted() {
+                break;
+            }
+            if let Some(r) = self.server_died() {
+                self.reasons.push(r);
+                break;
+            }
+            if now() >= deadline {
+                self.reasons.push(format!(
+                    "phase {}: launch.timeout_s ({}s) reached; clients stopped with SIGTERM",
+                    phase.name, self.launch.timeout_s
+                ));
+                break;
+            }
+            wait_then_now(POLL);
+        }
+        stop_all(&mut self.clients[first..], STOP_GRACE);
+        let duration = now() - t0;
+        let sys = SystemCpu::read().unwrap_or_default().since(&sys_before);
+        let after = self.snapshot();
+        for s in &self.servers {
+            if s.status.is_none() && !healthy_now(&s.spec) {
+                self.reasons
+                    .push(format!("{}: /health not 200 after phase {}", s.spec.name, phase.name));
+            }
+        }
+
+        let mut clients = Vec::new();
+        for c in &self.clients[first..] {
+            let (out, _) = log_paths(&self.out, &c.spec.name);
+            let stdout = std::fs::read_to_string(&out).unwrap_or_default();
+            println!("== {} ==\n{}", c.spec.name, stdout.trim_end());
+            let report = c
+                .spec
+                .json
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+            let code = c.status.and_then(|s| s.code());
+            if code != Some(0) {
+                let (_, err) = log_paths(&self.out, &c.spec.name);
+                self.reasons.push(format!(
+                    "{} {}; stderr tail:\n{}",
+                    c.spec.name,
+                    fmt_status(c.status),
+                    tail(&err, 10)
+                ));
+            } else if report.is_none() {
+                self.reasons.push(format!("{}: no JSON report", c.spec.name));
+            }
+            let (kind, pod, id) = match c.spec.role {
+                Role::Ranker { pod, id } => ("ranker", pod, id),
+                Role::Trainer { pod, id } => ("trainer", pod, id),
+                Role::Server { pod, .. } => ("server", pod, 0),
+            };
+            clients.push(json!({
+                "name": c.spec.name, "kind": kind, "pod": pod, "id": id, "pid": c.pid,
+                "netns": c.spec.netns, "ip": c.spec.ip.to_string(),
+                "status": status_json(c.status), "stdout": stdout, "report": report,
+            }));
+        }
+        let (servers, cpu_total, rnic_total) = self.server_deltas(&before, &after);
+        json!({
+            "name": phase.name, "duration_s": secs(duration), "clients": clients,
+            "servers": servers, "server_cpu_total": cpu_total, "rnic_total": rnic_total,
+            "machine_cpu": sys,
+        })
+    }
+
+    fn server_deltas(
+        &self,
+        before: &[(CpuTimes, BTreeMap<String, u64>)],
+        after: &[(CpuTimes, BTreeMap<String, u64>)],
+    ) -> (Vec<Value>, CpuTimes, BTreeMap<String, u64>) {
+        let mut total = CpuTimes::default();
+        let mut rnic_total: BTreeMap<String, u64> = BTreeMap::new();
+        let mut out = Vec::new();
+        for ((s, b), a) in self.servers.iter().zip(before).zip(after) {
+            let cpu = a.0.since(&b.0);
+            let rnic = counter_delta(&b.1, &a.1);
+            total.user_s += cpu.user_s;
+            total.sys_s += cpu.sys_s;
+            for (k, v) in &rnic {
+                *rnic_total.entry(k.clone()).or_default() += v;
+            }
+            out.push(json!({ "name": s.spec.name, "cpu": cpu, "rnic": rnic }));
+        }
+        (out, total, rnic_total)
+    }
+
+    /// Stops every process, deletes the namespaces and the record. Idempotent.
+    fn teardown(&mut self, server_grace: Duration) -> Vec<Value> {
+        if self.torn_down {
+            return Vec::new();
+        }
+        self.torn_down = true;
+        stop_all(&mut self.clients, STOP_GRACE);
+        stop_all(&mut self.servers, server_grace);
+        for ns in std::mem::take(&mut self.namespaces).iter().rev() {
+            if let Err(e) = delete_namespace(ns) {
+                eprintln!("bex-cluster: {e}");
+                self.reasons.push(e);
+            }
+        }
+        self.record.remove();
+        self.servers
+            .iter()
+            .map(|s| json!({ "name": s.spec.name, "pid": s.pid, "status": status_json(s.status) }))
+            .collect()
+    }
+
+    /// Runs everything and tears down; the report is also written to `<out>/report.json`.
+    pub fn run(mut self) -> Outcome {
+        let t0 = now();
+        let mut startup_s = None;
+        let mut phases = Vec::new();
+        let mut server_cpu_total: Vec<Value> = Vec::new();
+        let prepared = self.prepare();
+        if let Err(e) = prepared {
+            self.reasons.push(e);
+        } else {
+            match self.start_servers() {
+                Ok(d) => {
+                    startup_s = Some(secs(d));
+                    println!(
+                        "bex-cluster: {} servers healthy in {:.2}s",
+                        self.servers.len(),
+                        d.as_secs_f64()
+                    );
+                    let deadline = now() + Duration::from_secs(self.launch.timeout_s);
+                    for i in 0..self.plan.phases.len() {
+                        if !self.reasons.is_empty() || self.interrupted() {
+                            break;
+                        }
+                        let p = self.run_phase(i, deadline);
+                        phases.push(p);
+                    }
+                }
+                Err(e) => self.reasons.push(e),
+            }
+        }
+        // Whole-run server CPU and RNIC counters, read before the servers go.
+        let last = self.snapshot();
+        for (s, (cpu, rnic)) in self.servers.iter().zip(last) {
+            server_cpu_total.push(json!({ "name": s.spec.name, "cpu": cpu, "rnic": rnic }));
+        }
+        let td0 = now();
+        let alive_before: Vec<bool> = self.servers.iter_mut().map(|s| s.poll().is_none()).collect();
+        let exits = self.teardown(SERVER_STOP_GRACE);
+        let teardown_s = secs(now() - td0);
+        // A server that exits uncleanly on SIGTERM did not checkpoint.
+        for (s, alive) in self.servers.iter().zip(alive_before) {
+            if alive && s.status.and_then(|st| st.code()) != Some(0) {
+                self.reasons.push(format!(
+                    "{} did not exit cleanly on SIGTERM ({})",
+                    s.spec.name,
+                    fmt_status(s.status)
+                ));
+            }
+        }
+        let ok = self.reasons.is_empty();
+        let exit_code = match self.stop.signal() {
+            Some(sig) => 128 + sig as i32,
+            None if ok => 0,
+            None => 1,
+        };
+        let servers: Vec<Value> = self
+            .servers
+            .iter()
+            .zip(&server_cpu_total)
+            .zip(&exits)
+            .map(|((s, cpu), exit)| {
+                let (pod, shard) = match s.spec.role {
+                    Role::Server { pod, shard } => (pod, shard),
+                    _ => (0, 0),
+                };
+                json!({
+                    "name": s.spec.name, "pod": pod, "shard": shard, "pid": s.pid,
+                    "netns": s.spec.netns, "http": s.spec.http.map(|a| a.to_string()),
+                    "cpu": cpu["cpu"], "rnic": cpu["rnic"], "status": exit["status"],
+                })
+            })
+            .collect();
+        let network = self.plan.net.as_ref().map(|n| {
+            let tbf = tbf_params(&self.launch).ok().flatten();
+            json!({
+                "switch_ns": n.switch_ns,
+                "hosts": n.hosts.iter().map(|h| json!({"ns": h.ns, "ip": h.ip.to_string()})).collect::<Vec<_>>(),
+                "link_rate_bit_s": tbf.map(|t| t.0), "tbf_burst_bytes": tbf.map(|t| t.1),
+                "tbf_limit_bytes": tbf.map(|t| t.2),
+            })
+        });
+        let report = json!({
+            "ok": ok,
+            "reasons": self.reasons,
+            "mode": self.plan.mode,
+            "launcher_pid": std::process::id(),
+            "out_dir": self.out.display().to_string(),
+            "config": serde_json::to_value(&self.plan.config).unwrap_or(Value::Null),
+            "launch": serde_json::to_value(&self.launch).unwrap_or(Value::Null),
+            "network": network,
+            "startup_s": startup_s,
+            "servers": servers,
+            "phases": phases,
+            "teardown_s": teardown_s,
+            "duration_s": secs(now() - t0),
+        });
+        let path = self.out.join("report.json");
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        if let Err(e) = std::fs::write(&path, text + "\n") {
+            eprintln!("bex-cluster: writing {}: {e}", path.display());
+        }
+        Outcome { report, ok, exit_code }
+    }
+
+    fn prepare(&mut self) -> Result<(), String> {
+        let logs = self.out.join("logs");
+        std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+        let text = process_config_text(&self.plan.config)?;
+        std::fs::write(&self.plan.config_path, text)
+            .map_err(|e| format!("{}: {e}", self.plan.config_path.display()))?;
+        for p in self.plan.all_procs() {
+            if !p.program.is_file() {
+                return Err(format!(
+                    "{} not found (build it: cargo build --release -p bex-ps-server -p bex-ranker \
+                     -p bex-trainer; or set launch.bin_dir)",
+                    p.program.display()
+                ));
+            }
+        }
+        self.setup_network()
+    }
+}

@@ -1,0 +1,265 @@
+//! The `[launch]` section of the cluster file: how `bex-cluster` runs the cluster.
+
+use serde::{Deserialize, Serialize};
+
+use bex_ps_core::config::FieldError;
+
+/// Where the processes run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Every process on loopback.
+    Loopback,
+    /// One network namespace per host, joined by a bridge (root only).
+    Netns,
+}
+
+/// The clients' transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientTransport {
+    /// ByteExpress over the software RNIC (TCP fallback).
+    Rdma,
+    /// TCP only.
+    Tcp,
+}
+
+impl ClientTransport {
+    /// The `--transport` value of the client binaries.
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            ClientTransport::Rdma => "rdma",
+            ClientTransport::Tcp => "tcp",
+        }
+    }
+}
+
+/// `[launch]`, keys as in `configs/local.toml`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LaunchConfig {
+    /// loopback | netns.
+    pub mode: Mode,
+    /// netns: tc rate of every host link (`"10gbit"`); empty = unlimited.
+    pub link_rate: String,
+    /// tbf burst; empty = 1 ms at `link_rate`, at least 64 KiB.
+    pub link_burst: String,
+    /// tbf limit; empty = 2 × burst.
+    pub link_queue: String,
+    /// Ranker processes per phase that runs inference.
+    pub rankers: u32,
+    /// Trainer processes per phase that trains.
+    pub trainers: u32,
+    /// Phases in order: `inference`, `training`, or both joined by `+`.
+    pub phases: Vec<String>,
+    /// Extra ranker arguments.
+    pub ranker_args: Vec<String>,
+    /// Extra trainer arguments.
+    pub trainer_args: Vec<String>,
+    /// The clients' transport.
+    pub transport: ClientTransport,
+    /// Deadline of the whole workload (all phases), seconds.
+    pub timeout_s: u64,
+    /// Directory of the binaries; empty = the directory of `bex-cluster`.
+    pub bin_dir: String,
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        LaunchConfig {
+            mode: Mode::Loopback,
+            link_rate: String::new(),
+            link_burst: String::new(),
+            link_queue: String::new(),
+            rankers: 1,
+            trainers: 1,
+            phases: vec!["inference".into(), "training".into()],
+            ranker_args: Vec::new(),
+            trainer_args: Vec::new(),
+            transport: ClientTransport::Rdma,
+            timeout_s: 600,
+            bin_dir: String::new(),
+        }
+    }
+}
+
+/// One phase: which kinds of client run (at the same time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Phase {
+    /// As written (`"inference+training"`).
+    pub name: String,
+    /// Rankers run.
+    pub inference: bool,
+    /// Trainers run.
+    pub training: bool,
+}
+
+impl LaunchConfig {
+    /// Reads `[launch]` (missing keys take the defaults) and checks it.
+    pub fn from_table(t: &toml::Table) -> Result<LaunchConfig, Vec<FieldError>> {
+        let l: LaunchConfig = toml::Value::Table(t.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| vec![FieldError::new("launch", e.to_string())])?;
+        l.check()?;
+        Ok(l)
+    }
+
+    /// The defaults as a TOML table (so `--set launch.KEY=V` can be type-checked).
+    pub fn default_table() -> toml::Table {
+        match toml::Value::try_from(LaunchConfig::default()) {
+            Ok(toml::Value::Table(t)) => t,
+            // Serializing a struct of strings, integers and arrays cannot fail.
+            _ => toml::Table::new(),
+        }
+    }
+
+    fn check(&self) -> Result<(), Vec<FieldError>> {
+        let mut e = Vec::new();
+        if let Err(m) = self.parsed_phases() {
+            e.push(FieldError::new("launch.phases", m));
+        }
+        for (k, v) in [
+            ("link_rate", &self.link_rate),
+            ("link_burst", &self.link_burst),
+            ("link_queue", &self.link_queue),
+        ] {
+            if !v.is_empty() {
+                let parsed = if k == "link_rate" { parse_rate(v) } else { parse_size(v) };
+                if let Err(m) = parsed {
+                    e.push(FieldError::new(format!("launch.{k}"), m));
+                }
+            }
+        }
+        if self.mode == Mode::Loopback && !self.link_rate.is_empty() {
+            e.push(FieldError::new(
+                "launch.link_rate",
+                "needs mode = \"netns\" (loopback has no links)",
+            ));
+        }
+        if self.timeout_s == 0 {
+            e.push(FieldError::new("launch.timeout_s", "must be ≥ 1"));
+        }
+        if self.rankers > 1000 || self.trainers > 1000 {
+            e.push(FieldError::new("launch.rankers", "rankers and trainers must be ≤ 1000 each"));
+        }
+        if e.is_empty() {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }
+
+    /// The phases, checked.
+    pub fn parsed_phases(&self) -> Result<Vec<Phase>, String> {
+        self.phases
+            .iter()
+            .map(|p| {
+                let mut ph = Phase { name: p.clone(), inference: false, training: false };
+                for part in p.split('+') {
+                    match part.trim() {
+                        "inference" => ph.inference = true,
+                        "training" => ph.training = true,
+                        other => {
+                            return Err(format!(
+                                "unknown phase part {other:?} in {p:?} (inference, training, or \
+                                 both joined by +)"
+                            ))
+                        }
+                    }
+                }
+                Ok(ph)
+            })
+            .collect()
+    }
+}
+
+/// A tc rate (`10gbit`, `100mbit`, `500kbit`, `1gbps` = bytes/s, bare = bit/s) in bits/s.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a rate: {s:?} (e.g. \"10gbit\")"))?;
+    let mult = match unit {
+        "" | "bit" => 1.0,
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        "tbit" => 1e12,
+        "bps" => 8.0,
+        "kbps" => 8e3,
+        "mbps" => 8e6,
+        "gbps" => 8e9,
+        _ => {
+            return Err(format!(
+                "unknown rate unit {unit:?} in {s:?} (bit, kbit, mbit, gbit, bps…)"
+            ))
+        }
+    };
+    let bits = n * mult;
+    if !(bits.is_finite() && bits >= 8.0) {
+        return Err(format!("rate {s:?} must be ≥ 8 bit/s"));
+    }
+    Ok(bits as u64)
+}
+
+/// A tc size (`64kb`, `1mb`, `1500b`, bare = bytes) in bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?} (e.g. \"256kb\")"))?;
+    let mult = match unit {
+        "" | "b" => 1,
+        "k" | "kb" => 1 << 10,
+        "m" | "mb" => 1 << 20,
+        "g" | "gb" => 1 << 30,
+        _ => return Err(format!("unknown size unit {unit:?} in {s:?} (b, kb, mb, gb)")),
+    };
+    n.checked_mul(mult).filter(|b| *b > 0).ok_or_else(|| format!("size {s:?} out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_and_bad_values_name_their_key() {
+        let l = LaunchConfig::from_table(&LaunchConfig::default_table()).unwrap();
+        assert_eq!(l, LaunchConfig::default());
+        let t: toml::Table =
+            toml::from_str("phases = [\"inference+training\", \"train\"]\nlink_rate = \"fast\"")
+                .unwrap();
+        let e = LaunchConfig::from_table(&t).unwrap_err();
+        let text: Vec<String> = e.iter().map(|e| e.to_string()).collect();
+        assert!(
+            text.iter().any(|m| m.starts_with("launch.phases") && m.contains("\"train\"")),
+            "{text:?}"
+        );
+        assert!(text.iter().any(|m| m.starts_with("launch.link_rate")), "{text:?}");
+        let t: toml::Table = toml::from_str("rankerz = 2").unwrap();
+        assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("rankerz"));
+    }
+
+    #[test]
+    fn phases_parse() {
+        let l = LaunchConfig {
+            phases: vec!["inference+training".into(), "training".into()],
+            ..Default::default()
+        };
+        let p = l.parsed_phases().unwrap();
+        assert!(p[0].inference && p[0].training);
+        assert!(!p[1].inference && p[1].training);
+    }
+
+    #[test]
+    fn rates_and_sizes() {
+        assert_eq!(parse_rate("10gbit").unwrap(), 10_000_000_000);
+        assert_eq!(parse_rate("1mbps").unwrap(), 8_000_000);
+        assert_eq!(parse_rate("2.5gbit").unwrap(), 2_500_000_000);
+        assert!(parse_rate("10 furlongs").is_err());
+        assert!(parse_rate("0bit").is_err());
+        assert_eq!(parse_size("64kb").unwrap(), 65536);
+        assert_eq!(parse_size("1500").unwrap(), 1500);
+        assert!(parse_size("1.5mb").is_err());
+    }
+}

@@ -1,0 +1,600 @@
+//! The plan: every process, its id, pod, namespace, address and command line, and the
+//! network commands of netns mode, built from the configuration alone (no I/O), so it can be
+//! unit-tested. [`crate::exec`] runs it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use bex_ps_core::config::ServerEntry;
+use bex_ps_core::Config;
+
+use crate::launch::{parse_rate, parse_size, LaunchConfig, Mode};
+
+/// What a process is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `ps-server` of (pod, shard).
+    Server {
+        /// Pod.
+        pod: u32,
+        /// Shard.
+        shard: u32,
+    },
+    /// `ranker` on `pod` with client id `id`.
+    Ranker {
+        /// Served first by this pod.
+        pod: u32,
+        /// Unique client id.
+        id: u64,
+    },
+    /// `trainer` on `pod` (the training pod) with client id `id`.
+    Trainer {
+        /// The training pod.
+        pod: u32,
+        /// Unique client id.
+        id: u64,
+    },
+}
+
+/// One process to start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcSpec {
+    /// Unique name: logs `<out>/logs/<name>.{out,err}`, namespace `bex-<pid>-<name>`.
+    pub name: String,
+    /// What it is.
+    pub role: Role,
+    /// Its network namespace (netns mode).
+    pub netns: Option<String>,
+    /// Its address.
+    pub ip: IpAddr,
+    /// Servers: the `/health` and `/metrics` address.
+    pub http: Option<SocketAddr>,
+    /// The binary.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Clients: where the JSON report goes.
+    pub json: Option<PathBuf>,
+}
+
+impl ProcSpec {
+    /// The full command line: `ip netns exec <ns> <program> <args>` in a namespace (`ip`
+    /// execs in place, so the pid is the program's and its pdeathsig sees the launcher).
+    pub fn argv(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if let Some(ns) = &self.netns {
+            v.extend(["ip", "netns", "exec", ns.as_str()].map(String::from));
+        }
+        v.push(self.program.display().to_string());
+        v.extend(self.args.iter().cloned());
+        v
+    }
+}
+
+/// One phase's clients (started together, awaited together).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhasePlan {
+    /// As in `launch.phases`.
+    pub name: String,
+    /// Its rankers and trainers.
+    pub clients: Vec<ProcSpec>,
+}
+
+/// One host of netns mode: a namespace with one veth to the switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetHost {
+    /// The namespace.
+    pub ns: String,
+    /// Its address on the /16.
+    pub ip: Ipv4Addr,
+    /// The veth end in the switch namespace (the host's end is `eth0`).
+    pub sw_if: String,
+}
+
+/// The network of netns mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetPlan {
+    /// The switch namespace (holds the bridge `br0`).
+    pub switch_ns: String,
+    /// Every host.
+    pub hosts: Vec<NetHost>,
+    /// `ip`/`tc` commands that build it, in order.
+    pub setup: Vec<Vec<String>>,
+}
+
+impl NetPlan {
+    /// Every namespace, hosts first (deleting a host namespace deletes its veth pair).
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.hosts.iter().map(|h| h.ns.clone()).collect();
+        v.push(self.switch_ns.clone());
+        v
+    }
+}
+
+/// Everything the executor does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// loopback | netns.
+    pub mode: Mode,
+    /// The configuration every process reads (netns: with explicit `[[cluster.servers]]`).
+    pub config: Config,
+    /// Where it is written.
+    pub config_path: PathBuf,
+    /// Every ps-server.
+    pub servers: Vec<ProcSpec>,
+    /// The phases in order.
+    pub phases: Vec<PhasePlan>,
+    /// netns mode's network.
+    pub net: Option<NetPlan>,
+}
+
+/// What the plan is built from besides the configuration.
+#[derive(Clone, Debug)]
+pub struct PlanInput {
+    /// The launcher's pid (namespace names).
+    pub launcher_pid: u32,
+    /// The output directory.
+    pub out_dir: PathBuf,
+    /// Where `ps-server`, `ranker`, `trainer` are.
+    pub bin_dir: PathBuf,
+}
+
+/// The namespace prefix of launcher `pid`: `bex-<pid>-`.
+pub fn ns_prefix(pid: u32) -> String {
+    format!("bex-{pid}-")
+}
+
+/// Host `i`'s address: 10.77.0.0/16, host numbers from 1 (the bridge is 10.77.255.254).
+pub fn host_ip(i: usize) -> Option<Ipv4Addr> {
+    let n = u16::try_from(i + 1).ok().filter(|n| *n < 0xFFFE)?;
+    Some(Ipv4Addr::new(10, 77, (n >> 8) as u8, (n & 0xFF) as u8))
+}
+
+/// The bridge's address.
+pub const BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 255, 254);
+/// Jumbo frames: a 4096-byte RNIC packet needs no IP fragmentation.
+pub const LINK_MTU: u32 = 9000;
+
+/// The pods rankers run on: every pod but the training pod (or the training pod if it is
+/// the only one).
+pub fn serving_pods(cfg: &Config) -> Vec<u32> {
+    let v: Vec<u32> = (0..cfg.cluster.pods).filter(|p| *p != cfg.cluster.training_pod).collect();
+    if v.is_empty() {
+        vec![cfg.cluster.training_pod]
+    } else {
+        v
+    }
+}
+
+impl Plan {
+    /// Builds the plan. Errors are configuration errors (exit code 2).
+    pub fn build(cfg: &Config, launch: &LaunchConfig, input: &PlanInput) -> Result<Plan, String> {
+        let phases = launch.parsed_phases()?;
+        let config_path = input.out_dir.join("cluster.toml");
+        let cfg_arg = config_path.display().to_string();
+        let prefix = ns_prefix(input.launcher_pid);
+        let netns = launch.mode == Mode::Netns;
+        let mut config = cfg.clone();
+        let mut host_count = 0usize;
+        let mut next_ip = || -> Result<Ipv4Addr, String> {
+            let ip = host_ip(host_count).ok_or("too many hosts for 10.77.0.0/16")?;
+            host_count += 1;
+            Ok(ip)
+        };
+
+        // Servers.
+        let mut servers = Vec::new();
+        let mut entries = Vec::new();
+        for pod in 0..cfg.cluster.pods {
+            for shard in 0..cfg.cluster.shards {
+                let name = format!("ps-p{pod}-s{shard}");
+                let (ns, ip, http) = if netns {
+                    let ip = next_ip()?;
+                    let port = cfg.cluster.base_port;
+                    let at = |d: u16| -> Result<String, String> {
+                        let p = port.checked_add(d).ok_or("cluster.base_port too large")?;
+                        Ok(SocketAddr::new(IpAddr::V4(ip), p).to_string())
+                    };
+                    entries.push(ServerEntry {
+                        pod,
+                        shard,
+                        rdma: at(0)?,
+                        tcp: at(1)?,
+                        http: at(2)?,
+                    });
+                    let http = SocketAddr::new(IpAddr::V4(ip), port.saturating_add(2));
+                    (Some(format!("{prefix}{name}")), IpAddr::V4(ip), http)
+                } else {
+                    let topo = cfg.topology().map_err(|e| e.to_string())?;
+                    let a = topo
+                        .server(pod, shard)
+                        .ok_or_else(|| format!("no address for pod {pod} shard {shard}"))?;
+                    (None, a.http.ip(), a.http)
+                };
+                servers.push(ProcSpec {
+                    name,
+                    role: Role::Server { pod, shard },
+                    netns: ns,
+                    ip,
+                    http: Some(http),
+                    program: input.bin_dir.join("ps-server"),
+                    args: vec![
+                        "--config".into(),
+                        cfg_arg.clone(),
+                        "--pod".into(),
+                        pod.to_string(),
+                        "--shard".into(),
+                        shard.to_string(),
+                    ],
+                    json: None,
+                });
+            }
+        }
+        if netns {
+            config.cluster.servers = entries;
+        }
+
+        // Clients: ids unique over the whole run (a trainer's push sequence numbers are
+        // scoped by its id, so a later phase must not reuse one).
+        let serving = serving_pods(cfg);
+        let mut next_id = 1u64;
+        let mut plans = Vec::new();
+        for ph in &phases {
+            let mut clients = Vec::new();
+            let kinds = [
+                (ph.inference, launch.rankers, "ranker", &launch.ranker_args),
+                (ph.training, launch.trainers, "trainer", &launch.trainer_args),
+            ];
+            for (on, count, kind, extra) in kinds {
+                if !on {
+                    continue;
+                }
+                for i in 0..count {
+                    let id = next_id;
+                    next_id += 1;
+                    let (pod, role) = if kind == "ranker" {
+                        let pod = serving[i as usize % serving.len()];
+                        (pod, Role::Ranker { pod, id })
+                    } else {
+                        let pod = cfg.cluster.training_pod;
+                        (pod, Role::Trainer { pod, id })
+                    };
+                    let name = format!("{kind}-{id}");
+                    let (ns, ip) = if netns {
+                        (Some(format!("{prefix}{name}")), IpAddr::V4(next_ip()?))
+                    } else {
+                        (None, IpAddr::V4(Ipv4Addr::LOCALHOST))
+                    };
+                    let json = input.out_dir.join(format!("{name}.json"));
+                    let mut args = vec![
+                        "--config".into(),
+                        cfg_arg.clone(),
+                        "--pod".into(),
+                        pod.to_string(),
+                        "--bind".into(),
+                        ip.to_string(),
+                        "--transport".into(),
+                        launch.transport.as_arg().into(),
+                        "--id".into(),
+                        id.to_string(),
+                        "--json".into(),
+                        json.display().to_string(),
+                    ];
+                    args.extend(extra.iter().cloned());
+                    clients.push(ProcSpec {
+                        name,
+                        role,
+                        netns: ns,
+                        ip,
+                        http: None,
+                        program: input.bin_dir.join(kind),
+                        args,
+                        json: Some(json),
+                    });
+                }
+            }
+            plans.push(PhasePlan { name: ph.name.clone(), clients });
+        }
+
+        let net = if netns {
+            let all = servers.iter().chain(plans.iter().flat_map(|p| p.clients.iter()));
+            let hosts: Vec<NetHost> = all
+                .enumerate()
+                .filter_map(|(i, p)| match (&p.netns, p.ip) {
+                    (Some(ns), IpAddr::V4(ip)) => {
+                        Some(NetHost { ns: ns.clone(), ip, sw_if: format!("v{i}") })
+                    }
+                    _ => None,
+                })
+                .collect();
+            Some(net_plan(&format!("{prefix}sw"), hosts, launch)?)
+        } else {
+            None
+        };
+        Ok(Plan { mode: launch.mode, config, config_path, servers, phases: plans, net })
+    }
+
+    /// Every process of the plan.
+    pub fn all_procs(&self) -> impl Iterator<Item = &ProcSpec> {
+        self.servers.iter().chain(self.phases.iter().flat_map(|p| p.clients.iter()))
+    }
+}
+
+/// tbf parameters in bytes: (rate bit/s, burst, limit).
+pub fn tbf_params(launch: &LaunchConfig) -> Result<Option<(u64, u64, u64)>, String> {
+    if launch.link_rate.is_empty() {
+        return Ok(None);
+    }
+    let rate = parse_rate(&launch.link_rate)?;
+    let burst = if launch.link_burst.is_empty() {
+        (rate / 8 / 1000).max(64 << 10) // 1 ms at line rate, at least 64 KiB (> a jumbo frame)
+    } else {
+        parse_size(&launch.link_burst)?
+    };
+    let limit =
+        if launch.link_queue.is_empty() { 2 * burst } else { parse_size(&launch.link_queue)? };
+    Ok(Some((rate, burst, limit)))
+}
+
+fn net_plan(
+    switch_ns: &str,
+    hosts: Vec<NetHost>,
+    launch: &LaunchConfig,
+) -> Result<NetPlan, String> {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
+    let mtu = LINK_MTU.to_string();
+    let tbf = tbf_params(launch)?;
+    let mut setup = vec![
+        s(&["ip", "netns", "add", switch_ns]),
+        s(&["ip", "-n", switch_ns, "link", "add", "br0", "type", "bridge"]),
+        s(&["ip", "-n", switch_ns, "link", "set", "br0", "mtu", &mtu, "up"]),
+        s(&["ip", "-n", switch_ns, "addr", "add", &format!("{BRIDGE_IP}/16"), "dev", "br0"]),
+        s(&["ip", "-n", switch_ns, "link", "set", "lo", "up"]),
+    ];
+    for h in &hosts {
+        let ns = h.ns.as_str();
+        let sw = h.sw_if.as_str();
+        setup.push(s(&["ip", "netns", "add", ns]));
+        // Created inside the switch namespace with the peer placed directly in the host's:
+        // no interface ever appears in the root namespace.
+        setup.push(s(&[
+            "ip", "-n", switch_ns, "link", "add", sw, "mtu", &mtu, "type", "veth", "peer", "name",
+            "eth0", "mtu", &mtu, "netns", ns,
+        ]));
+        setup.push(s(&["ip", "-n", switch_ns, "link", "set", sw, "master", "br0", "up"]));
+        setup.push(s(&["ip", "-n", ns, "addr", "add", &format!("{}/16", h.ip), "dev", "eth0"]));
+        setup.push(s(&["ip", "-n", ns, "link", "set", "eth0", "up"]));
+        setup.push(s(&["ip", "-n", ns, "link", "set", "lo", "up"]));
+        if let Some((rate, burst, limit)) = tbf {
+            for (n, dev) in [(ns, "eth0"), (switch_ns, sw)] {
+                setup.push(s(&[
+                    "tc",
+                    "-n",
+                    n,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    &format!("{rate}bit"),
+                    "burst",
+                    &burst.to_string(),
+                    "limit",
+                    &limit.to_string(),
+                ]));
+            }
+        }
+    }
+    Ok(NetPlan { switch_ns: switch_ns.to_string(), hosts, setup })
+}
+
+/// The launcher pid in a namespace name `bex-<pid>-…`, if it is one.
+pub fn ns_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("bex-")?;
+    let (pid, tail) = rest.split_once('-')?;
+    if tail.is_empty() {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// `<out>/logs/<name>.out` and `.err`.
+pub fn log_paths(out: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let d = out.join("logs");
+    (d.join(format!("{name}.out")), d.join(format!("{name}.err")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn input() -> PlanInput {
+        PlanInput {
+            launcher_pid: 4242,
+            out_dir: PathBuf::from("/tmp/out"),
+            bin_dir: PathBuf::from("/opt/bex"),
+        }
+    }
+
+    fn cfg(pods: u32, shards: u32, training_pod: u32) -> Config {
+        let mut c = Config::local(pods, shards, 17000);
+        c.cluster.training_pod = training_pod;
+        c
+    }
+
+    fn launch(mode: Mode, rankers: u32, trainers: u32, phases: &[&str]) -> LaunchConfig {
+        LaunchConfig {
+            mode,
+            rankers,
+            trainers,
+            phases: phases.iter().map(|p| p.to_string()).collect(),
+            ranker_args: vec!["--seconds".into(), "3".into()],
+            ..LaunchConfig::default()
+        }
+    }
+
+    fn arg<'a>(p: &'a ProcSpec, flag: &str) -> &'a str {
+        let i = p.args.iter().position(|a| a == flag).expect(flag);
+        &p.args[i + 1]
+    }
+
+    #[test]
+    fn loopback_servers_clients_ids_and_pods() {
+        let c = cfg(3, 2, 0);
+        let l = launch(Mode::Loopback, 3, 2, &["inference", "training", "inference+training"]);
+        let p = Plan::build(&c, &l, &input()).unwrap();
+        assert_eq!(p.servers.len(), 6);
+        assert!(p.net.is_none());
+        let https: HashSet<_> = p.servers.iter().map(|s| s.http.unwrap()).collect();
+        assert_eq!(https.len(), 6, "http addresses unique");
+        assert_eq!(p.servers[3].role, Role::Server { pod: 1, shard: 1 });
+        assert_eq!(
+            p.servers[3].argv(),
+            [
+                "/opt/bex/ps-server",
+                "--config",
+                "/tmp/out/cluster.toml",
+                "--pod",
+                "1",
+                "--shard",
+                "1"
+            ]
+        );
+        assert_eq!(p.phases.iter().map(|ph| ph.clients.len()).collect::<Vec<_>>(), [3, 2, 5]);
+        let ids: Vec<&str> =
+            p.phases.iter().flat_map(|ph| &ph.clients).map(|c| arg(c, "--id")).collect();
+        assert_eq!(ids.len(), 10);
+        assert_eq!(
+            ids.iter().collect::<HashSet<_>>().len(),
+            10,
+            "ids unique across phases: {ids:?}"
+        );
+        let names: HashSet<_> = p.all_procs().map(|c| c.name.clone()).collect();
+        assert_eq!(names.len(), 16, "names (logs, json files) unique");
+        for c in p.phases.iter().flat_map(|ph| &ph.clients) {
+            match c.role {
+                // Serving pods are 1 and 2, round-robin.
+                Role::Ranker { pod, .. } => assert!(pod == 1 || pod == 2),
+                Role::Trainer { pod, .. } => assert_eq!(pod, 0),
+                Role::Server { .. } => panic!("a server among the clients"),
+            }
+            assert_eq!(arg(c, "--bind"), "127.0.0.1");
+            assert_eq!(arg(c, "--transport"), "rdma");
+            assert_eq!(arg(c, "--json"), c.json.as_ref().unwrap().display().to_string());
+            assert!(c.netns.is_none());
+        }
+        let rankers: Vec<u32> = p.phases[0]
+            .clients
+            .iter()
+            .map(|c| if let Role::Ranker { pod, .. } = c.role { pod } else { 99 })
+            .collect();
+        assert_eq!(rankers, [1, 2, 1]);
+        // Extra args go to the rankers only, last.
+        assert_eq!(&p.phases[0].clients[0].args[12..], ["--seconds", "3"]);
+        assert!(!p.phases[1].clients[0].args.contains(&"--seconds".to_string()));
+    }
+
+    #[test]
+    fn single_pod_serves_from_the_training_pod() {
+        let p = Plan::build(&cfg(1, 2, 0), &launch(Mode::Loopback, 2, 1, &["inference"]), &input())
+            .unwrap();
+        assert!(p.phases[0].clients.iter().all(|c| matches!(c.role, Role::Ranker { pod: 0, .. })));
+        let p = Plan::build(&cfg(2, 1, 1), &launch(Mode::Loopback, 2, 1, &["training"]), &input())
+            .unwrap();
+        assert!(p.phases[0].clients.iter().all(|c| matches!(c.role, Role::Trainer { pod: 1, .. })));
+        assert_eq!(serving_pods(&cfg(2, 1, 1)), [0]);
+    }
+
+    #[test]
+    fn netns_names_addresses_and_commands() {
+        let mut l = launch(Mode::Netns, 2, 1, &["inference+training"]);
+        l.link_rate = "1gbit".into();
+        let p = Plan::build(&cfg(2, 2, 0), &l, &input()).unwrap();
+        let net = p.net.as_ref().unwrap();
+        assert_eq!(net.hosts.len(), 7, "4 servers + 3 clients");
+        assert_eq!(net.switch_ns, "bex-4242-sw");
+        let ips: HashSet<_> = net.hosts.iter().map(|h| h.ip).collect();
+        assert_eq!(ips.len(), 7, "host addresses unique");
+        assert!(!ips.contains(&BRIDGE_IP));
+        let nss: HashSet<_> = net.namespaces().into_iter().collect();
+        assert_eq!(nss.len(), 8);
+        for ns in &nss {
+            assert!(ns.starts_with("bex-4242-"), "{ns}");
+            assert_eq!(ns_owner(ns), Some(4242));
+        }
+        for h in &net.hosts {
+            assert!(h.sw_if.len() <= 15, "interface names fit IFNAMSIZ");
+        }
+        for proc in p.all_procs() {
+            let ns = proc.netns.as_deref().unwrap();
+            assert_eq!(proc.argv()[..4], ["ip", "netns", "exec", ns]);
+            assert!(net.hosts.iter().any(|h| h.ns == ns && IpAddr::V4(h.ip) == proc.ip));
+            if proc.http.is_none() {
+                assert_eq!(arg(proc, "--bind"), proc.ip.to_string());
+            }
+        }
+        // Two tbf qdiscs per host link (both ends), each with the parsed rate.
+        let tbf: Vec<_> = net.setup.iter().filter(|c| c.contains(&"tbf".to_string())).collect();
+        assert_eq!(tbf.len(), 14);
+        assert!(tbf.iter().all(|c| c.contains(&"1000000000bit".to_string())));
+        // Every host namespace is created before it is used; lo is brought up in each.
+        for h in &net.hosts {
+            let add =
+                net.setup.iter().position(|c| c[..3] == ["ip", "netns", "add"] && c[3] == h.ns);
+            let first_use = net.setup.iter().position(|c| c.contains(&h.ns) && c[1] != "netns");
+            assert!(add.unwrap() < first_use.unwrap());
+            assert!(net.setup.iter().any(|c| c[..3] == ["ip", "-n", h.ns.as_str()]
+                && c.ends_with(&["lo".into(), "up".into()])));
+        }
+        // The rewritten config lists every server at its namespace address and is valid.
+        assert_eq!(p.config.cluster.servers.len(), 4);
+        let text = p.config.to_toml_string().unwrap();
+        let back = Config::from_toml_str(&text).unwrap();
+        assert_eq!(back, p.config);
+        let topo = back.topology().unwrap();
+        for s in &p.servers {
+            let Role::Server { pod, shard } = s.role else { panic!() };
+            let a = topo.server(pod, shard).unwrap();
+            assert_eq!(a.http, s.http.unwrap());
+            assert_eq!(a.rdma.ip(), s.ip);
+        }
+    }
+
+    #[test]
+    fn unlimited_links_have_no_qdisc_and_bursts_default_sensibly() {
+        let l = launch(Mode::Netns, 1, 0, &["inference"]);
+        let p = Plan::build(&cfg(1, 1, 0), &l, &input()).unwrap();
+        assert!(p.net.unwrap().setup.iter().all(|c| c[0] != "tc"));
+        let mut l = LaunchConfig { link_rate: "10gbit".into(), ..LaunchConfig::default() };
+        assert_eq!(tbf_params(&l).unwrap(), Some((10_000_000_000, 1_250_000, 2_500_000)));
+        l.link_rate = "100mbit".into();
+        assert_eq!(tbf_params(&l).unwrap(), Some((100_000_000, 65536, 131072)));
+        l.link_queue = "1mb".into();
+        assert_eq!(tbf_params(&l).unwrap().unwrap().2, 1 << 20);
+    }
+
+    #[test]
+    fn loopback_config_is_unchanged_and_round_trips() {
+        let c = cfg(2, 2, 0);
+        let p = Plan::build(&c, &launch(Mode::Loopback, 1, 1, &[]), &input()).unwrap();
+        assert_eq!(p.config, c);
+        assert!(p.phases.is_empty());
+        let back = Config::from_toml_str(&p.config.to_toml_string().unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn namespace_owners() {
+        assert_eq!(ns_owner("bex-123-ps-p0-s1"), Some(123));
+        assert_eq!(ns_owner("bex-123-"), None);
+        assert_eq!(ns_owner("bexl77a"), None);
+        assert_eq!(ns_owner("bex-abc-sw"), None);
+        assert_eq!(host_ip(0), Some(Ipv4Addr::new(10, 77, 0, 1)));
+        assert_eq!(host_ip(255), Some(Ipv4Addr::new(10, 77, 1, 0)));
+        assert_eq!(host_ip(70_000), None);
+    }
+}

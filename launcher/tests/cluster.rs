@@ -1,0 +1,487 @@
+//! `bex-cluster` end to end with real `ps-server` processes and tiny fake clients (shell
+//! scripts that honour the ranker/trainer CLI contract: `--json PATH`, `--id N`, exit 0,
+//! a report on SIGTERM). The real ranker and trainer are built by other crates; the launcher
+//! only needs their contract.
+//!
+//! `ps-server` comes from `cargo build --release -p bex-ps-server` (run here first, a no-op
+//! when fresh; or set `BEX_BIN_DIR` to a directory holding it) and is symlinked next to the
+//! fakes into a per-test `bin_dir`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const FAKE: &str = r#"#!/bin/sh
+# A stand-in for ranker/trainer: writes its JSON report, prints a summary.
+kind=$(basename "$0"); json=""; id=""; pod=""; mode="ok"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --json) json="$2"; shift;; --id) id="$2"; shift;; --pod) pod="$2"; shift;;
+    --fail) mode=fail;; --hang) mode=hang;;
+  esac
+  shift
+done
+report() { echo "{\"kind\":\"$kind\",\"id\":$id,\"pod\":$pod,\"stopped\":$1}" > "$json"; }
+trap 'report true; echo "$kind $id stopped"; exit 0' TERM
+if [ "$mode" = fail ]; then echo "$kind: failing on purpose" >&2; exit 1; fi
+if [ "$mode" = hang ]; then while :; do sleep 0.05; done; fi
+report false
+echo "$kind $id pod $pod: done"
+"#;
+
+#[allow(clippy::disallowed_methods)] // the test's one clock: polling real processes
+fn pause(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+fn ps_server() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(d) = std::env::var("BEX_BIN_DIR") {
+            return PathBuf::from(d).join("ps-server");
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--release", "-q", "-p", "bex-ps-server"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "cargo build --release -p bex-ps-server failed");
+        // target/<profile>/bex-cluster → target/release/ps-server
+        let target =
+            Path::new(env!("CARGO_BIN_EXE_bex-cluster")).parent().unwrap().parent().unwrap();
+        target.join("release/ps-server")
+    })
+}
+
+struct Run {
+    dir: PathBuf,
+    bin: PathBuf,
+    config: PathBuf,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn setup(name: &str, pods: u32, shards: u32) -> Run {
+    let dir = std::env::temp_dir().join(format!("bex-launcher-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let server = ps_server();
+    assert!(server.is_file(), "{} missing", server.display());
+    std::os::unix::fs::symlink(server, bin.join("ps-server")).unwrap();
+    for kind in ["ranker", "trainer"] {
+        let p = bin.join(kind);
+        std::fs::write(&p, FAKE).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = dir.join("in.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nname = \"t-{name}\"\npods = {pods}\nshards = {shards}\n\
+             [[tables]]\nname = \"emb\"\ndim = 8\n\
+             [server]\ncheckpoint_interval_s = 0\n"
+        ),
+    )
+    .unwrap();
+    Run { dir, bin, config }
+}
+
+fn base_port(salt: u16) -> u16 {
+    30_000 + ((std::process::id() % 1000) as u16) * 30 + salt * 6
+}
+
+impl Run {
+    fn cmd(&self, salt: u16, sets: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_bex-cluster"));
+        c.args(["run", "--config"]).arg(&self.config).arg("--out").arg(self.dir.join("out"));
+        let own = [
+            format!("launch.bin_dir={}", self.bin.display()),
+            format!("cluster.data_dir={}", self.dir.join("data").display()),
+            format!("cluster.base_port={}", base_port(salt)),
+        ];
+        for s in own.iter().map(String::as_str).chain(sets.iter().copied()) {
+            c.args(["--set", s]);
+        }
+        c
+    }
+
+    fn run(&self, salt: u16, sets: &[&str]) -> (Output, Value) {
+        let out = self.cmd(salt, sets).output().expect("bex-cluster runs");
+        let report = std::fs::read_to_string(self.dir.join("out/report.json"))
+            .map(|t| serde_json::from_str(&t).expect("report.json is JSON"))
+            .unwrap_or(Value::Null);
+        (out, report)
+    }
+}
+
+fn alive(pid: u64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn health_only_2x2_cluster_comes_up_reports_and_leaves_nothing() {
+    let r = setup("health", 2, 2);
+    let (out, rep) = r.run(0, &["launch.phases=[]"]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(rep["ok"], true, "{rep:#}");
+    let servers = rep["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 4);
+    for s in servers {
+        // Stopped by our SIGTERM, cleanly (they checkpoint).
+        assert_eq!(s["status"]["exit_code"], 0, "{s:#}");
+        assert!(s["cpu"]["user_s"].as_f64().unwrap() >= 0.0);
+        assert!(s["cpu"]["sys_s"].as_f64().is_some());
+        // The software RNIC's counters were scraped from /metrics.
+        for k in ["rnr_naks_received", "seq_naks_received", "retransmitted_packets", "tx_packets"] {
+            assert!(s["rnic"][k].is_u64(), "{k} missing: {s:#}");
+        }
+        assert!(!alive(s["pid"].as_u64().unwrap()), "server {} still running", s["name"]);
+    }
+    assert!(rep["startup_s"].as_f64().unwrap() < 30.0);
+    assert_eq!(rep["config"]["cluster"]["pods"], 2);
+    // Every server checkpointed on SIGTERM.
+    for (p, s) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        assert!(r.dir.join(format!("data/pod{p}/shard{s}.ckpt")).is_file());
+    }
+    let toml = std::fs::read_to_string(r.dir.join("out/cluster.toml")).unwrap();
+    assert!(toml.contains(&format!("base_port = {}", base_port(0))));
+}
+
+#[test]
+fn phases_run_clients_on_the_right_pods_and_embed_their_reports() {
+    let r = setup("phases", 2, 2);
+    let (out, rep) = r.run(
+        1,
+        &[
+            "launch.rankers=2",
+            "launch.phases=[\"inference\", \"training\", \"inference+training\"]",
+        ],
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(rep["ok"], true, "{rep:#}");
+    let phases = rep["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 3);
+    let mut ids = Vec::new();
+    for (ph, want) in phases.iter().zip([(2, 0), (0, 1), (2, 1)]) {
+        let clients = ph["clients"].as_array().unwrap();
+        let kinds = |k: &str| clients.iter().filter(|c| c["kind"] == k).count();
+        assert_eq!((kinds("ranker"), kinds("trainer")), want, "{ph:#}");
+        for c in clients {
+            assert_eq!(c["status"]["exit_code"], 0);
+            // The client's own JSON, embedded.
+            assert_eq!(c["report"]["kind"], c["kind"]);
+            assert_eq!(c["report"]["id"], c["id"]);
+            let pod = if c["kind"] == "ranker" { 1 } else { 0 };
+            assert_eq!(c["report"]["pod"], pod, "{c:#}");
+            assert!(c["stdout"].as_str().unwrap().contains("done"));
+            ids.push(c["id"].as_u64().unwrap());
+            assert!(!alive(c["pid"].as_u64().unwrap()));
+        }
+        assert_eq!(ph["servers"].as_array().unwrap().len(), 4);
+        assert!(ph["rnic_total"]["tx_packets"].is_u64());
+        assert!(ph["server_cpu_total"]["user_s"].is_f64());
+    }
+    let n = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "client ids unique over the run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ranker 1 pod 1: done"), "client summaries printed: {stdout}");
+}
+
+#[test]
+fn a_failing_client_fails_the_run_and_still_tears_down() {
+    let r = setup("fail", 1, 2);
+    let (out, rep) = r.run(
+        2,
+        &["launch.phases=[\"training\", \"inference\"]", "launch.trainer_args=[\"--fail\"]"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(rep["ok"], false);
+    let reasons = rep["reasons"].to_string();
+    assert!(reasons.contains("trainer-") && reasons.contains("failing on purpose"), "{reasons}");
+    // The run stops at the failed phase.
+    assert_eq!(rep["phases"].as_array().unwrap().len(), 1);
+    for s in rep["servers"].as_array().unwrap() {
+        assert_eq!(s["status"]["exit_code"], 0);
+        assert!(!alive(s["pid"].as_u64().unwrap()));
+    }
+}
+
+#[test]
+fn bad_overrides_are_usage_errors() {
+    let r = setup("usage", 1, 1);
+    let (out, _) = r.run(3, &["transport.cwnd_bytes=lots"]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("transport.cwnd_bytes expects an integer"), "{err}");
+    let (out, _) = r.run(3, &["launch.phases=[\"nap\"]"]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let (out, _) = r.run(3, &["launch.bin_dir=/nonexistent"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ps-server not found"));
+}
+
+/// The pids in the launcher's record (`<tmp>/bex-cluster/<pid>.pids`).
+fn recorded(launcher: u32) -> Vec<u64> {
+    let path = std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids"));
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn sigterm_mid_run_tears_everything_down() {
+    let r = setup("sigterm", 2, 2);
+    let mut child = r
+        .cmd(
+            4,
+            &[
+                "launch.phases=[\"inference+training\"]",
+                "launch.ranker_args=[\"--hang\"]",
+                "launch.trainer_args=[\"--hang\"]",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let launcher = child.id();
+    // Wait until the 4 servers and both clients were started.
+    let mut pids = Vec::new();
+    for _ in 0..600 {
+        pids = recorded(launcher);
+        if pids.len() == 6 {
+            break;
+        }
+        pause(50);
+    }
+    assert_eq!(pids.len(), 6, "servers and clients started");
+    pause(300);
+    assert!(pids.iter().all(|p| alive(*p)));
+    Command::new("kill").args(["-TERM", &launcher.to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "128 + SIGTERM");
+    for p in &pids {
+        assert!(!alive(*p), "pid {p} survived the launcher");
+    }
+    let rep: Value =
+        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
+            .unwrap();
+    assert_eq!(rep["ok"], false);
+    assert!(rep["reasons"].to_string().contains("interrupted by SIGTERM"), "{rep:#}");
+    // The clients got SIGTERM and wrote their reports (the contract), which are embedded.
+    for c in rep["phases"][0]["clients"].as_array().unwrap() {
+        assert_eq!(c["report"]["stopped"], true, "{c:#}");
+    }
+    assert!(!std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids")).exists());
+}
+
+fn netns_available() -> bool {
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|u| u.split_whitespace().nth(1))
+            == Some("0")
+    });
+    let ip = Command::new("ip").arg("-V").stdout(Stdio::null()).status().is_ok();
+    root && ip
+}
+
+fn namespaces_of(launcher_pid_prefix: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(launcher_pid_prefix))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn netns_1x2_cluster_with_link_rates_comes_up_and_leaves_no_namespace() {
+    if !netns_available() {
+        println!("SKIPPED: netns test needs root and iproute2");
+        return;
+    }
+    let r = setup("netns", 1, 2);
+    let (out, rep) =
+        r.run(5, &["launch.mode=netns", "launch.link_rate=1gbit", "launch.phases=[\"inference\"]"]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(rep["ok"], true, "{rep:#}");
+    let net = &rep["network"];
+    assert_eq!(net["hosts"].as_array().unwrap().len(), 3, "2 servers + 1 ranker");
+    assert_eq!(net["link_rate_bit_s"], 1_000_000_000u64);
+    let switch = net["switch_ns"].as_str().unwrap();
+    let prefix = switch.strip_suffix("sw").unwrap();
+    assert!(prefix.starts_with("bex-"));
+    // Servers listened on their namespace addresses (explicit [[cluster.servers]]).
+    let servers = rep["config"]["cluster"]["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 2);
+    assert!(servers[0]["rdma"].as_str().unwrap().starts_with("10.77."));
+    let c = &rep["phases"][0]["clients"][0];
+    assert!(c["ip"].as_str().unwrap().starts_with("10.77."));
+    assert_eq!(c["report"]["kind"], "ranker");
+    assert!(
+        rep["servers"][0]["rnic"]["tx_packets"].is_u64(),
+        "metrics scraped inside the namespace"
+    );
+    assert!(namespaces_of(prefix).is_empty(), "namespaces left: {:?}", namespaces_of(prefix));
+}
+
+#[test]
+fn cleanup_removes_leftovers_of_dead_launchers() {
+    // A dead "launcher": a process that has exited and been reaped.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    // It recorded a child that is still running.
+    let mut orphan = Command::new("sleep").arg("600").spawn().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", orphan.id())).unwrap();
+    let start =
+        stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_string();
+    let dir = std::env::temp_dir().join("bex-cluster");
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join(format!("{dead}.pids"));
+    std::fs::write(&record, format!("{} {start} ranker-1\n", orphan.id())).unwrap();
+    let ns = format!("bex-{dead}-sw");
+    let netns = netns_available();
+    if netns {
+        assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success());
+    } else {
+        println!("SKIPPED: the namespace part needs root and iproute2");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_bex-cluster")).arg("cleanup").output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    // (A launcher of a concurrent test may have cleaned up first: the end state is checked.)
+    let status = orphan.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "SIGKILLed");
+    assert!(!record.exists());
+    if netns {
+        assert!(namespaces_of(&ns).is_empty());
+    }
+}
+
+/// The real `ranker` and `trainer`, when `BEX_BIN_DIR` holds working builds of all three
+/// binaries (e.g. `scripts/cluster.sh`'s `target/release` after a release build).
+#[test]
+fn real_clients_when_available() {
+    let Ok(dir) = std::env::var("BEX_BIN_DIR") else {
+        println!("SKIPPED: set BEX_BIN_DIR to a directory with ps-server, ranker and trainer");
+        return;
+    };
+    let works = |b: &str| {
+        Command::new(Path::new(&dir).join(b))
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !(works("ranker") && works("trainer")) {
+        println!("SKIPPED: ranker/trainer in {dir} are not working builds");
+        return;
+    }
+    let r = setup("real", 2, 2);
+    // The clients need the shipped tables (user, item, context, dense).
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml"), &r.config)
+        .unwrap();
+    let bin = format!("launch.bin_dir={dir}");
+    let (out, rep) = r.run(
+        6,
+        &[
+            &bin,
+            "launch.phases=[\"inference\", \"training\"]",
+            "launch.ranker_args=[\"--seconds\", \"2\"]",
+            "launch.trainer_args=[\"--seconds\", \"2\"]",
+            "trainer.batch_size=64",
+        ],
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(rep["ok"], true, "{rep:#}");
+    assert_eq!(rep["phases"][0]["clients"][0]["report"]["kind"], "ranker");
+    let t = &rep["phases"][1]["clients"][0]["report"];
+    assert_eq!(t["kind"], "trainer");
+    assert!(t["auc_initial"].is_f64() && t["auc_final"].is_f64(), "{t:#}");
+}
+
+#[test]
+fn sigkilled_launcher_leaves_nothing_after_cleanup() {
+    let r = setup("sigkill", 1, 2);
+    let mut child = r
+        .cmd(7, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let launcher = child.id();
+    let mut pids = Vec::new();
+    for _ in 0..600 {
+        pids = recorded(launcher);
+        if pids.len() == 3 {
+            break;
+        }
+        pause(50);
+    }
+    assert_eq!(pids.len(), 3, "2 servers and the ranker started");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The servers die with the launcher (pdeathsig → SIGTERM → checkpoint and exit).
+    for _ in 0..300 {
+        if !pids[..2].iter().any(|p| alive(*p)) {
+            break;
+        }
+        pause(50);
+    }
+    for p in &pids[..2] {
+        assert!(!alive(*p), "server {p} outlived its SIGKILLed launcher");
+    }
+    // The fake ranker (a shell script) has no pdeathsig: `cleanup` finds it in the record.
+    // (A launcher of a concurrent test may clean it up first: the end state is what counts.)
+    let out = Command::new(env!("CARGO_BIN_EXE_bex-cluster")).arg("cleanup").output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    for _ in 0..100 {
+        if !alive(pids[2]) {
+            break;
+        }
+        pause(20);
+    }
+    assert!(!std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids")).exists());
+    assert!(!alive(pids[2]));
+}
+
+#[test]
+fn a_server_that_cannot_start_fails_the_run_with_its_stderr() {
+    let r = setup("startfail", 1, 2);
+    // Server (0, 1)'s HTTP port is taken: it exits at start-up.
+    let taken = std::net::TcpListener::bind(("127.0.0.1", base_port(8) + 5)).unwrap();
+    let (out, rep) = r.run(8, &["launch.phases=[\"inference\"]"]);
+    drop(taken);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let reasons = rep["reasons"].to_string();
+    assert!(reasons.contains("ps-p0-s1"), "{reasons}");
+    assert!(reasons.contains("stderr tail"), "{reasons}");
+    assert!(rep["phases"].as_array().unwrap().is_empty(), "no phase ran");
+    for s in rep["servers"].as_array().unwrap() {
+        assert!(!alive(s["pid"].as_u64().unwrap()));
+    }
+}
