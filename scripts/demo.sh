@@ -1,28 +1,25 @@
 #!/usr/bin/env bash
-# The README's first command: builds bex and runs the demo of what is built so far.
-#   1. two processes stream messages over the software RNIC (RC verbs over UDP on loopback)
-#      and check every byte and the order;
-#   2. rnic-perf measures latency and bandwidth of the software RNIC against raw UDP and TCP
-#      in the same run.
-# The parameter-server cluster demo (rankers, trainers) replaces this with its issue.
+# The README's first command: builds bex and runs the demo, a local cluster on the software
+# RNIC (configs/local.toml: 2 mini-pods x 2 shards = 4 ps-server processes on loopback):
+#   1. a ranker replays synthetic inference traffic (open-loop Poisson, fan-out fetches per
+#      shard, a small MLP per model) for 10 s;
+#   2. two trainers learn the synthetic click task at once (fetch -> forward/backward -> push
+#      sparse and dense gradients), reporting held-out AUC and log-loss;
+#   3. the run's report is checked: requests served without errors, AUC rose to >= 0.75.
+# Arguments go to `bex-cluster run` (e.g. --transport tcp, --mode netns, --set ranker.rate=400).
+# Everything is torn down at the end, on failure and on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 echo "==> building (release)"
-cargo build --release --locked -q -p bex-rnic-perf --example stream_check -p bex-rnic
+cargo build --release --locked -q -p bex-ps-server -p bex-ranker -p bex-trainer \
+    -p bex-launcher -p bex-experiments
 BIN=target/release
+OUT=target/demo
 
-echo "==> two processes, 5000 messages over the software RNIC"
-port=$((17000 + RANDOM % 1000))
-"$BIN/examples/stream_check" server --bind 127.0.0.1 --control "127.0.0.1:$port" &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-"$BIN/examples/stream_check" client --bind 127.0.0.1 --control "127.0.0.1:$port" --messages 5000
-wait "$server"
-trap - EXIT
+echo "==> local cluster: inference replay, then training (report in $OUT/report.json)"
+"$BIN/bex-cluster" run --config configs/local.toml --out "$OUT" "$@"
 
-echo "==> rnic-perf: software RNIC vs UDP and TCP (results/demo-rnic-perf.json)"
-mkdir -p results
-"$BIN/rnic-perf" run --sizes 64,4K,64K,1M --mtu 4096,61440 --iters 1000 --reps 3 \
-    --json results/demo-rnic-perf.json --quiet
+echo "==> checking the report"
+"$BIN/bex-exp" check "$OUT/report.json" --min-auc 0.75

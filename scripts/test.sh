@@ -37,6 +37,13 @@ step "bex-perf --quick (transport Figures 8-11 and 13: RDMA on the soft RNIC vs 
 cargo build --locked --release -q -p bex-perf
 target/release/bex-perf run --quick --out target/bex-perf
 
+step "end-to-end: a 2x2 cluster replays inference traffic and trains; asserts on its report"
+cargo build --locked --release -q -p bex-ps-server -p bex-ranker -p bex-trainer -p bex-launcher \
+    -p bex-experiments
+target/release/bex-cluster run --config configs/local.toml --out target/e2e \
+    --set ranker.seconds=4.0
+target/release/bex-exp check target/e2e/report.json --min-auc 0.75
+
 if [ "$(id -u)" -eq 0 ]; then
     step "software RNIC across two network namespaces with 1% and 5% iptables loss"
     scripts/netns-loss.sh 0.01 0.05

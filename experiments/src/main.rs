@@ -23,7 +23,7 @@ enum Cmd {
     /// (same seed) over each transport, at each rate, repeated with the transports interleaved.
     Inference {
         /// The cluster file (with [ranker] and [launch] sections).
-        #[arg(long, default_value = "configs/exp-inference.toml")]
+        #[arg(long, default_value = "configs/local.toml")]
         config: PathBuf,
         /// Output directory (runs/ holds every launched cluster's reports and logs).
         #[arg(long, default_value = "results/exp-inference")]
@@ -49,7 +49,7 @@ enum Cmd {
     /// links (root).
     Training {
         /// The cluster file (with [trainer] and [launch] sections).
-        #[arg(long, default_value = "configs/exp-training.toml")]
+        #[arg(long, default_value = "configs/local.toml")]
         config: PathBuf,
         /// Output directory.
         #[arg(long, default_value = "results/exp-training")]
@@ -66,6 +66,16 @@ enum Cmd {
         /// The send window of the `rdma+window` variant, bytes per engine.
         #[arg(long, default_value_t = 16384)]
         window: u64,
+        /// Where the cluster runs: netns (one network namespace per host, rate-limited links;
+        /// root) or loopback.
+        #[arg(long, default_value = "netns")]
+        mode: String,
+        /// Rate of every host link (netns), as `tc` takes it.
+        #[arg(long, default_value = "1gbit")]
+        link_rate: String,
+        /// Bytes a link end may queue (netns; tbf limit): small queues make incast drop.
+        #[arg(long, default_value = "128kb")]
+        link_queue: String,
         /// Variants to run (tcp, rdma, rdma+window).
         #[arg(long, value_delimiter = ',', default_value = "tcp,rdma,rdma+window")]
         variants: Vec<String>,
@@ -217,6 +227,9 @@ fn run() -> Result<(), String> {
             seconds,
             repeats,
             window,
+            mode,
+            link_rate,
+            link_queue,
             variants,
             sets,
             cluster_bin,
@@ -257,6 +270,12 @@ fn run() -> Result<(), String> {
                                 format!("trainer.seconds={seconds:?}"),
                                 "--set".into(),
                                 format!("transport.cwnd_bytes={cwnd}"),
+                                "--mode".into(),
+                                mode.clone(),
+                                "--set".into(),
+                                format!("launch.link_rate={link_rate:?}"),
+                                "--set".into(),
+                                format!("launch.link_queue={link_queue:?}"),
                             ],
                             &sets,
                         );
@@ -280,8 +299,8 @@ fn run() -> Result<(), String> {
             }
             let cells = summary::training_cells(&runs);
             let setup = format!(
-                "Each run starts a fresh cluster from `{}` (see its [launch] section for the link \
-                 rate and namespaces); {seconds} s per trainer; the window variant sets \
+                "Each run starts a fresh cluster from `{}` in {mode} mode, links {link_rate} with \
+                 {link_queue} of queue per link end; {seconds} s per trainer; the window variant sets \
                  `transport.cwnd_bytes = {window}` on every process. Medians of {repeats} run(s) per cell; \
                  the busiest trainer is the one with the highest P99.",
                 config.display()

@@ -62,6 +62,9 @@ pub struct LaunchConfig {
     pub timeout_s: u64,
     /// Directory of the binaries; empty = the directory of `bex-cluster`.
     pub bin_dir: String,
+    /// Every run starts with empty tables: servers keep checkpoints in `<out>/data`, not in
+    /// `[cluster].data_dir` (where an earlier run's checkpoints would be restored).
+    pub fresh_data: bool,
 }
 
 impl Default for LaunchConfig {
@@ -72,12 +75,13 @@ impl Default for LaunchConfig {
             link_burst: String::new(),
             link_queue: String::new(),
             rankers: 1,
-            trainers: 1,
+            trainers: 2,
             phases: vec!["inference".into(), "training".into()],
             ranker_args: Vec::new(),
             trainer_args: Vec::new(),
             transport: ClientTransport::Rdma,
             timeout_s: 600,
+            fresh_data: true,
             bin_dir: String::new(),
         }
     }

@@ -30,12 +30,13 @@ const RUN_AFTER: &str = "\
   mode = \"loopback\" | \"netns\"      where the processes run
   link_rate = \"10gbit\"              netns: tc tbf rate on both ends of every host link (\"\" = none)
   link_burst, link_queue            tbf burst and limit (default 1 ms at link_rate ≥ 64kb; 2 × burst)
-  rankers = 1, trainers = 1         processes per phase (rankers round-robin over serving pods)
+  rankers = 1, trainers = 2         processes per phase (rankers round-robin over serving pods)
   phases = [\"inference\", \"training\"]  in order; \"inference+training\" = both at once; [] = health only
   ranker_args, trainer_args = []    extra CLI args of the clients
   transport = \"rdma\" | \"tcp\"       the clients' transport
   timeout_s = 600                   deadline of the whole workload
   bin_dir = \"\"                      ps-server/ranker/trainer directory (default: next to bex-cluster)
+  fresh_data = true                 empty tables each run (checkpoints in OUT/data); false: [cluster].data_dir
 Examples:
   bex-cluster run --config configs/local.toml --set 'launch.ranker_args=[\"--seconds\",\"10\"]'
   bex-cluster run --config configs/local.toml --mode netns --set launch.link_rate=1gbit";

@@ -175,6 +175,9 @@ impl Plan {
         let prefix = ns_prefix(input.launcher_pid);
         let netns = launch.mode == Mode::Netns;
         let mut config = cfg.clone();
+        if launch.fresh_data {
+            config.cluster.data_dir = input.out_dir.join("data");
+        }
         let mut host_count = 0usize;
         let mut next_ip = || -> Result<Ipv4Addr, String> {
             let ip = host_ip(host_count).ok_or("too many hosts for 10.77.0.0/16")?;
@@ -578,13 +581,17 @@ mod tests {
     }
 
     #[test]
-    fn loopback_config_is_unchanged_and_round_trips() {
+    fn loopback_config_is_unchanged_but_for_fresh_data_and_round_trips() {
         let c = cfg(2, 2, 0);
         let p = Plan::build(&c, &launch(Mode::Loopback, 1, 1, &[]), &input()).unwrap();
-        assert_eq!(p.config, c);
+        let mut fresh = c.clone();
+        fresh.cluster.data_dir = input().out_dir.join("data");
+        assert_eq!(p.config, fresh);
         assert!(p.phases.is_empty());
         let back = Config::from_toml_str(&p.config.to_toml_string().unwrap()).unwrap();
-        assert_eq!(back, c);
+        assert_eq!(back, fresh);
+        let keep = LaunchConfig { fresh_data: false, ..launch(Mode::Loopback, 1, 1, &[]) };
+        assert_eq!(Plan::build(&c, &keep, &input()).unwrap().config, c);
     }
 
     #[test]
