@@ -103,8 +103,10 @@ pub struct TrainingRun {
     pub retransmits: f64,
     /// ACK timeouts.
     pub ack_timeouts: f64,
-    /// TCP segments retransmitted (kernel counters of the hosts, where the launcher has them).
+    /// TCP segments retransmitted (kernel counters of the hosts; NaN where not measured).
     pub tcp_retransmits: f64,
+    /// TCP segments sent (same scope).
+    pub tcp_out_segments: f64,
 }
 
 /// The rnic counter `name` summed over every object named `rnic` in `v` (clients' own
@@ -178,6 +180,20 @@ pub fn servers_cpu(report: &Value, field: &str) -> f64 {
     total
 }
 
+/// A TCP counter the launcher measured per phase, summed over the phases (NaN if none did).
+fn tcp_sum(report: &Value, field: &str) -> f64 {
+    let vals: Vec<f64> = report
+        .get("phases")
+        .and_then(Value::as_array)
+        .map(|p| p.iter().filter_map(|x| num(x, &format!("/tcp/{field}"))).collect())
+        .unwrap_or_default();
+    if vals.is_empty() {
+        f64::NAN
+    } else {
+        vals.iter().sum()
+    }
+}
+
 /// Reads a training run's `report.json`.
 pub fn training(report: &Value, variant: &str) -> Result<TrainingRun, String> {
     let t = clients(report, "trainer");
@@ -198,7 +214,8 @@ pub fn training(report: &Value, variant: &str) -> Result<TrainingRun, String> {
         seq_naks: rnic_sum(report, "seq_naks_received"),
         retransmits: rnic_sum(report, "retransmitted_packets"),
         ack_timeouts: rnic_sum(report, "ack_timeouts"),
-        tcp_retransmits: num(report, "/tcp_retransmits").unwrap_or(0.0),
+        tcp_retransmits: tcp_sum(report, "retrans_segs"),
+        tcp_out_segments: tcp_sum(report, "out_segs"),
     })
 }
 

@@ -241,6 +241,7 @@ pub fn training_cells(runs: &[TrainingRun]) -> Vec<TrainingCell> {
                 retransmits: m(&rs, &|r| r.retransmits),
                 ack_timeouts: m(&rs, &|r| r.ack_timeouts),
                 tcp_retransmits: m(&rs, &|r| r.tcp_retransmits),
+                tcp_out_segments: m(&rs, &|r| r.tcp_out_segments),
             },
         })
         .collect()
@@ -301,7 +302,16 @@ pub fn training_markdown(cells: &[TrainingCell], command: &str, setup: &str) -> 
             "loss indicator",
             &|r| {
                 if r.variant == "tcp" {
-                    format!("{:.0} TCP retransmits", r.tcp_retransmits)
+                    if r.tcp_retransmits.is_nan() {
+                        "TCP retransmits not measured".into()
+                    } else {
+                        format!(
+                            "{:.0} of {:.0} TCP segments retransmitted ({:.2}%)",
+                            r.tcp_retransmits,
+                            r.tcp_out_segments,
+                            100.0 * r.tcp_retransmits / r.tcp_out_segments.max(1.0)
+                        )
+                    }
                 } else {
                     format!("{:.0} seq NAKs, {:.0} retransmits", r.seq_naks, r.retransmits)
                 }

@@ -320,6 +320,7 @@ impl Executor {
             phase.clients.len()
         );
         let before = self.snapshot();
+        let tcp_before = self.tcp_segments();
         let sys_before = SystemCpu::read().unwrap_or_default();
         let t0 = now();
         let first = self.clients.len();
@@ -356,6 +357,14 @@ impl Executor {
         let duration = now() - t0;
         let sys = SystemCpu::read().unwrap_or_default().since(&sys_before);
         let after = self.snapshot();
+        let tcp = match (tcp_before, self.tcp_segments()) {
+            (Some(b), Some(a)) => json!({
+                "out_segs": a.out_segs.saturating_sub(b.out_segs),
+                "retrans_segs": a.retrans_segs.saturating_sub(b.retrans_segs),
+                "scope": if self.plan.net.is_some() { "every host namespace" } else { "machine" },
+            }),
+            _ => Value::Null,
+        };
         for s in &self.servers {
             if s.status.is_none() && !healthy_now(&s.spec) {
                 self.reasons
@@ -401,8 +410,20 @@ impl Executor {
         json!({
             "name": phase.name, "duration_s": secs(duration), "clients": clients,
             "servers": servers, "server_cpu_total": cpu_total, "rnic_total": rnic_total,
-            "machine_cpu": sys,
+            "machine_cpu": sys, "tcp": tcp,
         })
+    }
+
+    /// TCP segment counters summed over the hosts (netns) or the machine (loopback).
+    fn tcp_segments(&self) -> Option<crate::probe::TcpSegments> {
+        let Some(net) = &self.plan.net else { return crate::probe::tcp_segments(None) };
+        let mut total = crate::probe::TcpSegments::default();
+        for h in &net.hosts {
+            let t = crate::probe::tcp_segments(Some(&h.ns))?;
+            total.out_segs += t.out_segs;
+            total.retrans_segs += t.retrans_segs;
+        }
+        Some(total)
     }
 
     fn server_deltas(

@@ -132,3 +132,61 @@ mod tests {
         assert_eq!(d["tx_packets"], 0);
     }
 }
+
+/// TCP's segment counters (`Tcp: OutSegs RetransSegs` of `/proc/net/snmp`), the kernel's
+/// loss indicator for the TCP baseline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpSegments {
+    /// Segments sent.
+    pub out_segs: u64,
+    /// Segments retransmitted.
+    pub retrans_segs: u64,
+}
+
+/// Parses `/proc/net/snmp`: the `Tcp:` header line names the columns of the next `Tcp:` line.
+pub fn parse_tcp_snmp(text: &str) -> Option<TcpSegments> {
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let names: Vec<&str> = tcp.next()?.split_whitespace().collect();
+    let values: Vec<&str> = tcp.next()?.split_whitespace().collect();
+    let get = |name: &str| -> Option<u64> {
+        let i = names.iter().position(|n| *n == name)?;
+        values.get(i)?.parse().ok()
+    };
+    Some(TcpSegments { out_segs: get("OutSegs")?, retrans_segs: get("RetransSegs")? })
+}
+
+/// The TCP counters of network namespace `netns` (`ip netns exec`), or of this process's
+/// namespace for `None`; `None` if they cannot be read.
+pub fn tcp_segments(netns: Option<&str>) -> Option<TcpSegments> {
+    let text = match netns {
+        None => std::fs::read_to_string("/proc/net/snmp").ok()?,
+        Some(ns) => {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()?;
+            if !out.status.success() {
+                return None;
+            }
+            String::from_utf8(out.stdout).ok()?
+        }
+    };
+    parse_tcp_snmp(&text)
+}
+
+#[cfg(test)]
+mod tcp_tests {
+    use super::*;
+
+    #[test]
+    fn reads_tcp_segment_counters() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Tcp: RtoAlgorithm RtoMin OutSegs RetransSegs InErrs\n\
+                    Tcp: 1 200 5000 42 0\nUdp: InDatagrams\nUdp: 7\n";
+        assert_eq!(parse_tcp_snmp(snmp), Some(TcpSegments { out_segs: 5000, retrans_segs: 42 }));
+        assert_eq!(parse_tcp_snmp("Tcp: OutSegs\n"), None);
+        assert_eq!(parse_tcp_snmp("Tcp: OutSegs RetransSegs\nTcp: 1 x\n"), None);
+        assert!(tcp_segments(None).is_some());
+    }
+}
