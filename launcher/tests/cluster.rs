@@ -158,9 +158,9 @@ fn health_only_2x2_cluster_comes_up_reports_and_leaves_nothing() {
     }
     assert!(rep["startup_s"].as_f64().unwrap() < 30.0);
     assert_eq!(rep["config"]["cluster"]["pods"], 2);
-    // Every server checkpointed on SIGTERM.
+    // Every server checkpointed on SIGTERM, into the run's own data directory (fresh_data).
     for (p, s) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-        assert!(r.dir.join(format!("data/pod{p}/shard{s}.ckpt")).is_file());
+        assert!(r.dir.join(format!("out/data/pod{p}/shard{s}.ckpt")).is_file());
     }
     let toml = std::fs::read_to_string(r.dir.join("out/cluster.toml")).unwrap();
     assert!(toml.contains(&format!("base_port = {}", base_port(0))));
@@ -173,6 +173,7 @@ fn phases_run_clients_on_the_right_pods_and_embed_their_reports() {
         1,
         &[
             "launch.rankers=2",
+            "launch.trainers=1",
             "launch.phases=[\"inference\", \"training\", \"inference+training\"]",
         ],
     );
@@ -259,6 +260,7 @@ fn sigterm_mid_run_tears_everything_down() {
             4,
             &[
                 "launch.phases=[\"inference+training\"]",
+                "launch.trainers=1",
                 "launch.ranker_args=[\"--hang\"]",
                 "launch.trainer_args=[\"--hang\"]",
             ],
