@@ -62,7 +62,8 @@ pub struct InferenceRun {
     pub pull_mean_us: f64,
     /// Per-model fetch P99, µs.
     pub pull_p99_us: f64,
-    /// Machine-wide CPU over the run, % of all CPUs: user, system, softirq.
+    /// Machine-wide CPU over the run, % of all the machine's CPU time (100 = every CPU
+    /// busy): user, system, softirq.
     pub machine_user_pct: f64,
     /// System.
     pub machine_sys_pct: f64,
@@ -129,18 +130,21 @@ pub fn inference(report: &Value, transport: &str, rate: f64) -> Result<Inference
         return Err("no ranker report in report.json".into());
     }
     let ok = sum(r.iter().map(|c| num(c, "/ok")));
-    let elapsed = max(r.iter().map(|c| num(c, "/elapsed_s")));
+    // Shares of all the machine's CPU time over the run (user + system + irq + softirq +
+    // idle covers every CPU), as in the paper's Table 5.
     let pct = |p: &str| {
-        let s = max(r.iter().map(|c| num(c, p)));
-        let cpus = max(r.iter().map(|c| num(c, "/cpu/machine/cpus"))).max(1.0);
-        if elapsed > 0.0 {
-            100.0 * s / (elapsed * cpus)
-        } else {
-            0.0
-        }
+        let share = |c: &Value| {
+            let total: f64 = ["user_s", "sys_s", "irq_s", "softirq_s", "idle_s"]
+                .iter()
+                .filter_map(|k| num(c, &format!("/cpu/machine/{k}")))
+                .sum();
+            let x = num(c, p)?;
+            (total > 0.0).then(|| 100.0 * x / total)
+        };
+        max(r.iter().map(|c| share(c)))
     };
     let own = |field: &str| {
-        let clients = sum(r.iter().map(|c| num(c, &format!("/cpu/process/{field}"))));
+        let clients = sum(r.iter().map(|c| num(c, &format!("/cpu/ranker/{field}"))));
         let servers = crate::extract::servers_cpu(report, field);
         if ok > 0.0 {
             1e6 * (clients + servers) / ok
