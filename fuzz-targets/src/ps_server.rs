@@ -22,8 +22,10 @@ const MAX_FRAMES: usize = 8;
 /// (table, key). Tables 0 (`user`, dim 16) and 2 (`context`, dim 8) of `configs/local.toml`.
 const CANARIES: [(u32, u64); 6] =
     [(0, 1), (0, 2), (0, 1 << 40), (0, u64::MAX), (2, 1), (2, 0xdead_beef)];
-/// The client id of the canary setup's push.
+/// The client id of the canary setup's replication.
 const SETUP_CLIENT: u64 = 0xfeed_f00d;
+/// The server's limits: a small frame limit, so replies over it are reachable.
+const LIMITS: Limits = Limits { max_frame_bytes: 16 << 10, max_keys: 1 << 20, max_dim: 4096 };
 
 fn pool() -> &'static Pool {
     static POOL: OnceLock<&'static Pool> = OnceLock::new();
@@ -68,16 +70,17 @@ pub fn encode_frames(frames: &[(u16, &[u8])]) -> Vec<u8> {
     out
 }
 
-fn server() -> Arc<PsServer> {
+/// Pod 0 of `configs/local.toml` trains, pod 1 is a replica.
+fn server(pod: u32) -> Arc<PsServer> {
     let cfg = local_config();
     let topo = cfg.topology().expect("configs/local.toml has a topology");
     let tables = TableSet::new(local_specs()).expect("the local tables are valid");
     PsServer::new(
         ServerParts {
-            pod: topo.training_pod(),
+            pod,
             shard: 0,
             tables,
-            limits: Limits::default(),
+            limits: LIMITS,
             dedupe: DedupeConfig { window: 64, max_clients: 16 },
             pool: pool(),
             // Under a file: checkpoints fail (an Internal reply) instead of writing to disk.
@@ -114,7 +117,7 @@ async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
     let mut f = vec![0u8; wire::fetch_request_len(keys.len())];
     wire::encode_fetch_into(&mut f, &dh, &keys).expect("a canary fetch encodes");
     let r = call(h, Op::Fetch as u16, &f).await;
-    let v = wire::decode_response(&r, &Limits::default()).expect("a fetch reply decodes");
+    let v = wire::decode_response(&r, &LIMITS).expect("a fetch reply decodes");
     assert_eq!(v.header.status, Status::Ok, "a valid fetch succeeds: {}", v.message());
     let row = 4 * dim as usize;
     v.rows().as_bytes().chunks(row).map(<[u8]>::to_vec).collect()
@@ -123,95 +126,107 @@ async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
 /// What each canary must read: its bytes, or `None` once a successful push changed it.
 type Expected = HashMap<(u32, u64), Option<Vec<u8>>>;
 
-/// A fresh training-pod server (tables of `configs/local.toml`), canary rows pushed once and
-/// read back, then every frame of `data` (see [`split_frames`]) handed to the handler.
-/// Every frame must get a ps-core response that decodes; a frame that does not decode, or
-/// whose op differs from the method, must get an error status (the decoder's); the canaries
-/// must read the same rows during and after the sequence unless a successful Push or
-/// Replicate named them (then a replicated row must read the replicated values).
+/// For a training-pod and a replica server (fresh, tables of `configs/local.toml`): canary
+/// rows replicated and read back, then every frame of `data` (see [`split_frames`]) handed to
+/// the handler. Every frame must get a ps-core response that decodes; a frame that does not
+/// decode, or whose op differs from the method, must get the decoder's error status; a Fetch
+/// reply must fit the server's frame limit; the canaries must read the same rows during and
+/// after the sequence unless a successful Push or Replicate named them (then a replicated row
+/// must read the replicated values).
 pub fn ps_server(data: &[u8]) {
     let frames = split_frames(data);
-    runtime().block_on(async {
-        let s = server();
-        let h = Handler(s.clone());
-        let mut expected = Expected::new();
-        for table in [0u32, 2] {
-            let keys = canary_keys(table);
-            let dim = dim_of(table);
-            let grads: Vec<f32> =
-                (0..keys.len() * dim as usize).map(|i| 0.5 - i as f32 * 0.01).collect();
-            let dh = DataHeader { table, dim, client: SETUP_CLIENT, seq: table.into(), flags: 0 };
-            let mut f = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
-            wire::encode_push_into(&mut f, &dh, &keys, &grads).expect("a canary push encodes");
-            let r = call(&h, Op::Push as u16, &f).await;
-            let v = wire::decode_response(&r, &Limits::default()).expect("a push reply decodes");
-            assert_eq!(v.header.status, Status::Ok, "the canary push succeeds");
-            for (k, row) in keys.iter().zip(fetch_canaries(&h, table).await) {
-                expected.insert((table, *k), Some(row));
-            }
-        }
+    for pod in [0, 1] {
+        runtime().block_on(run(pod, &frames));
+    }
+}
 
-        for (method, frame) in frames {
-            let r = call(&h, method, frame).await;
-            let v = wire::decode_response(&r, &Limits::default())
-                .unwrap_or_else(|e| panic!("the reply to method {method} does not decode: {e}"));
-            let status = v.header.status;
-            let Some(op) = u8::try_from(method).ok().and_then(Op::from_u8) else {
-                assert_eq!(status, Status::UnknownOp);
+async fn run(pod: u32, frames: &[(u16, &[u8])]) {
+    let h = Handler(server(pod));
+    let mut expected = Expected::new();
+    for table in [0u32, 2] {
+        let keys = canary_keys(table);
+        let dim = dim_of(table);
+        let rows: Vec<f32> =
+            (0..keys.len() * dim as usize).map(|i| 0.5 - i as f32 * 0.01).collect();
+        let dh = DataHeader { table, dim, client: SETUP_CLIENT, seq: table.into(), flags: 0 };
+        let mut f = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
+        wire::encode_replicate_into(&mut f, &dh, &keys, &rows).expect("canaries encode");
+        let r = call(&h, Op::Replicate as u16, &f).await;
+        let v = wire::decode_response(&r, &LIMITS).expect("a replicate reply decodes");
+        assert_eq!(v.header.status, Status::Ok, "the canary replication succeeds");
+        let got = fetch_canaries(&h, table).await;
+        for (i, (k, row)) in keys.iter().zip(got).enumerate() {
+            let want: Vec<u8> = rows[i * dim as usize..(i + 1) * dim as usize]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            assert_eq!(row, want, "a replicated row reads back");
+            expected.insert((table, *k), Some(row));
+        }
+    }
+
+    for &(method, frame) in frames {
+        let r = call(&h, method, frame).await;
+        let v = wire::decode_response(&r, &Limits::default())
+            .unwrap_or_else(|e| panic!("the reply to method {method} does not decode: {e}"));
+        let status = v.header.status;
+        let Some(op) = u8::try_from(method).ok().and_then(Op::from_u8) else {
+            assert_eq!(status, Status::UnknownOp);
+            continue;
+        };
+        assert_eq!(v.header.op, Some(op), "the reply echoes the op");
+        let req = match wire::decode_request(frame, &LIMITS) {
+            Ok(req) if req.header.op == op => req,
+            Ok(_) => {
+                assert_eq!(status, Status::BadFrame, "an op other than the method's");
                 continue;
-            };
-            assert_eq!(v.header.op, Some(op), "the reply echoes the op");
-            let req = match wire::decode_request(frame, &Limits::default()) {
-                Ok(req) if req.header.op == op => req,
-                Ok(_) => {
-                    assert_eq!(status, Status::BadFrame, "an op other than the method's");
-                    continue;
-                }
-                Err(e) => {
-                    assert_eq!(status, e.status(), "a frame that does not decode: {e}");
-                    continue;
-                }
-            };
-            let hd = req.header;
-            match (op, status) {
-                (Op::Fetch, Status::Ok) => {
-                    assert_eq!((v.header.count, v.header.dim), (hd.count, hd.dim));
-                    let row = 4 * hd.dim as usize;
-                    for (i, k) in req.keys.iter().enumerate() {
-                        if let Some(Some(want)) = expected.get(&(hd.table, k)) {
-                            let got = &v.body[i * row..(i + 1) * row];
-                            assert_eq!(got, &want[..], "canary ({}, {k}) changed", hd.table);
-                        }
-                    }
-                }
-                (Op::Push, Status::Ok) => {
-                    for k in req.keys.iter() {
-                        if let Some(e) = expected.get_mut(&(hd.table, k)) {
-                            *e = None;
-                        }
-                    }
-                }
-                (Op::Replicate, Status::Ok) => {
-                    let keys = req.keys.to_vec();
-                    let row = 4 * hd.dim as usize;
-                    let values = req.values.as_bytes();
-                    for (i, k) in keys.iter().enumerate() {
-                        if let Some(e) = expected.get_mut(&(hd.table, *k)) {
-                            let once = keys.iter().filter(|x| *x == k).count() == 1;
-                            *e = once.then(|| values[i * row..(i + 1) * row].to_vec());
-                        }
-                    }
-                }
-                _ => {}
             }
+            Err(e) => {
+                assert_eq!(status, e.status(), "a frame that does not decode: {e}");
+                continue;
+            }
+        };
+        let hd = req.header;
+        match (op, status) {
+            (Op::Fetch, Status::Ok) => {
+                assert!(r.len() <= LIMITS.max_frame_bytes, "a {}-byte fetch reply", r.len());
+                assert_eq!((v.header.count, v.header.dim), (hd.count, hd.dim));
+                let row = 4 * hd.dim as usize;
+                for (i, k) in req.keys.iter().enumerate() {
+                    if let Some(Some(want)) = expected.get(&(hd.table, k)) {
+                        let got = &v.body[i * row..(i + 1) * row];
+                        assert_eq!(got, &want[..], "canary ({}, {k}) changed", hd.table);
+                    }
+                }
+            }
+            (Op::Push, Status::Ok) => {
+                assert_eq!(pod, 0, "only the training pod applies pushes");
+                for k in req.keys.iter() {
+                    if let Some(e) = expected.get_mut(&(hd.table, k)) {
+                        *e = None;
+                    }
+                }
+            }
+            (Op::Replicate, Status::Ok) => {
+                let keys = req.keys.to_vec();
+                let row = 4 * hd.dim as usize;
+                let values = req.values.as_bytes();
+                for (i, k) in keys.iter().enumerate() {
+                    if let Some(e) = expected.get_mut(&(hd.table, *k)) {
+                        let once = keys.iter().filter(|x| *x == k).count() == 1;
+                        *e = once.then(|| values[i * row..(i + 1) * row].to_vec());
+                    }
+                }
+            }
+            _ => {}
         }
+    }
 
-        for table in [0u32, 2] {
-            for (k, row) in canary_keys(table).iter().zip(fetch_canaries(&h, table).await) {
-                if let Some(Some(want)) = expected.get(&(table, *k)) {
-                    assert_eq!(&row, want, "canary ({table}, {k}) changed by the input");
-                }
+    for table in [0u32, 2] {
+        for (k, row) in canary_keys(table).iter().zip(fetch_canaries(&h, table).await) {
+            if let Some(Some(want)) = expected.get(&(table, *k)) {
+                assert_eq!(&row, want, "canary ({table}, {k}) changed by the input");
             }
         }
-    });
+    }
 }

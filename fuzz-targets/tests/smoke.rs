@@ -171,17 +171,17 @@ fn rpc_frame() {
 
 #[test]
 fn ps_wire() {
-    run("ps_wire", 40_000);
+    run("ps_wire", 30_000);
 }
 
 #[test]
 fn ps_server() {
-    run("ps_server", 20_000);
+    run("ps_server", 8_000);
 }
 
 #[test]
 fn config() {
-    run("config", 10_000);
+    run("config", 8_000);
 }
 
 #[test]
