@@ -12,7 +12,9 @@
 #   FUZZ_NICE        nice level of the build and the runs (default 10: the machine is shared)
 #
 # Corpora: fuzz/corpus/<target> keeps what libFuzzer finds between runs (not committed);
-# fuzz/seeds/<target> is rewritten every run from bex_fuzz_targets::seeds (valid encodings).
+# fuzz/seeds/<target> is rewritten every run from bex_fuzz_targets::seeds (valid encodings);
+# fuzz/dicts/<target>.dict, if present, is the target's libFuzzer dictionary.
+# libFuzzer's output goes to fuzz/logs/<target>.log.
 # A crash leaves its input in fuzz/artifacts/<target>/; reproduce it with
 #   cargo fuzz run --sanitizer none -a <target> fuzz/artifacts/<target>/<file>
 # or without cargo-fuzz (any toolchain, debug build, full backtrace):
@@ -57,14 +59,17 @@ extra=()
 [[ $smoke == 1 ]] && extra+=(-seed=1)
 failed=()
 summary=()
+mkdir -p fuzz/logs
 for t in "${targets[@]}"; do
     echo "==> $t for ${secs}s"
     mkdir -p "fuzz/corpus/$t"
-    log=$(mktemp)
+    dict=()
+    [[ -f fuzz/dicts/$t.dict ]] && dict=(-dict="dicts/$t.dict")
+    log=fuzz/logs/$t.log
     # -timeout: one input taking 10 s is a hang; -rss_limit_mb: a leak or a huge allocation.
     if (cd fuzz && "${nice[@]}" cargo fuzz run --sanitizer "$sanitizer" -a "$t" \
             "corpus/$t" "seeds/$t" -- -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-            -print_final_stats=1 "${extra[@]}") >"$log" 2>&1; then
+            -print_final_stats=1 "${extra[@]}" "${dict[@]}") >"$log" 2>&1; then
         status=ok
     else
         status=FAILED
@@ -75,7 +80,6 @@ for t in "${targets[@]}"; do
     cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || true)
     corpus=$(find "fuzz/corpus/$t" -type f | wc -l)
     summary+=("$(printf '%-16s %-6s runs=%-10s %-22s corpus=%s' "$t" "$status" "${runs:-?}" "${cov:-}" "$corpus")")
-    rm -f "$log"
 done
 
 echo "==> summary (${secs}s per target)"

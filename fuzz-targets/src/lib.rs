@@ -28,7 +28,7 @@ mod seeds;
 mod simple;
 
 pub use config::config;
-pub use ps_server::{encode_frames, ps_server, split_frames};
+pub use ps_server::{encode_frames, ps_server, repair, split_frames, REPAIR};
 pub use ps_wire::ps_wire;
 pub use roce::roce_packet;
 pub use seeds::seeds;

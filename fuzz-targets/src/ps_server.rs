@@ -45,6 +45,35 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// A method with this bit set asks for its frame's lengths to be repaired (see [`repair`]);
+/// the handler gets the method without it.
+pub const REPAIR: u16 = 0x8000;
+
+/// Makes a request frame's lengths consistent, so large well-formed requests are reachable
+/// by mutation: `count` becomes what the body holds for the op and `dim` (the body is cut to
+/// it) and `body_len` the body's length. Other fields stay as they are.
+pub fn repair(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    if f.len() < wire::REQUEST_HEADER_LEN {
+        return f;
+    }
+    let body = f.len() - wire::REQUEST_HEADER_LEN;
+    let dim = u32::from_le_bytes([f[12], f[13], f[14], f[15]]) as usize;
+    let per_key = match Op::from_u8(f[5]) {
+        Some(Op::Fetch) => Some(8),
+        Some(Op::Push | Op::Replicate) if (1..=4096).contains(&dim) => Some(8 + 4 * dim),
+        _ => None,
+    };
+    if let Some(per_key) = per_key {
+        let count = body / per_key;
+        f.truncate(wire::REQUEST_HEADER_LEN + count * per_key);
+        f[16..20].copy_from_slice(&(count as u32).to_le_bytes());
+    }
+    let body_len = (f.len() - wire::REQUEST_HEADER_LEN) as u32;
+    f[20..24].copy_from_slice(&body_len.to_le_bytes());
+    f
+}
+
 /// Splits an input into at most [`MAX_FRAMES`] (method, frame) pairs: each is `method u16
 /// LE | len u16 LE | len bytes` (cut short by the end of the input).
 pub fn split_frames(mut data: &[u8]) -> Vec<(u16, &[u8])> {
@@ -127,8 +156,8 @@ async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
 type Expected = HashMap<(u32, u64), Option<Vec<u8>>>;
 
 /// For a training-pod and a replica server (fresh, tables of `configs/local.toml`): canary
-/// rows replicated and read back, then every frame of `data` (see [`split_frames`]) handed to
-/// the handler. Every frame must get a ps-core response that decodes; a frame that does not
+/// rows replicated and read back, then every frame of `data` (see [`split_frames`];
+/// [`repair`]ed if its method has [`REPAIR`]) handed to the handler. Every frame must get a ps-core response that decodes; a frame that does not
 /// decode, or whose op differs from the method, must get the decoder's error status; a Fetch
 /// reply must fit the server's frame limit; the canaries must read the same rows during and
 /// after the sequence unless a successful Push or Replicate named them (then a replicated row
@@ -166,6 +195,13 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
     }
 
     for &(method, frame) in frames {
+        let repaired;
+        let (method, frame) = if method & REPAIR != 0 {
+            repaired = repair(frame);
+            (method & !REPAIR, &repaired[..])
+        } else {
+            (method, frame)
+        };
         let r = call(&h, method, frame).await;
         let v = wire::decode_response(&r, &Limits::default())
             .unwrap_or_else(|e| panic!("the reply to method {method} does not decode: {e}"));

@@ -193,6 +193,8 @@ fn server() -> Vec<Vec<u8>> {
     let reqs = ps_requests();
     let mut out: Vec<Vec<u8>> =
         reqs.iter().map(|(m, f)| crate::encode_frames(&[(*m, &f[..])])).collect();
+    // The same with lengths repaired after mutation.
+    out.extend(reqs.iter().map(|(m, f)| crate::encode_frames(&[(*m | crate::REPAIR, &f[..])])));
     // A few sequences: read-only then push; push, replay, fetch; dedupe reset then replay.
     let pick =
         |op: Op| reqs.iter().filter(move |(m, _)| *m == op as u16).map(|(m, f)| (*m, &f[..]));
