@@ -359,8 +359,20 @@ impl PsServer {
                         "dimension differs from the table's",
                     );
                 }
-                let Some(len) = wire::fetch_response_len(h.count as usize, h.dim as usize) else {
-                    return self.error(Some(op), Status::TooLarge, seq, "response too large");
+                // Checked before allocating: a small request must not make the server
+                // allocate a reply its peers' decoders refuse (or whose length overflows).
+                let Some(len) =
+                    wire::fetch_response_len(h.count as usize, h.dim as usize).filter(|&len| {
+                        len <= self.limits.max_frame_bytes
+                            && u32::try_from(len - wire::RESPONSE_HEADER_LEN).is_ok()
+                    })
+                else {
+                    return self.error(
+                        Some(op),
+                        Status::TooLarge,
+                        seq,
+                        "response would exceed the frame limit",
+                    );
                 };
                 // Rows go straight into the registered reply buffer.
                 let mut m = alloc_frame(self.pool, len)?;
@@ -588,5 +600,62 @@ async fn forward(
         let ms = crate::clock::now().duration_since(b.applied_at).as_millis() as u64;
         lag.last_lag_ms.store(ms, Ordering::Relaxed);
         metrics.replicated_batches.inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bex_ps_core::Config;
+    use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
+    use bex_rnic::Device;
+    use bex_rpc::Handler as _;
+
+    fn server(max_frame_bytes: usize) -> Arc<PsServer> {
+        let cfg = Config::from_toml_str(
+            "[cluster]\npods = 1\nshards = 1\n[[tables]]\nname = \"t\"\ndim = 32\n",
+        )
+        .unwrap();
+        let dev = Fabric::new(1, LinkModel::default()).add_device(NicConfig::default());
+        let pd = dev.alloc_pd().unwrap();
+        let pool = Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap().leak();
+        PsServer::new(
+            ServerParts {
+                pod: 0,
+                shard: 0,
+                tables: TableSet::new(cfg.table_specs()).unwrap(),
+                limits: Limits { max_frame_bytes, ..Limits::default() },
+                dedupe: DedupeConfig::default(),
+                pool,
+                checkpoint_path: PathBuf::from("/dev/null/none.ckpt"),
+                update_seq: 0,
+            },
+            &cfg.topology().unwrap(),
+            None,
+            1,
+        )
+    }
+
+    async fn fetch_status(s: &Arc<PsServer>, keys: usize) -> (Status, usize) {
+        let keys: Vec<u64> = (0..keys as u64).collect();
+        let mut f = vec![0u8; wire::fetch_request_len(keys.len())];
+        let h = DataHeader { table: 0, dim: 32, client: 1, seq: 1, flags: 0 };
+        wire::encode_fetch_into(&mut f, &h, &keys).unwrap();
+        let m = Msg::copy_from(s.pool, &f).unwrap();
+        let r = Handler(s.clone()).handle(Op::Fetch as u16, m).await.unwrap();
+        let body = &r.as_slice()[HEADER_LEN..];
+        (wire::decode_response(body, &Limits::default()).unwrap().header.status, body.len())
+    }
+
+    // Found writing the ps_server fuzz target: a 360-byte Fetch made the server allocate and
+    // send a 5 KiB reply over its 4 KiB frame limit, which clients refuse (at the defaults,
+    // 8 MiB of keys made a 128 MiB reply; a dim-4096 table, one of 16 GiB).
+    #[tokio::test]
+    async fn fetch_reply_over_the_frame_limit_is_too_large() {
+        let s = server(4096);
+        let (ok, len) = fetch_status(&s, 20).await;
+        assert_eq!(ok, Status::Ok);
+        assert!(len <= 4096);
+        assert_eq!(fetch_status(&s, 40).await.0, Status::TooLarge);
     }
 }
