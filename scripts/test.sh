@@ -37,6 +37,9 @@ step "bex-perf --quick (transport Figures 8-11 and 13: RDMA on the soft RNIC vs 
 cargo build --locked --release -q -p bex-perf
 target/release/bex-perf run --quick --out target/bex-perf
 
+step "fuzz smoke: every cargo-fuzz target for 20 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
+FUZZ_NICE=0 scripts/fuzz.sh --smoke
+
 step "end-to-end: a 2x2 cluster replays inference traffic and trains; asserts on its report"
 cargo build --locked --release -q -p bex-ps-server -p bex-ranker -p bex-trainer -p bex-launcher \
     -p bex-experiments
