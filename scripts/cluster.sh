@@ -7,5 +7,6 @@
 # Everything after the script name goes to `bex-cluster run` (see `bex-cluster run --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -q -p bex-ps-server -p bex-ranker -p bex-trainer -p bex-launcher
+cargo build --release --locked -q -p bex-ps-server -p bex-ranker -p bex-trainer -p bex-launcher \
+    -p bex-chaos
 exec target/release/bex-cluster run "$@"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 echo "==> building (release)"
 cargo build --release --locked -q -p bex-ps-server -p bex-ranker -p bex-trainer \
-    -p bex-launcher -p bex-experiments
+    -p bex-launcher -p bex-experiments -p bex-chaos
 BIN=target/release
 OUT=target/demo
 

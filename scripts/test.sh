@@ -48,6 +48,14 @@ target/release/bex-cluster run --config configs/local.toml --out target/e2e \
 target/release/bex-exp check target/e2e/report.json --min-auc 0.75
 
 if [ "$(id -u)" -eq 0 ]; then
+    step "chaos on real processes: kill -9, restart, loss, partition under load; invariants verified"
+    cargo build --locked --release -q -p bex-chaos
+    target/release/bex-cluster run --config configs/chaos.toml --out target/chaos
+else
+    echo "SKIPPED: chaos run (needs root for network namespaces)"
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
     step "software RNIC across two network namespaces with 1% and 5% iptables loss"
     scripts/netns-loss.sh 0.01 0.05
 else

@@ -2,7 +2,7 @@
 //! `report.json`. Teardown runs on every path: the normal end, a failure, a signal to the
 //! launcher (polled between steps) and, as a last resort, `Drop`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::cleanup::{delete_namespace, Record};
 use crate::clock::{now, wait_then_now};
-use crate::launch::LaunchConfig;
+use crate::launch::{ChaosEvent, LaunchConfig};
 use crate::plan::{log_paths, tbf_params, Plan, ProcSpec, Role};
 use crate::probe::{counter_delta, http_get, rnic_counters, Stop};
 
@@ -119,6 +119,14 @@ pub struct Executor {
     namespaces: Vec<String>,
     reasons: Vec<String>,
     torn_down: bool,
+    /// When the first phase started: the chaos schedule's zero.
+    chaos_t0: Option<Instant>,
+    /// The schedule, in time order, and how much of it has run.
+    chaos: Vec<ChaosEvent>,
+    chaos_next: usize,
+    chaos_log: Vec<Value>,
+    /// Servers the schedule killed and has not restarted.
+    down: BTreeSet<String>,
 }
 
 impl Drop for Executor {
@@ -163,6 +171,11 @@ impl Executor {
         stop: Stop,
         launcher_pid: u32,
     ) -> std::io::Result<Executor> {
+        let chaos = {
+            let mut v = launch.chaos.clone();
+            v.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+            v
+        };
         Ok(Executor {
             plan,
             launch,
@@ -174,6 +187,11 @@ impl Executor {
             namespaces: Vec::new(),
             reasons: Vec::new(),
             torn_down: false,
+            chaos_t0: None,
+            chaos,
+            chaos_next: 0,
+            chaos_log: Vec::new(),
+            down: BTreeSet::new(),
         })
     }
 
@@ -304,11 +322,238 @@ impl Executor {
 
     fn server_died(&mut self) -> Option<String> {
         for s in &mut self.servers {
+            if self.down.contains(&s.spec.name) {
+                continue;
+            }
             if let Some(st) = s.poll() {
                 return Some(format!("{} exited during the workload ({st})", s.spec.name));
             }
         }
         None
+    }
+
+    /// Applies every scheduled fault that is due.
+    fn apply_chaos(&mut self) {
+        let Some(t0) = self.chaos_t0 else { return };
+        while let Some(ev) = self.chaos.get(self.chaos_next).cloned() {
+            if now() < t0 + Duration::from_secs_f64(ev.at_s) {
+                break;
+            }
+            self.chaos_next += 1;
+            let result = self.chaos_action(&ev);
+            let at = secs(now() - t0);
+            println!(
+                "bex-cluster: chaos t={at:.1}s {} {}: {}",
+                ev.action,
+                ev.target,
+                result.as_deref().unwrap_or_else(|e| e)
+            );
+            if let Err(e) = &result {
+                self.reasons
+                    .push(format!("chaos {} {} at {at}s failed: {e}", ev.action, ev.target));
+            }
+            self.chaos_log.push(json!({
+                "at_s": ev.at_s, "applied_at_s": at, "action": ev.action, "target": ev.target,
+                "probability": ev.probability,
+                "result": match &result { Ok(m) => m.clone(), Err(e) => format!("failed: {e}") },
+            }));
+        }
+    }
+
+    fn server_index(&self, name: &str) -> Result<usize, String> {
+        self.servers
+            .iter()
+            .position(|s| s.spec.name == name)
+            .ok_or_else(|| format!("no server {name}"))
+    }
+
+    /// `ip netns exec <ns> iptables <args>`.
+    fn iptables(ns: &str, args: &[&str]) -> Result<(), String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "iptables"])
+            .args(args)
+            .output()
+            .map_err(|e| format!("iptables in {ns}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "iptables {} in {ns}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    fn chaos_action(&mut self, ev: &ChaosEvent) -> Result<String, String> {
+        match ev.action.as_str() {
+            "kill" => {
+                let i = self.server_index(&ev.target)?;
+                let s = &mut self.servers[i];
+                if s.poll().is_some() {
+                    return Err("already not running".into());
+                }
+                s.signal(Signal::SIGKILL);
+                s.status = s.child.wait().ok();
+                self.down.insert(ev.target.clone());
+                Ok(format!("SIGKILL pid {}", s.pid))
+            }
+            "restart" => {
+                let i = self.server_index(&ev.target)?;
+                if self.servers[i].poll().is_none() {
+                    return Err("still running (kill it first)".into());
+                }
+                let spec = self.servers[i].spec.clone();
+                // Keep the killed process's logs next to the new one's.
+                for p in [log_paths(&self.out, &spec.name).0, log_paths(&self.out, &spec.name).1] {
+                    let _ = std::fs::rename(
+                        &p,
+                        p.with_extension(format!("{}.killed", self.servers[i].pid)),
+                    );
+                }
+                let r = self.spawn(&spec)?;
+                let pid = r.pid;
+                self.servers[i] = r;
+                self.down.remove(&ev.target);
+                Ok(format!("started again as pid {pid}"))
+            }
+            "loss" => {
+                let i = self.server_index(&ev.target)?;
+                let ns = self.servers[i].spec.netns.clone().ok_or("loss needs netns mode")?;
+                let p = format!("{}", ev.probability);
+                Self::iptables(
+                    &ns,
+                    &[
+                        "-A",
+                        "INPUT",
+                        "-m",
+                        "statistic",
+                        "--mode",
+                        "random",
+                        "--probability",
+                        &p,
+                        "-j",
+                        "DROP",
+                    ],
+                )?;
+                Ok(format!("{ns} drops {p} of its input"))
+            }
+            "partition" => {
+                let pod: u32 =
+                    ev.target.trim_start_matches("pod").parse().map_err(|_| "bad pod")?;
+                let mut cut = Vec::new();
+                for s in &self.servers {
+                    if matches!(s.spec.role, Role::Server { pod: p, .. } if p == pod) {
+                        let ns = s.spec.netns.clone().ok_or("partition needs netns mode")?;
+                        Self::iptables(&ns, &["-A", "INPUT", "!", "-i", "lo", "-j", "DROP"])?;
+                        Self::iptables(&ns, &["-A", "OUTPUT", "!", "-o", "lo", "-j", "DROP"])?;
+                        cut.push(s.spec.name.clone());
+                    }
+                }
+                if cut.is_empty() {
+                    return Err(format!("no server in {}", ev.target));
+                }
+                Ok(format!("cut off {}", cut.join(", ")))
+            }
+            "heal" => self.heal(),
+            other => Err(format!("unknown action {other}")),
+        }
+    }
+
+    /// Removes every loss and partition rule (flushes iptables in every host namespace).
+    fn heal(&mut self) -> Result<String, String> {
+        let Some(net) = self.plan.net.clone() else { return Err("heal needs netns mode".into()) };
+        for h in &net.hosts {
+            Self::iptables(&h.ns, &["-F"])?;
+        }
+        Ok(format!("flushed iptables on {} hosts", net.hosts.len()))
+    }
+
+    /// "Every request answered or failed by its deadline": each ranker accounted for every
+    /// request (none abandoned in flight) and none took longer than the RPC layer's bound,
+    /// `max_attempts × (Tc + Tr)` plus 100 ms of scheduling slack on a shared machine.
+    fn deadline_invariant(&self, phases: &[Value]) -> Value {
+        let rpc = &self.plan.config.rpc;
+        let bound_us = (u64::from(rpc.max_attempts.max(1))
+            * (rpc.connect_timeout_ms + rpc.request_timeout_ms)
+            + 100)
+            * 1000;
+        let (mut requests, mut worst, mut broken) = (0u64, 0f64, Vec::new());
+        for c in phases.iter().flat_map(|p| p["clients"].as_array().cloned().unwrap_or_default()) {
+            if c["kind"] != "ranker" {
+                continue;
+            }
+            let r = &c["report"];
+            let n = r["requests"].as_u64().unwrap_or(0);
+            let done = ["ok", "errors", "timeouts"]
+                .iter()
+                .map(|k| r[*k].as_u64().unwrap_or(0))
+                .sum::<u64>();
+            let max_us = r["latency"]["max_us"].as_f64().unwrap_or(f64::INFINITY);
+            requests += n;
+            worst = worst.max(max_us);
+            if r["abandoned"].as_u64().unwrap_or(0) > 0 || done < n {
+                broken.push(format!("{}: {n} requests, {done} answered or failed", c["name"]));
+            }
+            if max_us > bound_us as f64 {
+                broken
+                    .push(format!("{}: a request took {max_us:.0} µs > {bound_us} µs", c["name"]));
+            }
+        }
+        json!({
+            "name": "every request answered or failed by its deadline",
+            "ok": broken.is_empty(),
+            "detail": if broken.is_empty() {
+                format!("{requests} requests, slowest {:.1} ms, bound {:.0} ms", worst / 1e3, bound_us as f64 / 1e3)
+            } else {
+                broken.join("; ")
+            },
+        })
+    }
+
+    /// Runs `bex-chaos verify` over the canaries' reports (after healing the network).
+    fn run_verify(&mut self, deadline: Instant) -> Value {
+        let Some(spec) = self.plan.verify.clone() else { return Value::Null };
+        if self.chaos_log.iter().any(|e| e["action"] == "loss" || e["action"] == "partition") {
+            if let Err(e) = self.heal() {
+                self.reasons.push(format!("healing before verify: {e}"));
+            }
+        }
+        for (name, _) in self.down.clone().into_iter().map(|n| (n, ())) {
+            self.reasons
+                .push(format!("{name} was killed and never restarted: verify cannot read it"));
+        }
+        println!("bex-cluster: verifying the invariants (bex-chaos verify)");
+        let mut r = match self.spawn(&spec) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reasons.push(e);
+                return Value::Null;
+            }
+        };
+        let until =
+            deadline.max(now() + Duration::from_secs_f64(self.launch.verify_settle_s + 60.0));
+        while r.poll().is_none() && now() < until && !self.interrupted() {
+            wait_then_now(POLL);
+        }
+        stop_all(std::slice::from_mut(&mut r), STOP_GRACE);
+        let (out, _) = log_paths(&self.out, &spec.name);
+        let stdout = std::fs::read_to_string(&out).unwrap_or_default();
+        println!("== verify ==\n{}", stdout.trim_end());
+        let report = spec
+            .json
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+        if r.status.and_then(|s| s.code()) != Some(0) {
+            let broken: Vec<&str> = stdout.lines().filter(|l| l.starts_with("BROKEN")).collect();
+            self.reasons.push(format!(
+                "verify {}: {}",
+                fmt_status(r.status),
+                if broken.is_empty() { "no verdict".to_string() } else { broken.join("; ") }
+            ));
+        }
+        json!({ "status": status_json(r.status), "stdout": stdout, "report": report })
     }
 
     fn run_phase(&mut self, idx: usize, deadline: Instant) -> Value {
@@ -321,6 +566,7 @@ impl Executor {
         );
         let before = self.snapshot();
         let tcp_before = self.tcp_segments();
+        self.chaos_t0.get_or_insert_with(now);
         let sys_before = SystemCpu::read().unwrap_or_default();
         let t0 = now();
         let first = self.clients.len();
@@ -344,6 +590,7 @@ impl Executor {
                 self.reasons.push(r);
                 break;
             }
+            self.apply_chaos();
             if now() >= deadline {
                 self.reasons.push(format!(
                     "phase {}: launch.timeout_s ({}s) reached; clients stopped with SIGTERM",
@@ -366,7 +613,7 @@ impl Executor {
             _ => Value::Null,
         };
         for s in &self.servers {
-            if s.status.is_none() && !healthy_now(&s.spec) {
+            if s.status.is_none() && !self.down.contains(&s.spec.name) && !healthy_now(&s.spec) {
                 self.reasons
                     .push(format!("{}: /health not 200 after phase {}", s.spec.name, phase.name));
             }
@@ -398,6 +645,8 @@ impl Executor {
             let (kind, pod, id) = match c.spec.role {
                 Role::Ranker { pod, id } => ("ranker", pod, id),
                 Role::Trainer { pod, id } => ("trainer", pod, id),
+                Role::Canary { pod, id } => ("canary", pod, id),
+                Role::Verify { id } => ("verify", 0, id),
                 Role::Server { pod, .. } => ("server", pod, 0),
             };
             clients.push(json!({
@@ -473,6 +722,7 @@ impl Executor {
         let t0 = now();
         let mut startup_s = None;
         let mut phases = Vec::new();
+        let mut verify = Value::Null;
         let mut server_cpu_total: Vec<Value> = Vec::new();
         let prepared = self.prepare();
         if let Err(e) = prepared {
@@ -493,6 +743,29 @@ impl Executor {
                         }
                         let p = self.run_phase(i, deadline);
                         phases.push(p);
+                    }
+                    for ev in &self.chaos[self.chaos_next..] {
+                        self.chaos_log.push(json!({
+                            "at_s": ev.at_s, "action": ev.action, "target": ev.target,
+                            "result": "not applied: the phases ended first",
+                        }));
+                    }
+                    self.chaos_next = self.chaos.len();
+                    if self.plan.verify.is_some() && !self.interrupted() {
+                        verify = self.run_verify(deadline);
+                        let d = self.deadline_invariant(&phases);
+                        println!(
+                            "{} {}: {}",
+                            if d["ok"] == true { "HOLDS " } else { "BROKEN" },
+                            d["name"].as_str().unwrap_or(""),
+                            d["detail"].as_str().unwrap_or("")
+                        );
+                        if d["ok"] != true {
+                            self.reasons.push(format!("invariant broken: {}", d["detail"]));
+                        }
+                        if let Some(o) = verify.as_object_mut() {
+                            o.insert("deadline_invariant".into(), d);
+                        }
                     }
                 }
                 Err(e) => self.reasons.push(e),
@@ -561,6 +834,8 @@ impl Executor {
             "startup_s": startup_s,
             "servers": servers,
             "phases": phases,
+            "chaos": self.chaos_log,
+            "verify": verify,
             "teardown_s": teardown_s,
             "duration_s": secs(now() - t0),
         });
@@ -573,6 +848,13 @@ impl Executor {
     }
 
     fn prepare(&mut self) -> Result<(), String> {
+        if self.launch.fresh_data {
+            // An earlier run into the same directory must not be restored from.
+            let data = &self.plan.config.cluster.data_dir;
+            if data.exists() {
+                std::fs::remove_dir_all(data).map_err(|e| format!("{}: {e}", data.display()))?;
+            }
+        }
         let logs = self.out.join("logs");
         std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
         let text = process_config_text(&self.plan.config)?;
@@ -582,7 +864,7 @@ impl Executor {
             if !p.program.is_file() {
                 return Err(format!(
                     "{} not found (build it: cargo build --release -p bex-ps-server -p bex-ranker \
-                     -p bex-trainer; or set launch.bin_dir)",
+                     -p bex-trainer -p bex-chaos; or set launch.bin_dir)",
                     p.program.display()
                 ));
             }

@@ -62,6 +62,15 @@ pub struct LaunchConfig {
     pub timeout_s: u64,
     /// Directory of the binaries; empty = the directory of `bex-cluster`.
     pub bin_dir: String,
+    /// Canary processes per phase that names `canary` (`bex-chaos canary`: countable pushes).
+    pub canaries: u32,
+    /// Extra canary arguments.
+    pub canary_args: Vec<String>,
+    /// Faults applied on a schedule during the phases (`[[launch.chaos]]`).
+    pub chaos: Vec<ChaosEvent>,
+    /// After the phases, if canaries ran: `bex-chaos verify` may wait this long for the
+    /// replicas to converge.
+    pub verify_settle_s: f64,
     /// Every run starts with empty tables: servers keep checkpoints in `<out>/data`, not in
     /// `[cluster].data_dir` (where an earlier run's checkpoints would be restored).
     pub fresh_data: bool,
@@ -83,6 +92,10 @@ impl Default for LaunchConfig {
             timeout_s: 600,
             fresh_data: true,
             bin_dir: String::new(),
+            canaries: 1,
+            canary_args: Vec::new(),
+            chaos: Vec::new(),
+            verify_settle_s: 15.0,
         }
     }
 }
@@ -96,6 +109,65 @@ pub struct Phase {
     pub inference: bool,
     /// Trainers run.
     pub training: bool,
+    /// Canaries run.
+    pub canary: bool,
+}
+
+/// A fault `bex-cluster` applies during the phases.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChaosEvent {
+    /// Seconds after the first phase started.
+    pub at_s: f64,
+    /// `kill` (SIGKILL a server), `restart` (start a killed server again), `loss` (drop
+    /// `probability` of the packets a host receives, iptables; netns), `partition` (cut every
+    /// server of `pod<N>` off the network; netns), `heal` (remove every loss and partition).
+    pub action: String,
+    /// A server (`ps-p1-s0`) for kill, restart and loss; `pod1` for partition.
+    #[serde(default)]
+    pub target: String,
+    /// Drop probability for loss.
+    #[serde(default)]
+    pub probability: f64,
+}
+
+impl ChaosEvent {
+    fn check(&self, i: usize, netns: bool) -> Option<FieldError> {
+        let field = format!("launch.chaos[{i}]");
+        let server = |t: &str| {
+            t.strip_prefix("ps-p")
+                .and_then(|r| r.split_once("-s"))
+                .is_some_and(|(p, s)| p.parse::<u32>().is_ok() && s.parse::<u32>().is_ok())
+        };
+        let bad = |m: String| Some(FieldError::new(field.clone(), m));
+        if !(self.at_s.is_finite() && self.at_s >= 0.0) {
+            return bad("at_s must be ≥ 0".into());
+        }
+        let needs_netns = matches!(self.action.as_str(), "loss" | "partition" | "heal");
+        if needs_netns && !netns {
+            return bad(format!("{} needs mode = \"netns\" (iptables per host)", self.action));
+        }
+        match self.action.as_str() {
+            "kill" | "restart" if !server(&self.target) => {
+                bad(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
+            }
+            "loss" if !server(&self.target) => {
+                bad("loss: target must be a server like \"ps-p1-s0\"".into())
+            }
+            "loss" if !(self.probability > 0.0 && self.probability < 1.0) => {
+                bad("loss: probability must be in (0, 1)".into())
+            }
+            "partition"
+                if self.target.strip_prefix("pod").is_none_or(|n| n.parse::<u32>().is_err()) =>
+            {
+                bad("partition: target must be a pod like \"pod1\"".into())
+            }
+            "kill" | "restart" | "loss" | "partition" | "heal" => None,
+            other => {
+                bad(format!("unknown action {other:?} (kill, restart, loss, partition, heal)"))
+            }
+        }
+    }
 }
 
 impl LaunchConfig {
@@ -140,11 +212,22 @@ impl LaunchConfig {
                 "needs mode = \"netns\" (loopback has no links)",
             ));
         }
+        for (i, ev) in self.chaos.iter().enumerate() {
+            if let Some(f) = ev.check(i, self.mode == Mode::Netns) {
+                e.push(f);
+            }
+        }
+        if !(self.verify_settle_s.is_finite() && self.verify_settle_s >= 0.0) {
+            e.push(FieldError::new("launch.verify_settle_s", "must be ≥ 0"));
+        }
         if self.timeout_s == 0 {
             e.push(FieldError::new("launch.timeout_s", "must be ≥ 1"));
         }
-        if self.rankers > 1000 || self.trainers > 1000 {
-            e.push(FieldError::new("launch.rankers", "rankers and trainers must be ≤ 1000 each"));
+        if self.rankers > 1000 || self.trainers > 1000 || self.canaries > 1000 {
+            e.push(FieldError::new(
+                "launch.rankers",
+                "rankers, trainers and canaries must be ≤ 1000 each",
+            ));
         }
         if e.is_empty() {
             Ok(())
@@ -158,16 +241,18 @@ impl LaunchConfig {
         self.phases
             .iter()
             .map(|p| {
-                let mut ph = Phase { name: p.clone(), inference: false, training: false };
+                let mut ph =
+                    Phase { name: p.clone(), inference: false, training: false, canary: false };
                 for part in p.split('+') {
                     match part.trim() {
                         "inference" => ph.inference = true,
                         "training" => ph.training = true,
+                        "canary" => ph.canary = true,
                         other => {
                             return Err(format!(
-                                "unknown phase part {other:?} in {p:?} (inference, training, or \
-                                 both joined by +)"
-                            ))
+                            "unknown phase part {other:?} in {p:?} (inference, training, canary, \
+                                 or several joined by +)"
+                        ))
                         }
                     }
                 }
@@ -225,6 +310,43 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chaos_events_are_checked_by_field() {
+        let ev = |action: &str, target: &str, p: f64| ChaosEvent {
+            at_s: 1.0,
+            action: action.into(),
+            target: target.into(),
+            probability: p,
+        };
+        let with = |mode: Mode, chaos: Vec<ChaosEvent>| LaunchConfig {
+            mode,
+            chaos,
+            ..LaunchConfig::default()
+        };
+        let ok = vec![
+            ev("kill", "ps-p1-s0", 0.0),
+            ev("restart", "ps-p1-s0", 0.0),
+            ev("loss", "ps-p0-s1", 0.05),
+            ev("partition", "pod1", 0.0),
+            ev("heal", "", 0.0),
+        ];
+        assert!(with(Mode::Netns, ok.clone()).check().is_ok());
+        // iptables faults need namespaces; kill/restart do not.
+        let e = with(Mode::Loopback, ok).check().unwrap_err();
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(with(Mode::Loopback, vec![ev("kill", "ps-p1-s0", 0.0)]).check().is_ok());
+        for bad in [
+            ev("kill", "pod1", 0.0),
+            ev("loss", "ps-p0-s1", 1.5),
+            ev("partition", "ps-p1-s0", 0.0),
+            ev("explode", "", 0.0),
+            ChaosEvent { at_s: -1.0, ..ev("heal", "", 0.0) },
+        ] {
+            let e = with(Mode::Netns, vec![bad.clone()]).check().unwrap_err();
+            assert!(e[0].to_string().contains("launch.chaos[0]"), "{bad:?}: {e:?}");
+        }
+    }
 
     #[test]
     fn defaults_round_trip_and_bad_values_name_their_key() {

@@ -34,6 +34,18 @@ pub enum Role {
         /// Unique client id.
         id: u64,
     },
+    /// `bex-chaos canary` (countable pushes to the training pod) with client id `id`.
+    Canary {
+        /// The training pod.
+        pod: u32,
+        /// Unique client id.
+        id: u64,
+    },
+    /// `bex-chaos verify`, after the phases, with client id `id`.
+    Verify {
+        /// Unique client id.
+        id: u64,
+    },
 }
 
 /// One process to start.
@@ -126,6 +138,8 @@ pub struct Plan {
     pub phases: Vec<PhasePlan>,
     /// netns mode's network.
     pub net: Option<NetPlan>,
+    /// `bex-chaos verify` over every canary's report, when any phase runs canaries.
+    pub verify: Option<ProcSpec>,
 }
 
 /// What the plan is built from besides the configuration.
@@ -247,6 +261,7 @@ impl Plan {
             let kinds = [
                 (ph.inference, launch.rankers, "ranker", &launch.ranker_args),
                 (ph.training, launch.trainers, "trainer", &launch.trainer_args),
+                (ph.canary, launch.canaries, "canary", &launch.canary_args),
             ];
             for (on, count, kind, extra) in kinds {
                 if !on {
@@ -255,12 +270,14 @@ impl Plan {
                 for i in 0..count {
                     let id = next_id;
                     next_id += 1;
-                    let (pod, role) = if kind == "ranker" {
-                        let pod = serving[i as usize % serving.len()];
-                        (pod, Role::Ranker { pod, id })
-                    } else {
-                        let pod = cfg.cluster.training_pod;
-                        (pod, Role::Trainer { pod, id })
+                    let training = cfg.cluster.training_pod;
+                    let (pod, role) = match kind {
+                        "ranker" => {
+                            let pod = serving[i as usize % serving.len()];
+                            (pod, Role::Ranker { pod, id })
+                        }
+                        "trainer" => (training, Role::Trainer { pod: training, id }),
+                        _ => (training, Role::Canary { pod: training, id }),
                     };
                     let name = format!("{kind}-{id}");
                     let (ns, ip) = if netns {
@@ -269,7 +286,11 @@ impl Plan {
                         (None, IpAddr::V4(Ipv4Addr::LOCALHOST))
                     };
                     let json = input.out_dir.join(format!("{name}.json"));
-                    let mut args = vec![
+                    let mut args: Vec<String> = Vec::new();
+                    if kind == "canary" {
+                        args.push("canary".into());
+                    }
+                    args.extend([
                         "--config".into(),
                         cfg_arg.clone(),
                         "--pod".into(),
@@ -282,7 +303,7 @@ impl Plan {
                         id.to_string(),
                         "--json".into(),
                         json.display().to_string(),
-                    ];
+                    ]);
                     args.extend(extra.iter().cloned());
                     clients.push(ProcSpec {
                         name,
@@ -290,7 +311,11 @@ impl Plan {
                         netns: ns,
                         ip,
                         http: None,
-                        program: input.bin_dir.join(kind),
+                        program: input.bin_dir.join(if kind == "canary" {
+                            "bex-chaos"
+                        } else {
+                            kind
+                        }),
                         args,
                         json: Some(json),
                     });
@@ -299,8 +324,60 @@ impl Plan {
             plans.push(PhasePlan { name: ph.name.clone(), clients });
         }
 
+        // The verdict over every canary's counts, after the phases.
+        let canary_reports: Vec<String> = plans
+            .iter()
+            .flat_map(|p| p.clients.iter())
+            .filter(|c| matches!(c.role, Role::Canary { .. }))
+            .filter_map(|c| c.json.as_ref().map(|j| j.display().to_string()))
+            .collect();
+        let verify = if canary_reports.is_empty() {
+            None
+        } else {
+            let id = next_id;
+            let name = "verify".to_string();
+            let (ns, ip) = if netns {
+                (Some(format!("{prefix}{name}")), IpAddr::V4(next_ip()?))
+            } else {
+                (None, IpAddr::V4(Ipv4Addr::LOCALHOST))
+            };
+            let json = input.out_dir.join("verify.json");
+            let mut args: Vec<String> = vec![
+                "verify".into(),
+                "--config".into(),
+                cfg_arg.clone(),
+                "--bind".into(),
+                ip.to_string(),
+                "--transport".into(),
+                launch.transport.as_arg().into(),
+                "--id".into(),
+                id.to_string(),
+                "--json".into(),
+                json.display().to_string(),
+                "--settle-s".into(),
+                launch.verify_settle_s.to_string(),
+            ];
+            for r in canary_reports {
+                args.push("--canary".into());
+                args.push(r);
+            }
+            Some(ProcSpec {
+                name,
+                role: Role::Verify { id },
+                netns: ns,
+                ip,
+                http: None,
+                program: input.bin_dir.join("bex-chaos"),
+                args,
+                json: Some(json),
+            })
+        };
+
         let net = if netns {
-            let all = servers.iter().chain(plans.iter().flat_map(|p| p.clients.iter()));
+            let all = servers
+                .iter()
+                .chain(plans.iter().flat_map(|p| p.clients.iter()))
+                .chain(verify.iter());
             let hosts: Vec<NetHost> = all
                 .enumerate()
                 .filter_map(|(i, p)| match (&p.netns, p.ip) {
@@ -314,12 +391,15 @@ impl Plan {
         } else {
             None
         };
-        Ok(Plan { mode: launch.mode, config, config_path, servers, phases: plans, net })
+        Ok(Plan { mode: launch.mode, config, config_path, servers, phases: plans, net, verify })
     }
 
     /// Every process of the plan.
     pub fn all_procs(&self) -> impl Iterator<Item = &ProcSpec> {
-        self.servers.iter().chain(self.phases.iter().flat_map(|p| p.clients.iter()))
+        self.servers
+            .iter()
+            .chain(self.phases.iter().flat_map(|p| p.clients.iter()))
+            .chain(self.verify.iter())
     }
 }
 
@@ -482,8 +562,8 @@ mod tests {
             match c.role {
                 // Serving pods are 1 and 2, round-robin.
                 Role::Ranker { pod, .. } => assert!(pod == 1 || pod == 2),
-                Role::Trainer { pod, .. } => assert_eq!(pod, 0),
-                Role::Server { .. } => panic!("a server among the clients"),
+                Role::Trainer { pod, .. } | Role::Canary { pod, .. } => assert_eq!(pod, 0),
+                Role::Server { .. } | Role::Verify { .. } => panic!("not a phase client: {c:?}"),
             }
             assert_eq!(arg(c, "--bind"), "127.0.0.1");
             assert_eq!(arg(c, "--transport"), "rdma");
@@ -578,6 +658,35 @@ mod tests {
         assert_eq!(tbf_params(&l).unwrap(), Some((100_000_000, 65536, 131072)));
         l.link_queue = "1mb".into();
         assert_eq!(tbf_params(&l).unwrap().unwrap().2, 1 << 20);
+    }
+
+    #[test]
+    fn canaries_run_bex_chaos_and_a_verifier_reads_their_reports() {
+        let c = cfg(2, 2, 0);
+        let mut l = launch(Mode::Netns, 1, 1, &["inference+training+canary"]);
+        l.canaries = 2;
+        let p = Plan::build(&c, &l, &input()).unwrap();
+        let canaries: Vec<&ProcSpec> = p.phases[0]
+            .clients
+            .iter()
+            .filter(|c| matches!(c.role, Role::Canary { pod: 0, .. }))
+            .collect();
+        assert_eq!(canaries.len(), 2);
+        assert!(canaries.iter().all(|c| c.program.ends_with("bex-chaos") && c.args[0] == "canary"));
+        let v = p.verify.as_ref().expect("a verifier when canaries run");
+        assert_eq!(v.args[0], "verify");
+        let reports: Vec<&String> = v
+            .args
+            .iter()
+            .zip(v.args.iter().skip(1))
+            .filter(|(a, _)| *a == "--canary")
+            .map(|(_, r)| r)
+            .collect();
+        assert_eq!(reports.len(), 2);
+        // The verifier is a host of its own in netns mode.
+        assert!(p.net.as_ref().unwrap().hosts.iter().any(|h| Some(&h.ns) == v.netns.as_ref()));
+        let none = Plan::build(&c, &launch(Mode::Loopback, 1, 1, &["training"]), &input()).unwrap();
+        assert!(none.verify.is_none());
     }
 
     #[test]

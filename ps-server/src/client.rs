@@ -77,6 +77,11 @@ impl PsClient {
         PsClient { rpc, topo, client_id, seq: AtomicU64::new(1), limits: Limits::default() }
     }
 
+    /// This client's id (scopes its push sequence numbers).
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
     /// The RPC client (counters, quarantine state).
     pub fn rpc(&self) -> &Client {
         &self.rpc

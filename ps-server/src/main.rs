@@ -199,7 +199,7 @@ async fn main() {
         },
         &topo,
         Some((repl_client, n_targets)),
-        cfg.server.replication_queue_batches,
+        (cfg.server.replication_queue_batches, cfg.server.replication_batch_keys as usize),
     );
     if !restored && cfg.server.bootstrap_from_peer && !topo.is_training(args.pod) {
         server.set_state(ServingState::Bootstrapping);

@@ -130,6 +130,10 @@ pub struct PsServer {
     update_seq: AtomicU64,
     read_only: AtomicBool,
     repl: Vec<mpsc::Sender<Arc<Batch>>>,
+    /// Held from applying a push to queueing its rows for the replicas, so concurrent pushes
+    /// of one key reach the replicas in the order they were applied (found by the chaos
+    /// verifier: without it replicas kept a stale row whenever two pushes raced).
+    repl_order: Mutex<()>,
     repl_lag: Arc<ReplLag>,
     checkpoint_path: PathBuf,
     last_checkpoint: Mutex<Option<CheckpointSummary>>,
@@ -196,7 +200,7 @@ impl PsServer {
         parts: ServerParts,
         topology: &Topology,
         replicas: Option<(Arc<Client>, usize)>,
-        queue_batches: usize,
+        (queue_batches, batch_keys): (usize, usize),
     ) -> Arc<PsServer> {
         let role = if topology.is_training(parts.pod) { Role::Training } else { Role::Replica };
         let metrics = Arc::new(Metrics::new());
@@ -214,6 +218,7 @@ impl PsServer {
                     me,
                     repl_lag.clone(),
                     metrics.clone(),
+                    batch_keys.max(1),
                 ));
             }
         }
@@ -231,6 +236,7 @@ impl PsServer {
             update_seq: AtomicU64::new(parts.update_seq),
             read_only: AtomicBool::new(false),
             repl,
+            repl_order: Mutex::new(()),
             repl_lag,
             checkpoint_path: parts.checkpoint_path,
             last_checkpoint: Mutex::new(None),
@@ -440,6 +446,7 @@ impl PsServer {
                     };
                 }
                 let mut updated = vec![0f32; h.count as usize * h.dim as usize];
+                let _order = (!self.repl.is_empty()).then(|| self.repl_order.lock());
                 match t.push_le(v.keys, v.values, Some(&mut updated)) {
                     Ok(n) => {
                         self.update_seq.fetch_add(1, Ordering::AcqRel);
@@ -560,7 +567,60 @@ impl bex_rpc::Handler for Handler {
     }
 }
 
-/// Forwards applied rows to one replica, in order, retrying until acknowledged.
+/// Rows of one table, merged from consecutive batches: the latest row of each key wins (the
+/// queue is in apply order), so a burst of pushes costs one Replicate per table.
+#[derive(Debug)]
+struct Coalesced {
+    table: u32,
+    dim: u32,
+    keys: Vec<u64>,
+    rows: Vec<f32>,
+    index: std::collections::HashMap<u64, usize>,
+}
+
+impl Coalesced {
+    fn add(&mut self, b: &Batch) {
+        let d = self.dim as usize;
+        for (i, &k) in b.keys.iter().enumerate() {
+            let row = &b.rows[i * d..(i + 1) * d];
+            match self.index.get(&k) {
+                Some(&at) => self.rows[at * d..(at + 1) * d].copy_from_slice(row),
+                None => {
+                    self.index.insert(k, self.keys.len());
+                    self.keys.push(k);
+                    self.rows.extend_from_slice(row);
+                }
+            }
+        }
+    }
+}
+
+/// Merges `batches` (in apply order) into one request per (table, dim).
+fn coalesce(batches: &[Arc<Batch>]) -> Vec<Coalesced> {
+    let mut out: Vec<Coalesced> = Vec::new();
+    for b in batches {
+        let i = match out.iter().position(|c| c.table == b.table && c.dim == b.dim) {
+            Some(i) => i,
+            None => {
+                out.push(Coalesced {
+                    table: b.table,
+                    dim: b.dim,
+                    keys: Vec::new(),
+                    rows: Vec::new(),
+                    index: Default::default(),
+                });
+                out.len() - 1
+            }
+        };
+        out[i].add(b);
+    }
+    out
+}
+
+/// Forwards applied rows to one replica, in order, retrying until acknowledged. Whatever
+/// queued up while a request was in flight (up to `batch_keys` keys) goes out as one request
+/// per table: one round trip per push could not keep up with the trainers, the queue filled
+/// and dropped batches left replicas stale for good (found by the chaos verifier).
 async fn forward(
     client: Arc<Client>,
     target: usize,
@@ -568,44 +628,79 @@ async fn forward(
     me: u64,
     lag: Arc<ReplLag>,
     metrics: Arc<Metrics>,
+    batch_keys: usize,
 ) {
     let mut seq = 0u64;
-    while let Some(b) = rx.recv().await {
-        seq += 1;
-        let h = DataHeader { table: b.table, dim: b.dim, client: me, seq, flags: 0 };
-        let mut buf = vec![0u8; wire::REQUEST_HEADER_LEN + b.keys.len() * (8 + 4 * b.dim as usize)];
-        let n = match wire::encode_replicate_into(&mut buf, &h, &b.keys, &b.rows) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(%e, "cannot encode a replication batch");
-                lag.pending.fetch_sub(1, Ordering::Relaxed);
-                continue;
+    while let Some(first) = rx.recv().await {
+        let mut keys = first.keys.len();
+        let mut taken = vec![first];
+        while keys < batch_keys {
+            match rx.try_recv() {
+                Ok(b) => {
+                    keys += b.keys.len();
+                    taken.push(b);
+                }
+                Err(_) => break,
             }
-        };
-        let mut backoff = Duration::from_millis(5);
-        loop {
-            match client.call(&[target], Op::Replicate as u16, &buf[..n]).await {
-                Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
-                    Ok(r) if r.header.status.is_success() => break,
-                    Ok(r) => tracing::warn!(status = r.header.status.name(), "replication refused"),
-                    Err(e) => tracing::warn!(%e, "bad replication reply"),
-                },
-                Err(e) => tracing::debug!(%e, target, "replication failed; retrying"),
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
-        lag.pending.fetch_sub(1, Ordering::Relaxed);
+        for c in coalesce(&taken) {
+            seq += 1;
+            let h = DataHeader { table: c.table, dim: c.dim, client: me, seq, flags: 0 };
+            let len = wire::REQUEST_HEADER_LEN + c.keys.len() * (8 + 4 * c.dim as usize);
+            let mut buf = vec![0u8; len];
+            let n = match wire::encode_replicate_into(&mut buf, &h, &c.keys, &c.rows) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(%e, "cannot encode a replication batch");
+                    continue;
+                }
+            };
+            let mut backoff = Duration::from_millis(5);
+            loop {
+                match client.call(&[target], Op::Replicate as u16, &buf[..n]).await {
+                    Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
+                        Ok(r) if r.header.status.is_success() => break,
+                        Ok(r) => {
+                            tracing::warn!(status = r.header.status.name(), "replication refused")
+                        }
+                        Err(e) => tracing::warn!(%e, "bad replication reply"),
+                    },
+                    Err(e) => tracing::debug!(%e, target, "replication failed; retrying"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+        lag.pending.fetch_sub(taken.len() as u64, Ordering::Relaxed);
         lag.acked_seq.store(seq, Ordering::Relaxed);
-        let ms = crate::clock::now().duration_since(b.applied_at).as_millis() as u64;
+        let oldest = taken[0].applied_at;
+        let ms = crate::clock::now().duration_since(oldest).as_millis() as u64;
         lag.last_lag_ms.store(ms, Ordering::Relaxed);
-        metrics.replicated_batches.inc();
+        metrics.replicated_batches.add(taken.len() as u64);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coalesced_replication_keeps_the_latest_row_of_each_key_per_table() {
+        let b = |table: u32, keys: &[u64], v: f32| {
+            Arc::new(Batch {
+                table,
+                dim: 2,
+                keys: keys.to_vec(),
+                rows: keys.iter().flat_map(|&k| [v, k as f32]).collect(),
+                applied_at: crate::clock::now(),
+            })
+        };
+        let merged = coalesce(&[b(0, &[1, 2], 1.0), b(1, &[1], 5.0), b(0, &[2, 3], 2.0)]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!((merged[0].table, &merged[0].keys[..]), (0, &[1, 2, 3][..]));
+        assert_eq!(merged[0].rows, vec![1.0, 1.0, 2.0, 2.0, 2.0, 3.0]);
+        assert_eq!((merged[1].table, &merged[1].rows[..]), (1, &[5.0, 1.0][..]));
+    }
     use bex_ps_core::Config;
     use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
     use bex_rnic::Device;
@@ -632,7 +727,7 @@ mod tests {
             },
             &cfg.topology().unwrap(),
             None,
-            1,
+            (1, 1),
         )
     }
 

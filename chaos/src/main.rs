@@ -1,0 +1,245 @@
+//! `bex-chaos`: the invariant checkers of chaos runs. See `bex-chaos --help`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_chaos::canary::{self, CanaryReport};
+use bex_chaos::canary_table;
+use bex_chaos::verify::{self, KeySet};
+use bex_model::{dense_keys, dense_len, SyntheticClicks};
+use bex_ps_core::config::TransportKind;
+use bex_ps_core::Config;
+use bex_ps_server::process::{connect_client, exit_with_parent};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Invariant checkers for chaos runs on real processes (`bex-cluster` applies the faults):
+/// `canary` pushes countable increments while faults happen; `verify` checks afterwards that
+/// no acknowledged push was lost or applied twice and that the replicas converged.
+/// Exit codes: 0 ok, 1 an invariant failed or the cluster is unreachable, 2 bad usage/config.
+#[derive(Debug, Parser)]
+#[command(name = "bex-chaos", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Transport {
+    Rdma,
+    Tcp,
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Cluster config (TOML).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Local address the transports bind to.
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    bind: IpAddr,
+    /// Data-path transport [default: the config's `[transport] kind`].
+    #[arg(long, value_enum)]
+    transport: Option<Transport>,
+    /// PS client id, unique in the cluster [default: this process id].
+    #[arg(long, value_name = "N")]
+    id: Option<u64>,
+    /// Where to write the JSON report.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// No progress on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Pushes +1 to this client's canary keys (round-robin, one push outstanding per key) and
+    /// counts, per key, acknowledged and failed pushes. SIGTERM stops it early (report kept).
+    Canary {
+        #[command(flatten)]
+        common: Common,
+        /// This client's mini-pod (accepted for the launcher; pushes go to the training pod).
+        #[arg(long, default_value_t = 0)]
+        pod: u32,
+        /// Seconds to push for.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Canary keys.
+        #[arg(long, default_value_t = 64)]
+        keys: u32,
+        /// Pushes in flight (each to a different key).
+        #[arg(long, default_value_t = 8)]
+        in_flight: u32,
+        /// The canary table: init zeros, optimizer sgd with lr = 1.
+        #[arg(long, default_value = "canary")]
+        table: String,
+    },
+    /// Reads every canary key and the trainer's rows from every pod: replicas must converge
+    /// within --settle-s, and on the training pod acked ≤ value ≤ acked + failed per key.
+    Verify {
+        #[command(flatten)]
+        common: Common,
+        /// A canary report (repeatable).
+        #[arg(long = "canary", value_name = "PATH", required = true)]
+        canaries: Vec<PathBuf>,
+        /// How long replicas may take to converge, seconds.
+        #[arg(long, default_value_t = 15.0)]
+        settle_s: f64,
+    },
+}
+
+fn load(path: &Path) -> Result<Config, String> {
+    let cfg = Config::load(path).map_err(|e| e.to_string())?;
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+fn kind(cfg: &Config, t: Option<Transport>) -> TransportKind {
+    match t {
+        Some(Transport::Rdma) => TransportKind::Rdma,
+        Some(Transport::Tcp) => TransportKind::Tcp,
+        None => cfg.transport.kind,
+    }
+}
+
+fn kind_name(k: TransportKind) -> &'static str {
+    match k {
+        TransportKind::Rdma => "rdma",
+        TransportKind::Tcp => "tcp",
+    }
+}
+
+/// The trainer's rows (embedding keys of its task, its dense rows), from `[trainer]` with the
+/// trainer's defaults.
+fn trainer_sets(cfg: &Config) -> Result<Vec<KeySet>, String> {
+    let t = &cfg.trainer;
+    let str_of = |k: &str, d: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or(d).to_string();
+    let int_of = |k: &str, d: i64| t.get(k).and_then(|v| v.as_integer()).unwrap_or(d).max(0) as u64;
+    let find = |name: &str| {
+        cfg.tables
+            .iter()
+            .position(|x| x.name == name)
+            .map(|i| (i as u32, cfg.tables[i].dim))
+            .ok_or_else(|| format!("[trainer] table {name:?} is not in the config"))
+    };
+    let (table, dim) = find(&str_of("table", "item"))?;
+    let (dense, dense_dim) = find(&str_of("dense_table", "dense"))?;
+    let (slots, vocab) = (int_of("slots", 4), int_of("vocab", 1000).min(1 << 20));
+    let keys = (0..slots as usize)
+        .flat_map(|s| (0..vocab).map(move |r| SyntheticClicks::key(s, r)))
+        .collect();
+    let n = dense_len(slots as usize, dim as usize, int_of("hidden", 32) as usize);
+    let model = int_of("model_id", 100) as u32;
+    Ok(vec![
+        KeySet { name: "trainer embeddings".into(), table, dim, keys },
+        KeySet {
+            name: "trainer dense".into(),
+            table: dense,
+            dim: dense_dim,
+            keys: dense_keys(model, n, dense_dim as usize),
+        },
+    ])
+}
+
+fn write_json(path: &Option<PathBuf>, v: &impl serde::Serialize) -> Result<(), String> {
+    if let Some(p) = path {
+        let text = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+        std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<bool, (u8, String)> {
+    let usage = |e: String| (2u8, e);
+    match cli.cmd {
+        Cmd::Canary { common, pod: _, seconds, keys, in_flight, table } => {
+            let cfg = load(&common.config).map_err(usage)?;
+            let t = canary_table(&cfg, &table).map_err(usage)?;
+            if !(seconds.is_finite() && seconds > 0.0) || keys == 0 || in_flight == 0 {
+                return Err(usage("--seconds, --keys and --in-flight must be positive".into()));
+            }
+            let k = kind(&cfg, common.transport);
+            let id = common.id.unwrap_or(u64::from(std::process::id()));
+            let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
+            let node = connect_client(&cfg, topo.training_pod(), common.bind, k, id)
+                .await
+                .map_err(|e| (1, e.to_string()))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            tokio::spawn(async move {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                tokio::select! {
+                    _ = async { if let Some(t) = term.as_mut() { t.recv().await; } else { std::future::pending::<()>().await } } => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                s.store(true, Ordering::Relaxed);
+            });
+            let mut report = canary::run(node.ps.clone(), t, keys, in_flight, seconds, stop).await;
+            report.transport = kind_name(k).into();
+            write_json(&common.json, &report).map_err(|e| (1, e))?;
+            println!(
+                "canary {id} over {}: {} pushes acknowledged, {} failed, {} keys, {:.1} s{}",
+                report.transport,
+                report.acked,
+                report.failed,
+                report.keys.len(),
+                report.elapsed_s,
+                report
+                    .first_error
+                    .as_deref()
+                    .map(|e| format!("; first error: {e}"))
+                    .unwrap_or_default()
+            );
+            Ok(report.acked > 0)
+        }
+        Cmd::Verify { common, canaries, settle_s } => {
+            let cfg = load(&common.config).map_err(usage)?;
+            let mut reports = Vec::new();
+            for p in &canaries {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| usage(format!("{}: {e}", p.display())))?;
+                let r: CanaryReport = serde_json::from_str(&text)
+                    .map_err(|e| usage(format!("{}: {e}", p.display())))?;
+                reports.push(r);
+            }
+            let sets = trainer_sets(&cfg).map_err(usage)?;
+            let k = kind(&cfg, common.transport);
+            let id = common.id.unwrap_or(u64::from(std::process::id()));
+            let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
+            let node = connect_client(&cfg, topo.training_pod(), common.bind, k, id)
+                .await
+                .map_err(|e| (1, e.to_string()))?;
+            let settle = Duration::from_secs_f64(settle_s.clamp(0.0, 3600.0));
+            let report = verify::run(node.ps.clone(), &reports, &sets, settle).await;
+            write_json(&common.json, &report).map_err(|e| (1, e))?;
+            for i in &report.invariants {
+                println!("{} {}: {}", if i.ok { "HOLDS " } else { "BROKEN" }, i.name, i.detail);
+            }
+            if !common.quiet {
+                eprintln!(
+                    "bex-chaos verify: {}",
+                    if report.ok { "every invariant holds" } else { "VIOLATION" }
+                );
+            }
+            Ok(report.ok)
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    exit_with_parent();
+    match run(Cli::parse()).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err((code, e)) => {
+            eprintln!("bex-chaos: {e}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The verdict after a chaos run: canary counts against the PS's rows, and replica convergence.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_ps_core::wire::{self, DataHeader, Limits, Op};
+use bex_ps_server::client::PsClient;
+use serde::Serialize;
+
+use crate::canary::CanaryReport;
+
+/// Rows to compare across pods: one table's keys.
+#[derive(Clone, Debug)]
+pub struct KeySet {
+    /// What they are (for messages).
+    pub name: String,
+    /// Table id.
+    pub table: u32,
+    /// Row width.
+    pub dim: u32,
+    /// The keys.
+    pub keys: Vec<u64>,
+}
+
+/// One checked invariant.
+#[derive(Clone, Debug, Serialize)]
+pub struct Invariant {
+    /// What it states.
+    pub name: String,
+    /// Whether it held.
+    pub ok: bool,
+    /// Counts, or the first violation.
+    pub detail: String,
+}
+
+/// The verifier's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    /// Always "verify".
+    pub kind: String,
+    /// Every invariant held.
+    pub ok: bool,
+    /// The invariants.
+    pub invariants: Vec<Invariant>,
+    /// Seconds until the replicas matched (None: they did not within the settling time).
+    pub converged_after_s: Option<f64>,
+}
+
+/// Every row of `set` held by (`pod`, every shard), in key order.
+async fn rows_of(ps: &PsClient, pod: u32, set: &KeySet) -> Result<BTreeMap<u64, Vec<f32>>, String> {
+    let topo = ps.topology();
+    let mut by_shard: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for &k in &set.keys {
+        by_shard.entry(topo.shard_of(k)).or_default().push(k);
+    }
+    let mut out = BTreeMap::new();
+    for (shard, keys) in by_shard {
+        let h =
+            DataHeader { table: set.table, dim: set.dim, client: ps.client_id(), seq: 0, flags: 0 };
+        let mut frame = vec![0u8; wire::fetch_request_len(keys.len())];
+        wire::encode_fetch_into(&mut frame, &h, &keys).map_err(|e| e.to_string())?;
+        let m = ps
+            .raw(pod, shard, Op::Fetch, &frame)
+            .await
+            .map_err(|e| format!("{}: fetch from pod {pod} shard {shard}: {e}", set.name))?;
+        let r =
+            wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+        let rows = r.rows().to_vec();
+        if rows.len() != keys.len() * set.dim as usize {
+            return Err(format!(
+                "{}: pod {pod} shard {shard} returned {} values",
+                set.name,
+                rows.len()
+            ));
+        }
+        for (k, row) in keys.iter().zip(rows.chunks(set.dim as usize)) {
+            out.insert(*k, row.to_vec());
+        }
+    }
+    Ok(out)
+}
+
+/// The first difference between two pods' rows, bit for bit.
+fn first_difference(
+    a: &BTreeMap<u64, Vec<f32>>,
+    b: &BTreeMap<u64, Vec<f32>>,
+) -> Option<(u64, Vec<f32>, Vec<f32>)> {
+    a.iter().find_map(|(k, ra)| {
+        let rb = b.get(k)?;
+        let same =
+            ra.len() == rb.len() && ra.iter().zip(rb).all(|(x, y)| x.to_bits() == y.to_bits());
+        (!same).then(|| (*k, ra.clone(), rb.clone()))
+    })
+}
+
+/// The canary invariants on the training pod's rows: `acked ≤ value ≤ acked + failed` and
+/// the value a whole number (every push adds exactly 1).
+pub fn check_canaries(
+    canaries: &[CanaryReport],
+    rows: &BTreeMap<u64, Vec<f32>>,
+) -> (Invariant, Invariant) {
+    let (mut lost, mut twice, mut keys, mut acked) = (Vec::new(), Vec::new(), 0u64, 0u64);
+    for c in canaries {
+        for k in &c.keys {
+            keys += 1;
+            acked += k.acked;
+            let v = rows.get(&k.key).and_then(|r| r.first()).copied().unwrap_or(f32::NAN);
+            if v.is_nan() || v.fract() != 0.0 || (v as u64) < k.acked {
+                lost.push(format!("key {:#x}: value {v} < {} acknowledged", k.key, k.acked));
+            } else if v as u64 > k.acked + k.failed {
+                twice.push(format!(
+                    "key {:#x}: value {v} > {} acknowledged + {} failed",
+                    k.key, k.acked, k.failed
+                ));
+            }
+        }
+    }
+    let detail = |v: &[String]| {
+        if v.is_empty() {
+            format!("{keys} canary keys, {acked} acknowledged pushes")
+        } else {
+            format!("{} of {keys} keys violate it; first: {}", v.len(), v[0])
+        }
+    };
+    (
+        Invariant {
+            name: "no acknowledged push lost".into(),
+            ok: lost.is_empty(),
+            detail: detail(&lost),
+        },
+        Invariant {
+            name: "no push applied twice".into(),
+            ok: twice.is_empty(),
+            detail: detail(&twice),
+        },
+    )
+}
+
+/// Waits up to `settle` for every pod to hold the training pod's rows of every key set, then
+/// checks the canaries on the training pod.
+pub async fn run(
+    ps: Arc<PsClient>,
+    canaries: &[CanaryReport],
+    sets: &[KeySet],
+    settle: Duration,
+) -> VerifyReport {
+    let topo = ps.topology().clone();
+    let training = topo.training_pod();
+    let start = tokio::time::Instant::now();
+    let mut invariants = Vec::new();
+    let mut converged_after_s = None;
+    let mut last_problem = String::new();
+    loop {
+        let mut problem = None;
+        'sets: for set in sets {
+            let base = match rows_of(&ps, training, set).await {
+                Ok(r) => r,
+                Err(e) => {
+                    problem = Some(e);
+                    break;
+                }
+            };
+            for pod in (0..topo.pods()).filter(|p| *p != training) {
+                match rows_of(&ps, pod, set).await {
+                    Ok(r) => {
+                        if let Some((k, a, b)) = first_difference(&base, &r) {
+                            problem = Some(format!(
+                                "{}: key {k:#x} training pod {a:?} vs pod {pod} {b:?}",
+                                set.name
+                            ));
+                            break 'sets;
+                        }
+                    }
+                    Err(e) => {
+                        problem = Some(e);
+                        break 'sets;
+                    }
+                }
+            }
+        }
+        match problem {
+            None => {
+                converged_after_s = Some(start.elapsed().as_secs_f64());
+                break;
+            }
+            Some(p) if start.elapsed() >= settle => {
+                last_problem = p;
+                break;
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let total: usize = sets.iter().map(|s| s.keys.len()).sum();
+    invariants.push(Invariant {
+        name: "replicas converge".into(),
+        ok: converged_after_s.is_some(),
+        detail: match converged_after_s {
+            Some(s) => {
+                format!("{} pods agree bit for bit on {total} rows after {s:.2} s", topo.pods())
+            }
+            None => format!("not within {:.0} s: {last_problem}", settle.as_secs_f64()),
+        },
+    });
+    let canary_set: Vec<u64> = canaries.iter().flat_map(|c| c.keys.iter().map(|k| k.key)).collect();
+    if let Some(c) = canaries.first() {
+        let set = KeySet { name: "canary".into(), table: c.table, dim: c.dim, keys: canary_set };
+        match rows_of(&ps, training, &set).await {
+            Ok(rows) => {
+                let (a, b) = check_canaries(canaries, &rows);
+                invariants.push(a);
+                invariants.push(b);
+            }
+            Err(e) => invariants.push(Invariant {
+                name: "canaries readable".into(),
+                ok: false,
+                detail: e,
+            }),
+        }
+    } else {
+        invariants.push(Invariant {
+            name: "no acknowledged push lost".into(),
+            ok: false,
+            detail: "no canary report to check".into(),
+        });
+    }
+    VerifyReport {
+        kind: "verify".into(),
+        ok: invariants.iter().all(|i| i.ok),
+        invariants,
+        converged_after_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canary::KeyCount;
+
+    fn report(keys: &[(u64, u64, u64)]) -> CanaryReport {
+        CanaryReport {
+            keys: keys
+                .iter()
+                .map(|&(key, acked, failed)| KeyCount { key, acked, failed })
+                .collect(),
+            ..CanaryReport::default()
+        }
+    }
+
+    #[test]
+    fn canary_values_between_acked_and_attempted_pass() {
+        let c = report(&[(1, 10, 0), (2, 5, 2)]);
+        let rows = BTreeMap::from([(1, vec![10.0, 10.0]), (2, vec![6.0, 6.0])]);
+        let (lost, twice) = check_canaries(&[c], &rows);
+        assert!(lost.ok && twice.ok, "{lost:?} {twice:?}");
+    }
+
+    #[test]
+    fn lost_and_doubled_pushes_are_named() {
+        let c = report(&[(1, 10, 0), (2, 5, 1), (3, 1, 0)]);
+        let rows = BTreeMap::from([(1, vec![9.0]), (2, vec![7.0])]);
+        let (lost, twice) = check_canaries(&[c], &rows);
+        assert!(!lost.ok && lost.detail.contains("2 of 3"), "{lost:?}");
+        assert!(!twice.ok && twice.detail.contains("value 7"), "{twice:?}");
+    }
+
+    #[test]
+    fn differences_are_bitwise() {
+        let a = BTreeMap::from([(1, vec![0.0f32]), (2, vec![1.0])]);
+        let mut b = a.clone();
+        assert!(first_difference(&a, &b).is_none());
+        b.insert(1, vec![-0.0]);
+        assert_eq!(first_difference(&a, &b).unwrap().0, 1);
+    }
+}
