@@ -125,7 +125,7 @@ pub fn run_probe(p: &Params) -> Result<Probe, String> {
     if p.xon_bytes >= p.xoff_bytes {
         return Err("xon_bytes must be below xoff_bytes".into());
     }
-    if !(p.link_gbps > 0.0) || p.hop_latency_us < 0.0 || p.rounds == 0 {
+    if p.link_gbps.is_nan() || p.link_gbps <= 0.0 || p.hop_latency_us < 0.0 || p.rounds == 0 {
         return Err("link_gbps must be > 0, hop_latency_us ≥ 0, rounds ≥ 1".into());
     }
     let rate = (p.link_gbps * 1e9 / 8.0) as u64;
