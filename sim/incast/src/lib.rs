@@ -187,8 +187,8 @@ pub fn run_probe(p: &Params) -> Result<Probe, String> {
         }
         None => None,
     };
-    const VICTIM_MSG: usize = 256 << 10;
-    const VICTIM_OUTSTANDING: usize = 2;
+    const VICTIM_MSG: usize = 32 << 10;
+    const VICTIM_OUTSTANDING: usize = 8;
     let mut victim_tickets: Vec<SendTicket> = Vec::new();
     let mut victim_bytes = 0u64;
     let mut failure: Option<String> = None;
