@@ -27,7 +27,8 @@ const PAPER: [(Option<u64>, u64); 4] =
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
-    /// CI smoke run: a scaled-down switch (XOFF 256 KB), 16 KiB responses, N ≤ 128.
+    /// CI smoke run: a scaled-down switch (XOFF 256 KB), 16 KiB responses, N ≤ 128 (or
+    /// --max-servers if smaller), series N = 8, 32, 96.
     #[arg(long)]
     quick: bool,
     /// Directory for incast.json, incast.svg and incast.md (created).
@@ -281,8 +282,8 @@ fn main() -> ExitCode {
         base.xoff_bytes = 256 << 10;
         base.xon_bytes = 192 << 10;
         base.response_bytes = 16 << 10;
-        max = 128;
-        series = vec![8, 32, 96];
+        max = max.min(128);
+        series = [8, 32, 96].into_iter().filter(|&n| n <= max).collect();
     }
     if base.xon_bytes == 0 || max == 0 || max > 3000 || base.response_bytes == 0 {
         eprintln!("bad usage: need xoff > xon gap, 1 ≤ max-servers ≤ 3000, response-bytes > 0");
