@@ -12,7 +12,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bemalloc::Pool;
+use bemalloc::{Pool, PoolConfig};
 use bex_rnic::soft::{Fabric, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
 use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
 use bex_rnic::{Device, QpInit, QueuePair, SharedReceiveQueue};
@@ -39,6 +39,10 @@ struct Node {
     accept_rx: mpsc::UnboundedReceiver<Accepted>,
     counters: Arc<Counters>,
     cfg: Arc<Config>,
+    /// Needs a turn whatever its CQ and timers say (commands sent, or busy last turn).
+    dirty: bool,
+    /// Its worker's next deadline after its last turn.
+    deadline: Option<Instant>,
 }
 
 /// A simulated network of transport nodes.
@@ -46,6 +50,7 @@ pub struct SimNet {
     fabric: Fabric,
     nodes: Vec<Node>,
     socket_ids: Arc<AtomicU32>,
+    pool_config: PoolConfig,
 }
 
 impl std::fmt::Debug for SimNet {
@@ -91,11 +96,35 @@ impl SendTicket {
 impl SimNet {
     /// An empty network; `seed` decides every random choice of the fabric and devices.
     pub fn new(seed: u64, link: LinkModel) -> SimNet {
+        SimNet::with_fabric(Fabric::new(seed, link))
+    }
+
+    /// A network over a given fabric (a switched one, say); node `i` is device `i` if the
+    /// fabric had no devices yet.
+    pub fn with_fabric(fabric: Fabric) -> SimNet {
         SimNet {
-            fabric: Fabric::new(seed, link),
+            fabric,
             nodes: Vec::new(),
             socket_ids: Arc::new(AtomicU32::new(1)),
+            pool_config: PoolConfig::default(),
         }
+    }
+
+    /// The pool layout of nodes added from now on. Each node's pool is leaked and holds its
+    /// own jemalloc arenas (at most 4095 per process): large simulations want one arena and
+    /// a small reservation per node.
+    pub fn set_pool_config(&mut self, cfg: PoolConfig) {
+        self.pool_config = cfg;
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// No nodes yet.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 
     /// The fabric (faults, stats, clock).
@@ -113,9 +142,10 @@ impl SimNet {
         cfg.validate().map_err(TransportError::Invalid)?;
         let device = self.fabric.add_device(NicConfig::default());
         let pd = Arc::new(device.alloc_pd()?);
-        let pool = Pool::new(vec![Arc::new(device.registrar(&pd))])
-            .map_err(|e| TransportError::Alloc(e.to_string()))?
-            .leak();
+        let pool =
+            Pool::with_config(vec![Arc::new(device.registrar(&pd))], self.pool_config.clone())
+                .map_err(|e| TransportError::Alloc(e.to_string()))?
+                .leak();
         let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
         let srq = if cfg.srq {
             let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
@@ -152,6 +182,8 @@ impl SimNet {
             accept_rx,
             counters: Arc::new(Counters::default()),
             cfg: Arc::new(cfg),
+            dirty: true,
+            deadline: None,
         });
         Ok(self.nodes.len() - 1)
     }
@@ -235,6 +267,8 @@ impl SimNet {
         let gone = || TransportError::Shutdown;
         self.nodes[a].engine_tx.send(engine_a).map_err(|_| gone())?;
         self.nodes[b].engine_tx.send(engine_b).map_err(|_| gone())?;
+        self.nodes[a].dirty = true;
+        self.nodes[b].dirty = true;
         Counters::add(&self.nodes[a].counters.engines_up, 1);
         Counters::add(&self.nodes[b].counters.engines_up, 1);
         Ok(qpn)
@@ -250,6 +284,7 @@ impl SimNet {
             .cmd_tx
             .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
             .map_err(|_| TransportError::Shutdown)?;
+        self.nodes[a].dirty = true;
         let mut result = None;
         self.run_until(
             |_| {
@@ -262,6 +297,44 @@ impl SimNet {
         );
         result.unwrap_or(Err(TransportError::ConnectTimeout(format!("node {a}"))))?;
         Ok(SimSocket { node: a, id, inbox })
+    }
+
+    /// Opens one socket per `(node, engine)` at once and runs the network until every peer
+    /// answered (at most `limit` of virtual time): opening many sockets one by one costs a
+    /// network round per socket.
+    pub fn open_all(&mut self, which: &[(usize, u32)], limit: Duration) -> Result<Vec<SimSocket>> {
+        let mut pending = Vec::with_capacity(which.len());
+        for &(a, engine) in which {
+            let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (tx, inbox) = mpsc::unbounded_channel();
+            let (reply, rx) = oneshot::channel();
+            self.nodes[a]
+                .cmd_tx
+                .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
+                .map_err(|_| TransportError::Shutdown)?;
+            self.nodes[a].dirty = true;
+            pending.push((a, id, inbox, rx, None));
+        }
+        let mut left = pending.len();
+        self.run_until(
+            |_| {
+                for (_, _, _, rx, got) in pending.iter_mut().filter(|p| p.4.is_none()) {
+                    if let Ok(r) = rx.try_recv() {
+                        *got = Some(r);
+                        left -= 1;
+                    }
+                }
+                left == 0
+            },
+            limit,
+        );
+        pending
+            .into_iter()
+            .map(|(a, id, inbox, _, got)| {
+                got.unwrap_or(Err(TransportError::ConnectTimeout(format!("node {a}"))))?;
+                Ok(SimSocket { node: a, id, inbox })
+            })
+            .collect()
     }
 
     /// A socket the peer opened on node `b`, if one is waiting.
@@ -284,12 +357,14 @@ impl SimNet {
         let (done, rx) = oneshot::channel();
         // A closed channel shows as a failed ticket.
         let _ = self.nodes[s.node].cmd_tx.send(Cmd::Send { socket: s.id, msg, target, done });
+        self.nodes[s.node].dirty = true;
         SendTicket(rx)
     }
 
     /// Fails the engine under `s` as a QP error would.
     pub fn fail_engine(&mut self, s: &SimSocket, why: &str) {
         let _ = self.nodes[s.node].cmd_tx.send(Cmd::FailEngine { socket: s.id, why: why.into() });
+        self.nodes[s.node].dirty = true;
     }
 
     /// Stops node `n` answering anything (its worker stops; the fabric still carries its
@@ -303,21 +378,29 @@ impl SimNet {
     pub fn step(&mut self) -> bool {
         let now = self.fabric.now();
         let mut busy = false;
-        for n in &mut self.nodes {
-            if !n.worker.frozen {
-                busy |= n.worker.turn(now);
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if n.worker.frozen {
+                continue;
             }
+            // A worker's inputs are its commands, its CQ and its timers: one with none of
+            // them pending would do nothing (large simulations are mostly such workers).
+            if !(n.dirty || n.cq.pending() || n.deadline.is_some_and(|t| t <= now)) {
+                continue;
+            }
+            let b = n.worker.turn(now);
+            n.dirty = b;
+            n.deadline = n.worker.next_deadline();
+            if b {
+                self.fabric.touch(i);
+            }
+            busy |= b;
         }
         // A worker that did something may have more to do at this same instant: the clock
         // only moves when every worker is idle.
         let horizon = if busy {
             Some(now)
         } else {
-            self.nodes
-                .iter()
-                .filter(|n| !n.worker.frozen)
-                .filter_map(|n| n.worker.next_deadline())
-                .min()
+            self.nodes.iter().filter(|n| !n.worker.frozen).filter_map(|n| n.deadline).min()
         };
         let fab = self.fabric.step_within(horizon);
         busy || fab || horizon.is_some()

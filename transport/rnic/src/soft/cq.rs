@@ -68,6 +68,11 @@ impl CqShared {
         Ok(n)
     }
 
+    /// True when a poll has something to report: completions or an overrun.
+    pub fn pending(&self) -> bool {
+        self.overruns.load(Ordering::Relaxed) > 0 || !self.is_empty()
+    }
+
     /// True when nothing is queued.
     pub fn is_empty(&self) -> bool {
         self.queue.lock().is_empty()

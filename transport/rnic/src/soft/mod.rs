@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 pub use self::core::{Counters, NicConfig, NicCore};
 use self::cq::CqShared;
-pub use self::fabric::{Fabric, LinkModel};
+pub use self::fabric::{Fabric, LinkFault, LinkModel, Pfc, SwitchModel, SwitchStats};
 pub use self::fault::{FaultPlan, FaultRates, PacketInfo, Verdict};
 pub use self::udp::UdpConfig;
 use crate::device::{
@@ -241,6 +241,12 @@ impl CompletionQueue for SoftCq {
 }
 
 impl SoftCq {
+    /// True when a poll would return completions (or report an overrun): lets a simulation
+    /// skip idle pollers.
+    pub fn pending(&self) -> bool {
+        self.shared.pending()
+    }
+
     fn wait_inner(
         &self,
         out: &mut [WorkCompletion],
