@@ -37,6 +37,10 @@ step "bex-perf --quick (transport Figures 8-11 and 13: RDMA on the soft RNIC vs 
 cargo build --locked --release -q -p bex-perf
 target/release/bex-perf run --quick --out target/bex-perf
 
+step "incast study in simulation, quick (paper Table 4: servers before the first pause per window)"
+cargo build --locked --release -q -p bex-incast
+target/release/bex-incast --quick --out target/incast
+
 step "fuzz smoke: every cargo-fuzz target for 20 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
 FUZZ_NICE=0 scripts/fuzz.sh --smoke
 
