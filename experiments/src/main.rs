@@ -22,7 +22,7 @@ enum Cmd {
     /// Inference, RDMA vs TCP at matched load (paper Tables 5–6): the same Poisson arrivals
     /// (same seed) over each transport, at each rate, repeated with the transports interleaved.
     Inference {
-        /// The cluster file (with [ranker] and [launch] sections).
+        /// The cluster file (with `[ranker]` and `[launch]` sections).
         #[arg(long, default_value = "configs/local.toml")]
         config: PathBuf,
         /// Output directory (runs/ holds every launched cluster's reports and logs).
@@ -48,7 +48,7 @@ enum Cmd {
     /// per-engine send window, and on RDMA with it, in network namespaces with rate-limited
     /// links (root).
     Training {
-        /// The cluster file (with [trainer] and [launch] sections).
+        /// The cluster file (with `[trainer]` and `[launch]` sections).
         #[arg(long, default_value = "configs/local.toml")]
         config: PathBuf,
         /// Output directory.

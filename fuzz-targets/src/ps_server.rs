@@ -74,7 +74,7 @@ pub fn repair(frame: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Splits an input into at most [`MAX_FRAMES`] (method, frame) pairs: each is `method u16
+/// Splits an input into at most `MAX_FRAMES` (method, frame) pairs: each is `method u16
 /// LE | len u16 LE | len bytes` (cut short by the end of the input).
 pub fn split_frames(mut data: &[u8]) -> Vec<(u16, &[u8])> {
     let mut out = Vec::new();
