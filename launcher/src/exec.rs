@@ -438,6 +438,13 @@ impl Executor {
                 )?;
                 Ok(format!("{ns} drops {p} of its input"))
             }
+            "rdma-blackhole" => {
+                let i = self.server_index(&ev.target)?;
+                let ns = self.servers[i].spec.netns.clone().ok_or("needs netns mode")?;
+                Self::iptables(&ns, &["-A", "INPUT", "-p", "udp", "-j", "DROP"])?;
+                Self::iptables(&ns, &["-A", "OUTPUT", "-p", "udp", "-j", "DROP"])?;
+                Ok(format!("{ns} drops all UDP (the software RNIC); TCP still works"))
+            }
             "partition" => {
                 let pod: u32 =
                     ev.target.trim_start_matches("pod").parse().map_err(|_| "bad pod")?;
@@ -514,7 +521,11 @@ impl Executor {
     /// Runs `bex-chaos verify` over the canaries' reports (after healing the network).
     fn run_verify(&mut self, deadline: Instant) -> Value {
         let Some(spec) = self.plan.verify.clone() else { return Value::Null };
-        if self.chaos_log.iter().any(|e| e["action"] == "loss" || e["action"] == "partition") {
+        if self
+            .chaos_log
+            .iter()
+            .any(|e| ["loss", "partition", "rdma-blackhole"].iter().any(|a| e["action"] == *a))
+        {
             if let Err(e) = self.heal() {
                 self.reasons.push(format!("healing before verify: {e}"));
             }

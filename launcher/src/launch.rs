@@ -121,7 +121,9 @@ pub struct ChaosEvent {
     pub at_s: f64,
     /// `kill` (SIGKILL a server), `restart` (start a killed server again), `loss` (drop
     /// `probability` of the packets a host receives, iptables; netns), `partition` (cut every
-    /// server of `pod<N>` off the network; netns), `heal` (remove every loss and partition).
+    /// server of `pod<N>` off the network; netns), `rdma-blackhole` (drop a server's UDP, i.e.
+    /// the software RNIC's packets, while TCP still works: clients must fall back; netns),
+    /// `heal` (remove every loss, partition and blackhole).
     pub action: String,
     /// A server (`ps-p1-s0`) for kill, restart and loss; `pod1` for partition.
     #[serde(default)]
@@ -143,7 +145,8 @@ impl ChaosEvent {
         if !(self.at_s.is_finite() && self.at_s >= 0.0) {
             return bad("at_s must be ≥ 0".into());
         }
-        let needs_netns = matches!(self.action.as_str(), "loss" | "partition" | "heal");
+        let needs_netns =
+            matches!(self.action.as_str(), "loss" | "partition" | "heal" | "rdma-blackhole");
         if needs_netns && !netns {
             return bad(format!("{} needs mode = \"netns\" (iptables per host)", self.action));
         }
@@ -151,8 +154,8 @@ impl ChaosEvent {
             "kill" | "restart" if !server(&self.target) => {
                 bad(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
             }
-            "loss" if !server(&self.target) => {
-                bad("loss: target must be a server like \"ps-p1-s0\"".into())
+            "loss" | "rdma-blackhole" if !server(&self.target) => {
+                bad(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
             }
             "loss" if !(self.probability > 0.0 && self.probability < 1.0) => {
                 bad("loss: probability must be in (0, 1)".into())
@@ -162,10 +165,10 @@ impl ChaosEvent {
             {
                 bad("partition: target must be a pod like \"pod1\"".into())
             }
-            "kill" | "restart" | "loss" | "partition" | "heal" => None,
-            other => {
-                bad(format!("unknown action {other:?} (kill, restart, loss, partition, heal)"))
-            }
+            "kill" | "restart" | "loss" | "partition" | "heal" | "rdma-blackhole" => None,
+            other => bad(format!(
+                "unknown action {other:?} (kill, restart, loss, partition, rdma-blackhole, heal)"
+            )),
         }
     }
 }
@@ -329,17 +332,19 @@ mod tests {
             ev("restart", "ps-p1-s0", 0.0),
             ev("loss", "ps-p0-s1", 0.05),
             ev("partition", "pod1", 0.0),
+            ev("rdma-blackhole", "ps-p0-s0", 0.0),
             ev("heal", "", 0.0),
         ];
         assert!(with(Mode::Netns, ok.clone()).check().is_ok());
         // iptables faults need namespaces; kill/restart do not.
         let e = with(Mode::Loopback, ok).check().unwrap_err();
-        assert_eq!(e.len(), 3, "{e:?}");
+        assert_eq!(e.len(), 4, "{e:?}");
         assert!(with(Mode::Loopback, vec![ev("kill", "ps-p1-s0", 0.0)]).check().is_ok());
         for bad in [
             ev("kill", "pod1", 0.0),
             ev("loss", "ps-p0-s1", 1.5),
             ev("partition", "ps-p1-s0", 0.0),
+            ev("rdma-blackhole", "pod0", 0.0),
             ev("explode", "", 0.0),
             ChaosEvent { at_s: -1.0, ..ev("heal", "", 0.0) },
         ] {
