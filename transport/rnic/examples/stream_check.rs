@@ -216,9 +216,20 @@ fn main() {
             c.seq_naks_sent, c.rx_duplicates, c.rx_out_of_sequence, c.rnr_naks_sent, c.rx_bad_icrc, c.wire_recv_errors,
             wall_elapsed(start).as_secs_f64()
         );
-        // Close the device before exiting (exit skips destructors): it answers what it got.
-        drop(s);
         let _ = stream.write_all(&[u8::from(bad == 0)]);
+        // Keep answering until the client has all its completions and hangs up: with loss, the
+        // ACK of the last messages may be dropped, and a retransmission must find us here.
+        let _ = stream.set_nonblocking(true);
+        let mut byte = [0u8; 1];
+        while wall_elapsed(start) < limit {
+            let _ = s.cq.poll(&mut wcs);
+            match stream.read(&mut byte) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                _ => break,
+            }
+        }
+        // Close the device before exiting (exit skips destructors).
+        drop(s);
         std::process::exit(if bad == 0 { 0 } else { 1 });
     }
     // Client.
