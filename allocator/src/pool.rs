@@ -113,8 +113,8 @@ impl Registry {
         st.retired.frees += c.frees.load(Ordering::Relaxed);
         st.retired.alloc_bytes += c.alloc_bytes.load(Ordering::Relaxed);
         st.retired.free_bytes += c.free_bytes.load(Ordering::Relaxed);
-        // SAFETY: the exiting thread was the only user of this cache, and it is gone from the
-        // registry, so neither the thread nor the pool's drop uses it again.
+        // The exiting thread was the only user of this cache and is gone from the registry.
+        // SAFETY: neither that thread nor the pool's drop uses this cache again.
         if let Err(e) = unsafe { je::destroy_tcache(slot.tcache) } {
             tracing::warn!("bemalloc: {e}");
         }
@@ -217,8 +217,8 @@ impl Pool {
         let mut space = Space::reserve(reserve, g, devices).map_err(PoolError::Reserve)?;
         let mut arenas = Vec::with_capacity(narenas);
         for _ in 0..narenas {
-            // SAFETY: `space` is boxed and owned by the pool, whose drop destroys every arena
-            // before freeing it, or leaks it if jemalloc refuses to destroy one.
+            // The pool's drop destroys every arena before freeing `space` (or leaks it).
+            // SAFETY: `space` is boxed and owned by the pool, so it outlives every arena.
             match unsafe { je::create_arena(space.hooks_ptr()) } {
                 Ok(a) => arenas.push(a),
                 Err(e) => {
@@ -397,8 +397,8 @@ impl Pool {
                 ThreadCounts::bump(&c.frees, 1);
                 ThreadCounts::bump(&c.free_bytes, je::nallocx(req) as u64);
             }
-            // SAFETY: the caller guarantees `ptr` is a live allocation of this pool of `size`
-            // requested bytes; `flags` names this thread's own cache of this pool's arena.
+            // `flags` names this thread's own cache of this pool's arena.
+            // SAFETY: the caller guarantees `ptr` is a live allocation of this pool of `size`.
             unsafe { je::sdallocx(ptr, req, flags) }
         })
     }
@@ -467,16 +467,16 @@ impl Drop for Pool {
             std::mem::take(&mut st.slots)
         };
         for s in slots {
-            // SAFETY: `alive = false` makes exiting threads leave their cache alone, and no
-            // thread can allocate from a pool being dropped; so we own every cache now.
+            // `alive = false` makes exiting threads leave their cache alone.
+            // SAFETY: no thread can allocate from a pool being dropped: we own every cache.
             if let Err(e) = unsafe { je::destroy_tcache(s.tcache) } {
                 tracing::warn!("bemalloc: {e}");
             }
         }
         let mut all_destroyed = true;
         for &a in &self.arenas {
-            // SAFETY: every explicit cache of the pool is destroyed above, no buffer outlives
-            // the pool (borrow), and raw allocations are documented to die with it.
+            // No buffer outlives the pool (borrow); raw allocations are documented to die with it.
+            // SAFETY: every explicit cache of the pool is destroyed above.
             if let Err(e) = unsafe { je::destroy_arena(a) } {
                 tracing::warn!("bemalloc: {e}; the pool's memory stays mapped and registered");
                 all_destroyed = false;
@@ -484,8 +484,8 @@ impl Drop for Pool {
         }
         if all_destroyed {
             self.space.release();
-            // SAFETY: every arena that pointed at the hooks inside `space` is destroyed and
-            // `space` is not used after this line.
+            // Every arena that pointed at the hooks inside `space` is destroyed.
+            // SAFETY: so nothing uses `space` after this line.
             unsafe { ManuallyDrop::drop(&mut self.space) };
         }
         // Otherwise `space` stays allocated (ManuallyDrop): jemalloc may still call its hooks.
