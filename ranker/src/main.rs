@@ -12,7 +12,7 @@ use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
 use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes, SystemCpu};
 use bex_ranker::report::{self, RunInfo};
-use bex_ranker::run::{run, Ranker, RpcCounters, RunOptions, Schedule, Snapshot};
+use bex_ranker::run::{run, Ranker, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};
 use bex_rnic::Device;
 use clap::{Parser, ValueEnum};
@@ -184,7 +184,7 @@ fn main() {
         let snapshot = move || Snapshot {
             cpu: CpuTimes::of_self().unwrap_or_default(),
             system: SystemCpu::read().unwrap_or_default(),
-            rpc: RpcCounters::of(ps.rpc().stats()),
+            rpc: ps.rpc().stats().snapshot(),
             rnic: device.stats(),
         };
         let opts = RunOptions {

@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 use bex_rnic::DeviceStats;
 use serde_json::{json, Value};
 
-use crate::run::{summarize, RunOutput};
+use bex_traffic::LatencySummary;
+
+use crate::run::RunOutput;
 use crate::settings::Settings;
 
 /// What the report says about the run besides its measurements.
@@ -74,8 +76,8 @@ pub fn to_json(s: &Settings, info: &RunInfo, out: &RunOutput) -> Value {
         "throughput_rps": report.throughput_rps,
         "goodput_rps": report.goodput_rps,
         "latency": report.latency,
-        "subrequest_latency": summarize(&out.collected.sub),
-        "launch_lag": summarize(&out.collected.launch_lag),
+        "subrequest_latency": LatencySummary::of(&out.collected.sub),
+        "launch_lag": LatencySummary::of(&out.collected.launch_lag),
         "bytes_sent": report.bytes_sent,
         "bytes_received": report.bytes_received,
         "cpu": {

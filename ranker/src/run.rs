@@ -11,8 +11,7 @@ use std::time::Duration;
 use bex_ps_server::client::{PsClient, PsError};
 use bex_rpc::RpcError;
 use bex_traffic::{
-    Arrivals, Completion, LatencySummary, ModelRequest, Outcome, Recorder, Request, RequestGen,
-    TraceRecord,
+    Arrivals, Completion, ModelRequest, Outcome, Recorder, Request, RequestGen, TraceRecord,
 };
 use hdrhistogram::Histogram;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -354,59 +353,8 @@ pub struct Snapshot {
     pub rnic: bex_rnic::DeviceStats,
 }
 
-/// A copy of `bex_rpc::ClientStats`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[allow(missing_docs)]
-pub struct RpcCounters {
-    pub calls: u64,
-    pub failures: u64,
-    pub timeouts: u64,
-    pub retries: u64,
-    pub connects: u64,
-    pub connect_failures: u64,
-    pub fallbacks: u64,
-    pub recoveries: u64,
-    pub quarantines: u64,
-    pub remote_pod_calls: u64,
-    pub tcp_calls: u64,
-}
-
-impl RpcCounters {
-    /// Reads the client's counters.
-    pub fn of(s: &bex_rpc::ClientStats) -> Self {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Self {
-            calls: g(&s.calls),
-            failures: g(&s.failures),
-            timeouts: g(&s.timeouts),
-            retries: g(&s.retries),
-            connects: g(&s.connects),
-            connect_failures: g(&s.connect_failures),
-            fallbacks: g(&s.fallbacks),
-            recoveries: g(&s.recoveries),
-            quarantines: g(&s.quarantines),
-            remote_pod_calls: g(&s.remote_pod_calls),
-            tcp_calls: g(&s.tcp_calls),
-        }
-    }
-
-    /// `self − earlier`.
-    pub fn since(&self, e: &Self) -> Self {
-        Self {
-            calls: self.calls.saturating_sub(e.calls),
-            failures: self.failures.saturating_sub(e.failures),
-            timeouts: self.timeouts.saturating_sub(e.timeouts),
-            retries: self.retries.saturating_sub(e.retries),
-            connects: self.connects.saturating_sub(e.connects),
-            connect_failures: self.connect_failures.saturating_sub(e.connect_failures),
-            fallbacks: self.fallbacks.saturating_sub(e.fallbacks),
-            recoveries: self.recoveries.saturating_sub(e.recoveries),
-            quarantines: self.quarantines.saturating_sub(e.quarantines),
-            remote_pod_calls: self.remote_pod_calls.saturating_sub(e.remote_pod_calls),
-            tcp_calls: self.tcp_calls.saturating_sub(e.tcp_calls),
-        }
-    }
-}
+/// The RPC client's counters (`bex_rpc::ClientStats::snapshot`).
+pub type RpcCounters = bex_rpc::ClientCounts;
 
 /// What a run produced, for the report.
 #[derive(Debug)]
@@ -635,33 +583,6 @@ async fn collect(
         }
     }
     c
-}
-
-/// Latency summary of a nanosecond histogram, in µs (as `bex_traffic::LatencySummary`).
-pub fn summarize(h: &Histogram<u64>) -> LatencySummary {
-    let us = |ns: u64| ns as f64 / 1e3;
-    if h.is_empty() {
-        return LatencySummary {
-            count: 0,
-            mean_us: 0.0,
-            min_us: 0.0,
-            p50_us: 0.0,
-            p90_us: 0.0,
-            p99_us: 0.0,
-            p999_us: 0.0,
-            max_us: 0.0,
-        };
-    }
-    LatencySummary {
-        count: h.len(),
-        mean_us: h.mean() / 1e3,
-        min_us: us(h.min()),
-        p50_us: us(h.value_at_quantile(0.5)),
-        p90_us: us(h.value_at_quantile(0.9)),
-        p99_us: us(h.value_at_quantile(0.99)),
-        p999_us: us(h.value_at_quantile(0.999)),
-        max_us: us(h.max()),
-    }
 }
 
 #[cfg(test)]

@@ -102,6 +102,62 @@ pub struct ClientStats {
     pub tcp_calls: AtomicU64,
 }
 
+/// The [`ClientStats`] counters at one moment, as plain numbers (reports, deltas).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[allow(missing_docs)] // the fields are ClientStats's
+pub struct ClientCounts {
+    pub calls: u64,
+    pub failures: u64,
+    pub timeouts: u64,
+    pub retries: u64,
+    pub connects: u64,
+    pub connect_failures: u64,
+    pub fallbacks: u64,
+    pub recoveries: u64,
+    pub quarantines: u64,
+    pub remote_pod_calls: u64,
+    pub tcp_calls: u64,
+}
+
+impl ClientStats {
+    /// The counters now.
+    pub fn snapshot(&self) -> ClientCounts {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientCounts {
+            calls: g(&self.calls),
+            failures: g(&self.failures),
+            timeouts: g(&self.timeouts),
+            retries: g(&self.retries),
+            connects: g(&self.connects),
+            connect_failures: g(&self.connect_failures),
+            fallbacks: g(&self.fallbacks),
+            recoveries: g(&self.recoveries),
+            quarantines: g(&self.quarantines),
+            remote_pod_calls: g(&self.remote_pod_calls),
+            tcp_calls: g(&self.tcp_calls),
+        }
+    }
+}
+
+impl ClientCounts {
+    /// `self − earlier`, per counter (never negative).
+    pub fn since(&self, e: &Self) -> Self {
+        Self {
+            calls: self.calls.saturating_sub(e.calls),
+            failures: self.failures.saturating_sub(e.failures),
+            timeouts: self.timeouts.saturating_sub(e.timeouts),
+            retries: self.retries.saturating_sub(e.retries),
+            connects: self.connects.saturating_sub(e.connects),
+            connect_failures: self.connect_failures.saturating_sub(e.connect_failures),
+            fallbacks: self.fallbacks.saturating_sub(e.fallbacks),
+            recoveries: self.recoveries.saturating_sub(e.recoveries),
+            quarantines: self.quarantines.saturating_sub(e.quarantines),
+            remote_pod_calls: self.remote_pod_calls.saturating_sub(e.remote_pod_calls),
+            tcp_calls: self.tcp_calls.saturating_sub(e.tcp_calls),
+        }
+    }
+}
+
 struct Dest {
     ep: Endpoint,
     rdma: Option<Arc<Channel>>,

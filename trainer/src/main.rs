@@ -21,7 +21,7 @@ use bex_ps_core::Config;
 use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes};
 use bex_rnic::Device;
 use bex_trainer::clock;
-use bex_trainer::report::{Report, RnicCounters, RpcCounters};
+use bex_trainer::report::{Report, RnicCounters};
 use bex_trainer::settings::{Overrides, Settings};
 use bex_trainer::store::PsStore;
 use bex_trainer::train::{EvalPoint, Trainer};
@@ -263,7 +263,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         errors: st.errors,
         last_error: st.last_error.clone(),
         eval_errors,
-        rpc: RpcCounters::from(&**client.ps.rpc().stats()),
+        rpc: client.ps.rpc().stats().snapshot(),
         rnic: RnicCounters::from(&client.node.device.stats()),
         cpu: CpuTimes::of_self().unwrap_or_default().since(&cpu0),
         interrupted: stop.load(Ordering::SeqCst),

@@ -2,58 +2,13 @@
 
 use bex_ps_server::process::CpuTimes;
 use bex_rnic::DeviceStats;
-use bex_rpc::ClientStats;
 use serde::Serialize;
-use std::sync::atomic::Ordering;
 
 use crate::sizes::MessageSizesReport;
 use crate::train::{EvalPoint, LatencySummary};
 
-/// RPC counters of the trainer's client (`bex_rpc::ClientStats`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct RpcCounters {
-    /// Calls made (one per sub-request).
-    pub calls: u64,
-    /// Calls that failed after every attempt.
-    pub failures: u64,
-    /// Request timeouts.
-    pub timeouts: u64,
-    /// Attempts beyond the first.
-    pub retries: u64,
-    /// Connections opened.
-    pub connects: u64,
-    /// Failed connection attempts.
-    pub connect_failures: u64,
-    /// Destinations moved from RDMA to TCP.
-    pub fallbacks: u64,
-    /// Destinations moved back to RDMA.
-    pub recoveries: u64,
-    /// Destinations quarantined.
-    pub quarantines: u64,
-    /// Calls answered by another mini-pod.
-    pub remote_pod_calls: u64,
-    /// Calls answered over TCP.
-    pub tcp_calls: u64,
-}
-
-impl From<&ClientStats> for RpcCounters {
-    fn from(s: &ClientStats) -> Self {
-        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        RpcCounters {
-            calls: g(&s.calls),
-            failures: g(&s.failures),
-            timeouts: g(&s.timeouts),
-            retries: g(&s.retries),
-            connects: g(&s.connects),
-            connect_failures: g(&s.connect_failures),
-            fallbacks: g(&s.fallbacks),
-            recoveries: g(&s.recoveries),
-            quarantines: g(&s.quarantines),
-            remote_pod_calls: g(&s.remote_pod_calls),
-            tcp_calls: g(&s.tcp_calls),
-        }
-    }
-}
+/// RPC counters of the trainer's client (`bex_rpc::ClientStats::snapshot`).
+pub type RpcCounters = bex_rpc::ClientCounts;
 
 /// Counters of the trainer's software RNIC.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

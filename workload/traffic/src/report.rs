@@ -74,7 +74,8 @@ pub struct LatencySummary {
 }
 
 impl LatencySummary {
-    fn of(h: &Histogram<u64>) -> Self {
+    /// The summary of a histogram of nanoseconds.
+    pub fn of(h: &Histogram<u64>) -> Self {
         let us = |ns: u64| ns as f64 / 1e3;
         if h.is_empty() {
             return Self {
