@@ -60,7 +60,7 @@ pub async fn run(
 ) -> CanaryReport {
     let start = tokio::time::Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
-    let client = ps_client_id(&ps);
+    let client = ps.client_id();
     let grads = vec![-1.0f32; dim as usize];
     let mut tasks = Vec::new();
     // Worker w owns keys w, w + in_flight, ...: no key has two pushes outstanding.
@@ -107,8 +107,4 @@ pub async fn run(
     report.elapsed_s = start.elapsed().as_secs_f64();
     report.interrupted = stop.load(Ordering::Relaxed);
     report
-}
-
-fn ps_client_id(ps: &PsClient) -> u64 {
-    ps.client_id()
 }

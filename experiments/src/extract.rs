@@ -145,7 +145,7 @@ pub fn inference(report: &Value, transport: &str, rate: f64) -> Result<Inference
     };
     let own = |field: &str| {
         let clients = sum(r.iter().map(|c| num(c, &format!("/cpu/ranker/{field}"))));
-        let servers = crate::extract::servers_cpu(report, field);
+        let servers = servers_cpu(report, field);
         if ok > 0.0 {
             1e6 * (clients + servers) / ok
         } else {
