@@ -96,8 +96,14 @@ fn setup(name: &str, pods: u32, shards: u32) -> Run {
     Run { dir, bin, config }
 }
 
+/// Test `salt` gets ports `base + 6·salt ..`, in one block per test process that was
+/// free below the ephemeral range when first asked for.
 fn base_port(salt: u16) -> u16 {
-    30_000 + ((std::process::id() % 1000) as u16) * 30 + salt * 6
+    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    let base = *BASE
+        .get_or_init(|| bex_ps_server::process::free_local_ports(54).expect("free loopback ports"));
+    assert!(salt < 9, "salt {salt} is outside the block");
+    base + salt * 6
 }
 
 impl Run {

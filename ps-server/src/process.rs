@@ -26,6 +26,41 @@ pub fn exit_with_parent() {
     }
 }
 
+/// Lowest port [`free_local_ports`] hands out: above the well-known and common service ports.
+const LOCAL_PORTS_FROM: u16 = 11_000;
+/// One past the highest: Linux's ephemeral range starts at 32768, where every socket bound to
+/// port 0 (any client) may land, so a fixed cluster port must stay below it.
+const LOCAL_PORTS_TO: u16 = 32_000;
+
+/// The first of `count` consecutive loopback ports that are free for both TCP and UDP right
+/// now, below the ephemeral range. Tests and local benchmarks use it for `cluster.base_port`.
+/// The search starts at a point spread by pid and never hands the same block out twice in
+/// one process, so concurrent tests and concurrent test binaries do not collide.
+pub fn free_local_ports(count: u16) -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let count = count.max(1);
+    let span = u32::from(LOCAL_PORTS_TO - LOCAL_PORTS_FROM);
+    let blocks = span / u32::from(count);
+    if blocks == 0 {
+        return Err(std::io::Error::other(format!("{count} ports do not fit below 32000")));
+    }
+    let start = std::process::id().wrapping_mul(7919) % blocks;
+    for _ in 0..blocks {
+        let block = (start + HANDED_OUT.fetch_add(1, Ordering::Relaxed)) % blocks;
+        let base = LOCAL_PORTS_FROM + (block * u32::from(count)) as u16;
+        if (base..base + count).all(port_is_free) {
+            return Ok(base);
+        }
+    }
+    Err(std::io::Error::other(format!("no {count} consecutive free ports below 32000")))
+}
+
+fn port_is_free(port: u16) -> bool {
+    let at = SocketAddr::from(([127, 0, 0, 1], port));
+    std::net::TcpListener::bind(at).is_ok() && std::net::UdpSocket::bind(at).is_ok()
+}
+
 /// CPU time a process has used, in seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuTimes {

@@ -30,8 +30,14 @@ impl Drop for Cluster {
     }
 }
 
+/// Test `salt` gets ports `base + 12·salt ..`, in one block per test process that was
+/// free below the ephemeral range when first asked for.
 fn base_port(salt: u16) -> u16 {
-    20_000 + ((std::process::id() % 1500) as u16) * 24 + salt * 12
+    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    let base = *BASE
+        .get_or_init(|| bex_ps_server::process::free_local_ports(84).expect("free loopback ports"));
+    assert!(salt < 7, "salt {salt} is outside the block");
+    base + salt * 12
 }
 
 impl Cluster {
@@ -117,6 +123,7 @@ impl Cluster {
 }
 
 fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
+    let stderr_path = config.with_file_name(format!("ps-{pod}-{shard}.stderr"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .args([
             "--config",
@@ -127,12 +134,17 @@ fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
             &shard.to_string(),
         ])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .expect("ps-server starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert!(line.starts_with("ready"), "ps-server did not come up: {line:?}");
+    if !line.starts_with("ready") {
+        let _ = child.kill();
+        let _ = child.wait();
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        panic!("ps-server {pod}/{shard} did not come up: {line:?}\nits stderr:\n{stderr}");
+    }
     child
 }
 

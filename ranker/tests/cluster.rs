@@ -50,9 +50,14 @@ impl Drop for Cluster {
     }
 }
 
+/// Test `salt` gets ports `base + 10·salt ..`, in one block per test process that was
+/// free below the ephemeral range when first asked for.
 fn base_port(salt: u16) -> u16 {
-    // Disjoint from ps-server's tests (20000 + ...) and from configs/local.toml (17000).
-    40_000 + ((std::process::id() % 1000) as u16) * 20 + salt * 10
+    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    let base = *BASE
+        .get_or_init(|| bex_ps_server::process::free_local_ports(20).expect("free loopback ports"));
+    assert!(salt < 2, "salt {salt} is outside the block");
+    base + salt * 10
 }
 
 const RANKER: &str = r#"

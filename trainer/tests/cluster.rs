@@ -63,9 +63,14 @@ fn ps_server_bin() -> PathBuf {
     bin
 }
 
-/// Ports below Linux's ephemeral range, spread by pid so parallel runs rarely collide.
+/// Test `salt` gets ports `base + 8·salt ..`, in one block per test process that was
+/// free below the ephemeral range when first asked for.
 fn base_port(salt: u16) -> u16 {
-    10_000 + (std::process::id() % 1400) as u16 * 16 + salt * 8
+    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    let base = *BASE
+        .get_or_init(|| bex_ps_server::process::free_local_ports(16).expect("free loopback ports"));
+    assert!(salt < 2, "salt {salt} is outside the block");
+    base + salt * 8
 }
 
 /// configs/local.toml reshaped to 1 pod × 2 shards in a temp dir; returns its path.

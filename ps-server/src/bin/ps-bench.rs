@@ -52,7 +52,7 @@ options:
                           worth (default 400000; quick 50000; the warm-up inserts at most a
                           quarter of that)
   --server PATH           the ps-server executable (default: next to this one)
-  --base-port P           ports P..P+2 for the server (default: derived from the pid)
+  --base-port P           ports P..P+2 for the server (default: free ports below 32000)
   --transport-set K=N     override [transport] K (eager_max, fragment_bytes, path_mtu,
                           spin_us, io_threads, sq_depth, rq_depth, cwnd_bytes) for the
                           server and the client; repeatable (default: the config defaults)
@@ -872,7 +872,11 @@ fn main() {
 
 fn run(args: &Args) -> Result<(), String> {
     let exe = server_exe(args)?;
-    let base_port = args.base_port.unwrap_or(30_000 + (std::process::id() % 11_000) as u16 * 3);
+    let base_port = match args.base_port {
+        Some(p) => p,
+        None => bex_ps_server::process::free_local_ports(3)
+            .map_err(|e| format!("choosing ports (give --base-port): {e}"))?,
+    };
     let dir = std::env::temp_dir().join(format!("bex-ps-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut cfg = bench_config(&dir, base_port);

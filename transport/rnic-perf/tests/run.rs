@@ -17,7 +17,8 @@ fn text(out: &Output) -> String {
 /// A per-test port that shows up in the server child's command line (`--rnic-port P+1`), so
 /// a leftover child can be found. Nothing binds it in the baseline tests.
 fn marker_port(salt: u16) -> u16 {
-    20_000 + (std::process::id() % 20_000) as u16 + salt * 3
+    // Below Linux's ephemeral range (32768..), where clients' port-0 sockets land.
+    11_000 + (std::process::id() % 20_000) as u16 + salt * 3
 }
 
 /// Server children still alive whose command line carries `--rnic-port <port + 1>`.
