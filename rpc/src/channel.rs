@@ -85,7 +85,10 @@ impl Channel {
                 }
             };
             *sh2.broken.lock() = Some(err.clone());
-            for (_, tx) in sh2.pending.lock().drain() {
+            // In call order, so the waiting tasks wake in the same order every run.
+            let mut waiting: Vec<_> = sh2.pending.lock().drain().collect();
+            waiting.sort_unstable_by_key(|(id, _)| *id);
+            for (_, tx) in waiting {
                 let _ = tx.send(Err(err.clone()));
             }
         });

@@ -2,7 +2,7 @@
 //! (which falls back from RDMA to TCP and compares the two).
 //!
 //! The common API delegates; [`Socket::send_to`] and [`Socket::expose`] need RDMA and fail
-//! with [`TransportError::Invalid`] on TCP.
+//! with [`TransportError::Invalid`] on TCP and on simulated transports.
 
 use std::net::SocketAddr;
 
@@ -13,6 +13,7 @@ use crate::engine::RemoteTarget;
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
 use crate::rdma::{RdmaSocket, RdmaTransport};
+use crate::simio::{SimTransport, SimTransportSocket};
 use crate::tcp::{TcpSocket, TcpTransport};
 
 /// Which transport a [`Transport`] or [`Socket`] runs on.
@@ -40,6 +41,8 @@ pub enum Transport {
     Rdma(RdmaTransport),
     /// A TCP transport.
     Tcp(TcpTransport),
+    /// A transport on a simulated node, standing for either kind ([`crate::simio`]).
+    Sim(SimTransport),
 }
 
 impl From<RdmaTransport> for Transport {
@@ -66,6 +69,7 @@ impl Transport {
         match self {
             Transport::Rdma(_) => TransportKind::Rdma,
             Transport::Tcp(_) => TransportKind::Tcp,
+            Transport::Sim(t) => t.kind(),
         }
     }
 
@@ -74,6 +78,7 @@ impl Transport {
         match self {
             Transport::Rdma(t) => t.local_addr(),
             Transport::Tcp(t) => t.local_addr(),
+            Transport::Sim(t) => t.local_addr(),
         }
     }
 
@@ -82,6 +87,7 @@ impl Transport {
         match self {
             Transport::Rdma(t) => t.pool(),
             Transport::Tcp(t) => t.pool(),
+            Transport::Sim(t) => t.pool(),
         }
     }
 
@@ -90,6 +96,7 @@ impl Transport {
         match self {
             Transport::Rdma(t) => t.counters(),
             Transport::Tcp(t) => t.counters(),
+            Transport::Sim(t) => t.counters(),
         }
     }
 
@@ -98,6 +105,7 @@ impl Transport {
         Ok(match self {
             Transport::Rdma(t) => Socket::Rdma(t.connect(addr).await?),
             Transport::Tcp(t) => Socket::Tcp(t.connect(addr).await?),
+            Transport::Sim(t) => Socket::Sim(t.connect(addr).await?),
         })
     }
 
@@ -106,6 +114,7 @@ impl Transport {
         Ok(match self {
             Transport::Rdma(t) => Socket::Rdma(t.accept().await?),
             Transport::Tcp(t) => Socket::Tcp(t.accept().await?),
+            Transport::Sim(t) => Socket::Sim(t.accept().await?),
         })
     }
 
@@ -114,6 +123,7 @@ impl Transport {
         match self {
             Transport::Rdma(t) => t.shutdown(),
             Transport::Tcp(t) => t.shutdown(),
+            Transport::Sim(t) => t.shutdown(),
         }
     }
 }
@@ -125,6 +135,8 @@ pub enum Socket {
     Rdma(RdmaSocket),
     /// A socket on its own TCP connection.
     Tcp(TcpSocket),
+    /// A socket of a simulated transport.
+    Sim(SimTransportSocket),
 }
 
 impl From<RdmaSocket> for Socket {
@@ -151,6 +163,7 @@ impl Socket {
         match self {
             Socket::Rdma(_) => TransportKind::Rdma,
             Socket::Tcp(_) => TransportKind::Tcp,
+            Socket::Sim(s) => s.kind(),
         }
     }
 
@@ -159,6 +172,7 @@ impl Socket {
         match self {
             Socket::Rdma(s) => s.peer(),
             Socket::Tcp(s) => s.peer(),
+            Socket::Sim(s) => s.peer(),
         }
     }
 
@@ -168,6 +182,7 @@ impl Socket {
         match self {
             Socket::Rdma(s) => s.send(msg).await,
             Socket::Tcp(s) => s.send(msg).await,
+            Socket::Sim(s) => s.send(msg).await,
         }
     }
 
@@ -176,6 +191,7 @@ impl Socket {
         match self {
             Socket::Rdma(s) => s.recv().await,
             Socket::Tcp(s) => s.recv().await,
+            Socket::Sim(s) => s.recv().await,
         }
     }
 
@@ -184,7 +200,9 @@ impl Socket {
     pub async fn send_to(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
         match self {
             Socket::Rdma(s) => s.send_to(msg, target).await,
-            Socket::Tcp(_) => Err(TransportError::Invalid("send_to needs RDMA".into())),
+            Socket::Tcp(_) | Socket::Sim(_) => {
+                Err(TransportError::Invalid("send_to needs RDMA".into()))
+            }
         }
     }
 
@@ -193,7 +211,9 @@ impl Socket {
     pub async fn expose(&self, buf: Msg) -> Result<RemoteTarget> {
         match self {
             Socket::Rdma(s) => s.expose(buf).await,
-            Socket::Tcp(_) => Err(TransportError::Invalid("expose needs RDMA".into())),
+            Socket::Tcp(_) | Socket::Sim(_) => {
+                Err(TransportError::Invalid("expose needs RDMA".into()))
+            }
         }
     }
 }

@@ -384,7 +384,10 @@ impl<D: Device> Engine<D> {
         self.state = EngineState::Failed(why.clone());
         let _ = self.qp.to_error();
         let err = TransportError::ConnectionLost(why);
-        for (id, s) in self.sockets.drain() {
+        // In socket order, so the failures wake their tasks in the same order every run.
+        let mut sockets: Vec<_> = self.sockets.drain().collect();
+        sockets.sort_unstable_by_key(|(id, _)| *id);
+        for (id, s) in sockets {
             self.gone_sockets.push(id);
             for m in s.sendq {
                 m.finish(Err(err.clone()));

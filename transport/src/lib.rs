@@ -5,7 +5,8 @@
 //! - [`proto`]: the engine's wire header;
 //! - [`rdma`]: the RDMA transport (engines, I/O threads, authenticated bootstrap, sockets);
 //! - [`tcp`]: the same socket API over TCP, one connection per socket (fallback and baseline);
-//! - [`any`]: [`Transport`] and [`Socket`], either kind behind one type.
+//! - [`any`]: [`Transport`] and [`Socket`], either kind behind one type;
+//! - [`sim`], [`simio`]: the deterministic simulation, by hand and behind the async API.
 #![forbid(unsafe_code)]
 
 pub mod any;
@@ -19,6 +20,7 @@ pub mod proto;
 pub mod rdma;
 pub(crate) mod recv;
 pub mod sim;
+pub mod simio;
 pub mod tcp;
 pub(crate) mod worker;
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bemalloc::{Pool, PoolConfig};
-use bex_rnic::soft::{Fabric, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
+use bex_rnic::soft::{Fabric, FabricTick, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
 use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
 use bex_rnic::{Device, QpInit, QueuePair, SharedReceiveQueue};
 use tokio::sync::{mpsc, oneshot};
@@ -39,6 +39,8 @@ struct Node {
     accept_rx: mpsc::UnboundedReceiver<Accepted>,
     counters: Arc<Counters>,
     cfg: Arc<Config>,
+    /// Which of its pool's devices this node's is.
+    dev: usize,
     /// Needs a turn whatever its CQ and timers say (commands sent, or busy last turn).
     dirty: bool,
     /// Its worker's next deadline after its last turn.
@@ -93,6 +95,18 @@ impl SendTicket {
     }
 }
 
+/// What one round of a [`SimNet`] at the current time found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimTick {
+    /// Something moved: there may be more to do at this instant.
+    Worked,
+    /// Nothing to do now; `next` is when a worker timer or the fabric has something.
+    Idle {
+        /// The next deadline (never, if `None`).
+        next: Option<Instant>,
+    },
+}
+
 impl SimNet {
     /// An empty network; `seed` decides every random choice of the fabric and devices.
     pub fn new(seed: u64, link: LinkModel) -> SimNet {
@@ -139,17 +153,43 @@ impl SimNet {
 
     /// Adds a node with its own device, pool and I/O worker.
     pub fn add_node(&mut self, cfg: Config) -> Result<usize> {
-        cfg.validate().map_err(TransportError::Invalid)?;
-        let device = self.fabric.add_device(NicConfig::default());
-        let pd = Arc::new(device.alloc_pd()?);
-        let pool =
-            Pool::with_config(vec![Arc::new(device.registrar(&pd))], self.pool_config.clone())
-                .map_err(|e| TransportError::Alloc(e.to_string()))?
-                .leak();
+        Ok(self.add_nodes(vec![cfg])?[0])
+    }
+
+    /// Adds nodes with a device and I/O worker each and one pool registered on all their
+    /// devices (a host with two NICs, say), so a message from the pool can leave by any.
+    pub fn add_nodes(&mut self, cfgs: Vec<Config>) -> Result<Vec<usize>> {
+        let mut made = Vec::with_capacity(cfgs.len());
+        for cfg in &cfgs {
+            cfg.validate().map_err(TransportError::Invalid)?;
+            let device = self.fabric.add_device(NicConfig::default());
+            let pd = Arc::new(device.alloc_pd()?);
+            made.push((device, pd));
+        }
+        let registrars =
+            made.iter().map(|(d, pd)| Arc::new(d.registrar(pd)) as Arc<_>).collect::<Vec<_>>();
+        let pool = Pool::with_config(registrars, self.pool_config.clone())
+            .map_err(|e| TransportError::Alloc(e.to_string()))?
+            .leak();
+        let mut ids = Vec::with_capacity(cfgs.len());
+        for (dev, ((device, pd), cfg)) in made.into_iter().zip(cfgs).enumerate() {
+            ids.push(self.add_node_on(device, pd, pool, dev, cfg)?);
+        }
+        Ok(ids)
+    }
+
+    fn add_node_on(
+        &mut self,
+        device: SoftDevice,
+        pd: Arc<SoftPd>,
+        pool: &'static Pool,
+        dev: usize,
+        cfg: Config,
+    ) -> Result<usize> {
         let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
         let srq = if cfg.srq {
             let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
-            let ring = RecvRing::new(pool, 0, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
+            let ring = RecvRing::new(pool, dev, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
             srq.post_recv(&ring.all())?;
             Some((Arc::new(parking_lot::Mutex::new(ring)), srq))
         } else {
@@ -182,6 +222,7 @@ impl SimNet {
             accept_rx,
             counters: Arc::new(Counters::default()),
             cfg: Arc::new(cfg),
+            dev,
             dirty: true,
             deadline: None,
         });
@@ -213,7 +254,7 @@ impl SimNet {
         EngineParts {
             cfg: n.cfg.clone(),
             pool: n.pool,
-            dev: 0,
+            dev: n.dev,
             counters: n.counters.clone(),
             worker: node,
             peer_addr: self.nodes[peer].device.local_addr(),
@@ -361,6 +402,55 @@ impl SimNet {
         SendTicket(rx)
     }
 
+    /// Asks node `a` to open a socket on `engine` (for [`crate::simio`]): the socket id, its
+    /// inbox, and the reply that comes when the peer answers.
+    pub(crate) fn open_cmd(
+        &mut self,
+        a: usize,
+        engine: u32,
+    ) -> Result<(u32, mpsc::UnboundedReceiver<Result<Msg>>, oneshot::Receiver<Result<()>>)> {
+        let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, inbox) = mpsc::unbounded_channel();
+        let (reply, rx) = oneshot::channel();
+        self.nodes[a]
+            .cmd_tx
+            .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
+            .map_err(|_| TransportError::Shutdown)?;
+        self.nodes[a].dirty = true;
+        Ok((id, inbox, rx))
+    }
+
+    /// Queues a message on socket `id` of node `node` (for [`crate::simio`]).
+    pub(crate) fn send_cmd_raw(
+        &mut self,
+        node: usize,
+        id: u32,
+        msg: Msg,
+    ) -> oneshot::Receiver<Result<()>> {
+        let (done, rx) = oneshot::channel();
+        let _ = self.nodes[node].cmd_tx.send(Cmd::Send { socket: id, msg, target: None, done });
+        self.nodes[node].dirty = true;
+        rx
+    }
+
+    /// Closes socket `id` of node `node` (for [`crate::simio`]).
+    pub(crate) fn close_cmd(&mut self, node: usize, id: u32) {
+        let _ = self.nodes[node].cmd_tx.send(Cmd::Close { socket: id });
+        self.nodes[node].dirty = true;
+    }
+
+    /// Hands node `n`'s stream of sockets peers opened to an async owner ([`crate::simio`]);
+    /// [`SimNet::accept`] on `n` finds nothing afterwards.
+    pub(crate) fn take_accepts(&mut self, n: usize) -> mpsc::UnboundedReceiver<Accepted> {
+        let (_, empty) = mpsc::unbounded_channel();
+        std::mem::replace(&mut self.nodes[n].accept_rx, empty)
+    }
+
+    /// Whether node `n` was frozen.
+    pub fn is_frozen(&self, n: usize) -> bool {
+        self.nodes[n].worker.frozen
+    }
+
     /// Fails the engine under `s` as a QP error would.
     pub fn fail_engine(&mut self, s: &SimSocket, why: &str) {
         let _ = self.nodes[s.node].cmd_tx.send(Cmd::FailEngine { socket: s.id, why: why.into() });
@@ -377,6 +467,41 @@ impl SimNet {
     /// clock stops at the earliest worker deadline). False when nothing at all is pending.
     pub fn step(&mut self) -> bool {
         let now = self.fabric.now();
+        let busy = self.turn_workers(now);
+        // A worker that did something may have more to do at this same instant: the clock
+        // only moves when every worker is idle.
+        let horizon = if busy { Some(now) } else { self.next_worker_deadline() };
+        let fab = self.fabric.step_within(horizon);
+        busy || fab || horizon.is_some()
+    }
+
+    /// Does everything due at the current time without moving the clock: for a driver that
+    /// keeps the network in step with another clock ([`crate::simio`]); it moves the clock
+    /// with [`SimNet::advance_to`].
+    pub fn step_at_now(&mut self) -> SimTick {
+        let now = self.fabric.now();
+        let busy = self.turn_workers(now);
+        match self.fabric.step_at_now() {
+            FabricTick::Worked => SimTick::Worked,
+            _ if busy => SimTick::Worked,
+            FabricTick::Idle { next } => {
+                let next = [next, self.next_worker_deadline()].into_iter().flatten().min();
+                SimTick::Idle { next }
+            }
+        }
+    }
+
+    /// Moves the virtual clock forward to `t` (never back).
+    pub fn advance_to(&mut self, t: Instant) {
+        self.fabric.advance_to(t);
+    }
+
+    fn next_worker_deadline(&self) -> Option<Instant> {
+        self.nodes.iter().filter(|n| !n.worker.frozen).filter_map(|n| n.deadline).min()
+    }
+
+    /// Every worker with something pending takes a turn at `now`; true if any did work.
+    fn turn_workers(&mut self, now: Instant) -> bool {
         let mut busy = false;
         for (i, n) in self.nodes.iter_mut().enumerate() {
             if n.worker.frozen {
@@ -395,15 +520,7 @@ impl SimNet {
             }
             busy |= b;
         }
-        // A worker that did something may have more to do at this same instant: the clock
-        // only moves when every worker is idle.
-        let horizon = if busy {
-            Some(now)
-        } else {
-            self.nodes.iter().filter(|n| !n.worker.frozen).filter_map(|n| n.deadline).min()
-        };
-        let fab = self.fabric.step_within(horizon);
-        busy || fab || horizon.is_some()
+        busy
     }
 
     /// Steps until `done(self)` or `limit` of virtual time passes; returns `done`'s verdict.

@@ -4,7 +4,7 @@
 //! post, runs timers, and when idle spins for `Config::spin` then blocks on the CQ's fd and
 //! its command eventfd.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -109,7 +109,9 @@ pub(crate) struct Worker<D: Device> {
     pub cmd_spin: Duration,
     /// A frozen worker is not driven (simulation of a hung host).
     pub frozen: bool,
-    engines: HashMap<u32, Engine<D>>,
+    /// Ordered by QP number, so engines take their turns in the same order in every
+    /// process (simulations replay exactly).
+    engines: BTreeMap<u32, Engine<D>>,
     socket_engine: HashMap<u32, u32>,
     wcs: Vec<WorkCompletion>,
 }
@@ -138,7 +140,7 @@ impl<D: Device> Worker<D> {
             asleep: Arc::new(AtomicBool::new(false)),
             cmd_spin: Duration::ZERO,
             frozen: false,
-            engines: HashMap::new(),
+            engines: BTreeMap::new(),
             socket_engine: HashMap::new(),
             wcs: vec![WorkCompletion::default(); 64],
         }
@@ -204,7 +206,7 @@ impl<D: Device> Worker<D> {
                 idle_since = None;
             }
         }
-        for (_, mut e) in self.engines.drain() {
+        for (_, mut e) in std::mem::take(&mut self.engines) {
             e.fail("transport shut down".into());
         }
     }

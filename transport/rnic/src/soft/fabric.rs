@@ -95,6 +95,18 @@ pub struct LinkFault {
     pub partitioned: bool,
 }
 
+/// What one round of the fabric at the current time found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FabricTick {
+    /// Packets moved or timers fired: there may be more to do at this instant.
+    Worked,
+    /// Nothing to do now; `next` is when something is (never, if `None`).
+    Idle {
+        /// The next packet arrival, timer or free uplink.
+        next: Option<Instant>,
+    },
+}
+
 /// What the switch did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SwitchStats {
@@ -360,66 +372,14 @@ impl Fabric {
     /// deadline of something outside the fabric).
     pub fn step_within(&self, horizon: Option<Instant>) -> bool {
         let mut st = self.st.lock();
-        let st = &mut *st;
-        let now = st.now;
-        let mut busy = false;
-        if st.switch.is_some() {
-            return st.step_switched(horizon);
-        }
-        for i in 0..st.nodes.len() {
-            loop {
-                let node = st.nodes[i].clone();
-                let dest = node.core.lock().poll_transmit(now, &mut st.buf);
-                let Some(dest) = dest else { break };
-                busy = true;
-                let bytes = std::mem::take(&mut st.buf);
-                st.schedule(i, dest, bytes);
-            }
-        }
-        while let Some(&Reverse((t, id))) = st.events.peek() {
-            if t > now {
-                break;
-            }
-            st.events.pop();
-            let Some(pkt) = st.in_flight.remove(&id) else { continue };
-            st.stats.delivered += 1;
-            let node = st.nodes[pkt.to].clone();
-            node.core.lock().handle_packet(now, pkt.from, &pkt.bytes);
-            busy = true;
-        }
-        if busy {
-            return true;
-        }
-        let mut next: Option<Instant> = st.events.peek().map(|Reverse((t, _))| *t);
-        for node in &st.nodes {
-            let mut core = node.core.lock();
-            if let Some(t) = core.poll_timeout() {
-                if t <= now {
-                    core.handle_timeout(now);
-                    busy = true;
-                } else {
-                    next = Some(next.map_or(t, |n| n.min(t)));
-                }
-            }
-        }
-        if busy {
-            return true;
-        }
-        match (next, horizon) {
-            (Some(t), Some(h)) if h < t => {
-                st.now = st.now.max(h);
-                true
-            }
-            (Some(t), _) => {
-                st.now = t;
-                true
-            }
-            (None, Some(h)) if h > st.now => {
-                st.now = h;
-                true
-            }
-            (None, _) => false,
-        }
+        let tick = st.tick();
+        st.jump(tick, horizon)
+    }
+
+    /// Does the work due at the current time without moving the clock: for drivers that
+    /// keep the fabric in step with another clock (see [`Fabric::advance_to`]).
+    pub fn step_at_now(&self) -> FabricTick {
+        self.st.lock().tick()
     }
 
     /// Steps until `done()` holds (true) or `limit` of virtual time passes or the fabric goes
@@ -514,9 +474,83 @@ impl State {
         self.events.push(Reverse((at, id)));
     }
 
-    /// One step in switch mode: uplinks transmit one packet each when free and not paused,
-    /// the switch enqueues arrivals, ports deliver, timers fire, else the clock jumps.
-    fn step_switched(&mut self, horizon: Option<Instant>) -> bool {
+    /// One round of the plain (switchless) fabric at the current time.
+    fn tick_plain(&mut self) -> FabricTick {
+        let now = self.now;
+        let mut busy = false;
+        for i in 0..self.nodes.len() {
+            loop {
+                let node = self.nodes[i].clone();
+                let dest = node.core.lock().poll_transmit(now, &mut self.buf);
+                let Some(dest) = dest else { break };
+                busy = true;
+                let bytes = std::mem::take(&mut self.buf);
+                self.schedule(i, dest, bytes);
+            }
+        }
+        while let Some(&Reverse((t, id))) = self.events.peek() {
+            if t > now {
+                break;
+            }
+            self.events.pop();
+            let Some(pkt) = self.in_flight.remove(&id) else { continue };
+            self.stats.delivered += 1;
+            let node = self.nodes[pkt.to].clone();
+            node.core.lock().handle_packet(now, pkt.from, &pkt.bytes);
+            busy = true;
+        }
+        if busy {
+            return FabricTick::Worked;
+        }
+        let mut next: Option<Instant> = self.events.peek().map(|Reverse((t, _))| *t);
+        for node in &self.nodes {
+            let mut core = node.core.lock();
+            if let Some(t) = core.poll_timeout() {
+                if t <= now {
+                    core.handle_timeout(now);
+                    busy = true;
+                } else {
+                    next = Some(next.map_or(t, |n| n.min(t)));
+                }
+            }
+        }
+        if busy {
+            return FabricTick::Worked;
+        }
+        FabricTick::Idle { next }
+    }
+
+    fn tick(&mut self) -> FabricTick {
+        if self.switch.is_some() {
+            self.tick_switched()
+        } else {
+            self.tick_plain()
+        }
+    }
+
+    /// After an idle tick, moves the clock to the next event, but not past `horizon`.
+    fn jump(&mut self, tick: FabricTick, horizon: Option<Instant>) -> bool {
+        let FabricTick::Idle { next } = tick else { return true };
+        match (next, horizon) {
+            (Some(t), Some(h)) if h < t => {
+                self.now = self.now.max(h);
+                true
+            }
+            (Some(t), _) => {
+                self.now = t;
+                true
+            }
+            (None, Some(h)) if h > self.now => {
+                self.now = h;
+                true
+            }
+            (None, _) => false,
+        }
+    }
+
+    /// One round in switch mode: uplinks transmit one packet each when free and not paused,
+    /// the switch enqueues arrivals, ports deliver, timers fire.
+    fn tick_switched(&mut self) -> FabricTick {
         let now = self.now;
         let mut busy = false;
         let rate = self.link.bytes_per_sec;
@@ -559,7 +593,7 @@ impl State {
             }
         }
         if busy {
-            return true;
+            return FabricTick::Worked;
         }
         let mut next: Option<Instant> = self.events.peek().map(|Reverse((t, _))| *t);
         let mut earliest = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
@@ -593,23 +627,9 @@ impl State {
             }
         }
         if busy {
-            return true;
+            return FabricTick::Worked;
         }
-        match (next, horizon) {
-            (Some(t), Some(h)) if h < t => {
-                self.now = self.now.max(h);
-                true
-            }
-            (Some(t), _) => {
-                self.now = t;
-                true
-            }
-            (None, Some(h)) if h > self.now => {
-                self.now = h;
-                true
-            }
-            (None, _) => false,
-        }
+        FabricTick::Idle { next }
     }
 
     /// A packet leaves device `from_idx` (fully serialized at `sent`) for the switch.

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 pub use self::core::{Counters, NicConfig, NicCore};
 use self::cq::CqShared;
-pub use self::fabric::{Fabric, LinkFault, LinkModel, Pfc, SwitchModel, SwitchStats};
+pub use self::fabric::{Fabric, FabricTick, LinkFault, LinkModel, Pfc, SwitchModel, SwitchStats};
 pub use self::fault::{FaultPlan, FaultRates, PacketInfo, Verdict};
 pub use self::udp::UdpConfig;
 use crate::device::{
