@@ -80,6 +80,11 @@ impl SimHub {
         })
     }
 
+    /// The network's virtual time (at most a millisecond ahead of tokio's).
+    pub fn now(&self) -> Instant {
+        self.state.lock().net.now()
+    }
+
     /// Runs `f` on the network (faults, counters). The network's clock is the simulation's.
     pub fn with_net<T>(&self, f: impl FnOnce(&mut SimNet) -> T) -> T {
         let r = f(&mut self.state.lock().net);
