@@ -118,7 +118,7 @@ fn server(pod: u32) -> Arc<PsServer> {
         },
         &topo,
         None,
-        (1, 1),
+        1,
     )
 }
 

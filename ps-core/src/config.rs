@@ -201,9 +201,6 @@ pub struct ServerConfig {
     pub replication_batch_keys: u32,
     /// Longest a replication batch waits to fill, ms.
     pub replication_flush_ms: u64,
-    /// Batches queued per replica before the oldest are dropped and the replica is marked
-    /// for re-bootstrap.
-    pub replication_queue_batches: usize,
     /// Bytes per snapshot chunk when bootstrapping.
     pub snapshot_chunk_bytes: u32,
 }
@@ -221,7 +218,6 @@ impl Default for ServerConfig {
             bootstrap_from_peer: true,
             replication_batch_keys: 4096,
             replication_flush_ms: 5,
-            replication_queue_batches: 1024,
             snapshot_chunk_bytes: 1 << 20,
         }
     }
@@ -640,9 +636,6 @@ impl Config {
         }
         if s.replication_batch_keys == 0 {
             e.push(FieldError::new("server.replication_batch_keys", "must be ≥ 1"));
-        }
-        if s.replication_queue_batches == 0 {
-            e.push(FieldError::new("server.replication_queue_batches", "must be ≥ 1"));
         }
         if s.snapshot_chunk_bytes < 64 * 1024 {
             e.push(FieldError::new(

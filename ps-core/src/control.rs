@@ -74,10 +74,11 @@ pub struct TableStats {
 /// Replication as seen by one server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicationStatus {
-    /// Training pod: replication batches produced; replica: highest batch applied.
+    /// Training pod: the last Replicate request acknowledged; replica: highest applied.
     pub seq: u64,
-    /// Training pod: batches not yet acknowledged by the slowest replica; replica: 0.
-    pub lag_batches: u64,
+    /// Training pod: updates (changed rows) not yet acknowledged by every replica;
+    /// replica: 0.
+    pub lag_updates: u64,
     /// Age in ms of the oldest unacknowledged (training) or last applied (replica) update.
     pub lag_ms: u64,
 }

@@ -120,7 +120,7 @@ impl LagTracker {
     pub fn status(&self, now: Instant) -> ReplicationStatus {
         ReplicationStatus {
             seq: self.last,
-            lag_batches: self.lag_batches(),
+            lag_updates: self.lag_batches(),
             lag_ms: self.lag(now).as_millis().min(u128::from(u64::MAX)) as u64,
         }
     }
@@ -135,7 +135,7 @@ mod tests {
         let t0 = crate::test_clock::origin();
         let ms = Duration::from_millis;
         let mut l = LagTracker::new(2, 100);
-        assert_eq!(l.status(t0), ReplicationStatus { seq: 0, lag_batches: 0, lag_ms: 0 });
+        assert_eq!(l.status(t0), ReplicationStatus { seq: 0, lag_updates: 0, lag_ms: 0 });
         let s1 = l.produce(t0);
         let s2 = l.produce(t0 + ms(10));
         let s3 = l.produce(t0 + ms(20));

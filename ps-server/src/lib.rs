@@ -4,6 +4,8 @@
 //! - [`server`]: one shard of one mini-pod — Fetch, Push (idempotent by client and
 //!   sequence), Replicate (the training pod forwards applied rows to the other pods),
 //!   Snapshot, Checkpoint, Health, Tables, Admin;
+//! - [`shard`]: one shard's server assembled from its transports (the process and the
+//!   simulation run the same code);
 //! - [`client`]: the fan-out client;
 //! - [`http`]: `/health` and `/metrics`.
 #![forbid(unsafe_code)]
@@ -14,3 +16,4 @@ pub mod http;
 pub mod node;
 pub mod process;
 pub mod server;
+pub mod shard;

@@ -14,14 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_ps_core::checkpoint;
-use bex_ps_core::control::{ServingState, SnapshotCursor, SnapshotRequest};
-use bex_ps_core::dedupe::DedupeConfig;
-use bex_ps_core::wire::{self, Limits, Op};
+use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
 use bex_ps_server::http;
-use bex_ps_server::node::{client_config, cluster_secret, transport_config, Node};
-use bex_ps_server::server::{Handler, PsServer, ServerParts};
-use bex_rpc::{serve, Client, Endpoint, ServerStats};
+use bex_ps_server::node::{cluster_secret, transport_config, Node};
+use bex_ps_server::server::PsServer;
+use bex_ps_server::shard::{start_shard, ShardStart};
 use bex_transport::Transport;
 
 struct Args {
@@ -104,30 +102,6 @@ fn rnic_metrics(s: &bex_rnic::DeviceStats) -> String {
     out
 }
 
-/// Copies the training pod's rows of this shard into `tables` (a fresh replica).
-async fn bootstrap(client: &Client, tables: &TableSet) -> Result<u64, String> {
-    let mut cursor = SnapshotCursor::START;
-    let mut rows = 0u64;
-    for seq in 1.. {
-        let req = SnapshotRequest { cursor, max_bytes: 1 << 20 };
-        let frame =
-            wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
-        let m = client.call(&[0], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
-        let r =
-            wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
-        if !r.header.status.is_success() {
-            return Err(r.message().into_owned());
-        }
-        let info = checkpoint::apply_snapshot_chunk(tables, r.body).map_err(|e| e.to_string())?;
-        rows += u64::from(info.rows);
-        match info.next {
-            Some(c) => cursor = c,
-            None => break,
-        }
-    }
-    Ok(rows)
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     bex_ps_server::process::exit_with_parent();
@@ -166,64 +140,16 @@ async fn main() {
     };
     let node =
         Node::start(addrs.rdma, addrs.tcp, tcfg).await.unwrap_or_else(|e| die(1, &e.to_string()));
-    let (rdma, tcp) = node.transports();
-    let ccfg = client_config(&cfg.rpc, args.pod, u64::from(args.pod) << 32 | u64::from(args.shard));
-    // The training pod forwards to the same shard in every other pod.
-    let targets: Vec<Endpoint> = (0..topo.pods())
-        .filter(|&p| p != args.pod)
-        .map(|p| {
-            let a = topo.server(p, args.shard).expect("topology covers every server");
-            Endpoint { pod: p, rdma: a.rdma, tcp: a.tcp }
-        })
-        .collect();
-    let n_targets = targets.len();
-    let repl_client = Arc::new(Client::new(Some(rdma.clone()), tcp.clone(), targets, ccfg.clone()));
-    let limits = Limits {
-        max_frame_bytes: cfg.server.max_request_bytes,
-        max_keys: cfg.server.max_keys_per_request,
-        ..Limits::default()
-    };
-    let server = PsServer::new(
-        ServerParts {
-            pod: args.pod,
-            shard: args.shard,
-            tables,
-            limits,
-            dedupe: DedupeConfig {
-                window: cfg.server.dedupe_window,
-                max_clients: cfg.server.dedupe_max_clients,
-            },
-            pool: node.pool(),
-            checkpoint_path: ckpt.clone(),
-            update_seq,
-        },
+    let running = start_shard(
+        &cfg,
         &topo,
-        Some((repl_client, n_targets)),
-        (cfg.server.replication_queue_batches, cfg.server.replication_batch_keys as usize),
-    );
-    if !restored && cfg.server.bootstrap_from_peer && !topo.is_training(args.pod) {
-        server.set_state(ServingState::Bootstrapping);
-        let a = topo.server(topo.training_pod(), args.shard).expect("training server exists");
-        let peer = Client::new(
-            Some(rdma.clone()),
-            tcp.clone(),
-            vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
-            ccfg.clone(),
-        );
-        match tokio::time::timeout(Duration::from_secs(10), bootstrap(&peer, server.tables())).await
-        {
-            Ok(Ok(rows)) => eprintln!("ps-server: bootstrapped {rows} rows from the training pod"),
-            Ok(Err(e)) => {
-                eprintln!("ps-server: no bootstrap from the training pod ({e}); starting empty")
-            }
-            Err(_) => eprintln!("ps-server: bootstrap timed out; starting empty"),
-        }
-    }
+        ShardStart { pod: args.pod, shard: args.shard, tables, update_seq, restored },
+        node.transports(),
+        |m| eprintln!("ps-server: {m}"),
+    )
+    .await;
+    let server = running.server.clone();
     server.set_rdma(node.rdma.clone());
-    let stats = Arc::new(ServerStats::default());
-    let handler = Arc::new(Handler(server.clone()));
-    tokio::spawn(serve(rdma, handler.clone(), stats.clone()));
-    tokio::spawn(serve(tcp, handler, stats));
     let (http_addr, _http) =
         http::serve(addrs.http, Arc::new(Endpoints(server.clone(), node.device.clone())))
             .await

@@ -2,7 +2,7 @@
 //! inside RPC frames (the RPC method is the ps-core op); bad input gets a ps-core error
 //! response with a status and a counter, and the server keeps serving.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -21,16 +21,90 @@ use bex_ps_core::{TableSet, Topology};
 use bex_rpc::{alloc_frame, Client, RpcError, HEADER_LEN};
 use bex_transport::Msg;
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
-/// Rows applied on the training pod, to forward to the other pods.
-#[derive(Debug)]
-pub struct Batch {
+/// The keys applied on the training pod that one replica has not acknowledged yet. Their
+/// latest values are read when they are sent, so however long a replica was away (dead,
+/// partitioned, restarting) it catches up from this set, which is bounded by the table's
+/// rows: nothing is ever dropped. (A bounded queue of applied batches dropped updates when
+/// a replica was away for long and left it stale for good: found by the simulated fault
+/// matrix, `sim/cluster`.)
+#[derive(Debug, Default)]
+struct Backlog {
+    state: Mutex<BacklogState>,
+    ready: Notify,
+}
+
+#[derive(Debug, Default)]
+struct BacklogState {
+    /// table → (dim, changed keys).
+    tables: BTreeMap<u32, (u32, BTreeSet<u64>)>,
+    keys: u64,
+    /// When the oldest change still in the set was applied.
+    oldest: Option<Instant>,
+}
+
+/// Keys of one table taken from a [`Backlog`] to send.
+#[derive(Debug, PartialEq)]
+struct Taken {
     table: u32,
     dim: u32,
     keys: Vec<u64>,
-    rows: Vec<f32>,
-    applied_at: Instant,
+}
+
+impl Backlog {
+    /// Records that `keys` of `table` changed at `now`.
+    fn mark(&self, table: u32, dim: u32, keys: impl Iterator<Item = u64>, now: Instant) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let (_, set) = st.tables.entry(table).or_insert_with(|| (dim, BTreeSet::new()));
+        for k in keys {
+            if set.insert(k) {
+                st.keys += 1;
+            }
+        }
+        st.oldest.get_or_insert(now);
+        self.ready.notify_one();
+    }
+
+    /// Takes up to `max_keys` keys (table by table, in key order) and the time of the oldest
+    /// change among what is left behind or taken.
+    fn take(&self, max_keys: usize, now: Instant) -> (Vec<Taken>, Option<Instant>) {
+        let mut st = self.state.lock();
+        let oldest = st.oldest;
+        let mut out = Vec::new();
+        let mut budget = max_keys.max(1);
+        let mut emptied = Vec::new();
+        for (&table, (dim, set)) in st.tables.iter_mut() {
+            if budget == 0 {
+                break;
+            }
+            let mut keys = Vec::with_capacity(budget.min(set.len()));
+            while budget > 0 {
+                let Some(k) = set.pop_first() else { break };
+                keys.push(k);
+                budget -= 1;
+            }
+            if set.is_empty() {
+                emptied.push(table);
+            }
+            if !keys.is_empty() {
+                out.push(Taken { table, dim: *dim, keys });
+            }
+        }
+        for t in emptied {
+            st.tables.remove(&t);
+        }
+        let taken: usize = out.iter().map(|t| t.keys.len()).sum();
+        st.keys -= taken as u64;
+        // What stays behind changed no earlier than the oldest; count it from now on.
+        st.oldest = (st.keys > 0).then_some(now);
+        (out, oldest)
+    }
+
+    fn pending(&self) -> u64 {
+        self.state.lock().keys
+    }
 }
 
 /// The server's counters (also rendered on `/metrics`).
@@ -43,8 +117,7 @@ pub struct Metrics {
     fetched_keys: Counter,
     pushed_keys: Counter,
     duplicates: Counter,
-    replicated_batches: Counter,
-    replication_dropped: Counter,
+    replicated_requests: Counter,
 }
 
 impl Metrics {
@@ -89,17 +162,10 @@ impl Metrics {
                     &[],
                 )
                 .expect("static metric"),
-            replicated_batches: registry
+            replicated_requests: registry
                 .counter(
-                    "bex_ps_replicated_batches_total",
-                    "Batches forwarded to replicas and acknowledged",
-                    &[],
-                )
-                .expect("static metric"),
-            replication_dropped: registry
-                .counter(
-                    "bex_ps_replication_dropped_total",
-                    "Batches dropped because a replica's queue was full",
+                    "bex_ps_replicated_requests_total",
+                    "Replicate requests acknowledged by replicas",
                     &[],
                 )
                 .expect("static metric"),
@@ -129,11 +195,8 @@ pub struct PsServer {
     started: Instant,
     update_seq: AtomicU64,
     read_only: AtomicBool,
-    repl: Vec<mpsc::Sender<Arc<Batch>>>,
-    /// Held from applying a push to queueing its rows for the replicas, so concurrent pushes
-    /// of one key reach the replicas in the order they were applied (found by the chaos
-    /// verifier: without it replicas kept a stale row whenever two pushes raced).
-    repl_order: Mutex<()>,
+    /// One backlog per replica (training pod).
+    repl: Vec<Arc<Backlog>>,
     repl_lag: Arc<ReplLag>,
     checkpoint_path: PathBuf,
     last_checkpoint: Mutex<Option<CheckpointSummary>>,
@@ -154,9 +217,7 @@ impl std::fmt::Debug for PsServer {
 /// Replication progress towards the other pods.
 #[derive(Debug, Default)]
 pub struct ReplLag {
-    /// Batches queued and not yet acknowledged (all targets).
-    pending: AtomicU64,
-    /// Sequence of the last acknowledged batch.
+    /// Sequence of the last acknowledged Replicate request.
     acked_seq: AtomicU64,
     /// Milliseconds from apply to the last acknowledgement.
     last_lag_ms: AtomicU64,
@@ -200,25 +261,29 @@ impl PsServer {
         parts: ServerParts,
         topology: &Topology,
         replicas: Option<(Arc<Client>, usize)>,
-        (queue_batches, batch_keys): (usize, usize),
+        batch_keys: usize,
     ) -> Arc<PsServer> {
         let role = if topology.is_training(parts.pod) { Role::Training } else { Role::Replica };
         let metrics = Arc::new(Metrics::new());
         let repl_lag = Arc::new(ReplLag::default());
+        let tables = Arc::new(parts.tables);
         let mut repl = Vec::new();
         if let (Role::Training, Some((client, n))) = (role, replicas) {
             for target in 0..n {
-                let (tx, rx) = mpsc::channel(queue_batches.max(1));
-                repl.push(tx);
+                let backlog = Arc::new(Backlog::default());
+                repl.push(backlog.clone());
                 let me = u64::from(parts.pod) << 32 | u64::from(parts.shard);
                 tokio::spawn(forward(
-                    client.clone(),
-                    target,
-                    rx,
-                    me,
-                    repl_lag.clone(),
-                    metrics.clone(),
-                    batch_keys.max(1),
+                    Forwarder {
+                        client: client.clone(),
+                        target,
+                        me,
+                        tables: tables.clone(),
+                        lag: repl_lag.clone(),
+                        metrics: metrics.clone(),
+                        batch_keys: batch_keys.max(1),
+                    },
+                    backlog,
                 ));
             }
         }
@@ -227,7 +292,7 @@ impl PsServer {
             shard: parts.shard,
             shards: topology.shards(),
             role,
-            tables: Arc::new(parts.tables),
+            tables,
             dedupe: Dedupe::new(parts.dedupe),
             limits: parts.limits,
             pool: parts.pool,
@@ -236,7 +301,6 @@ impl PsServer {
             update_seq: AtomicU64::new(parts.update_seq),
             read_only: AtomicBool::new(false),
             repl,
-            repl_order: Mutex::new(()),
             repl_lag,
             checkpoint_path: parts.checkpoint_path,
             last_checkpoint: Mutex::new(None),
@@ -280,7 +344,7 @@ impl PsServer {
             tables: self.tables.stats(),
             replication: ReplicationStatus {
                 seq: lag.acked_seq.load(Ordering::Relaxed),
-                lag_batches: lag.pending.load(Ordering::Relaxed),
+                lag_updates: self.repl.iter().map(|b| b.pending()).sum(),
                 lag_ms: lag.last_lag_ms.load(Ordering::Relaxed),
             },
             last_checkpoint: self.last_checkpoint.lock().clone(),
@@ -445,29 +509,15 @@ impl PsServer {
                         Err(e) => self.error(Some(op), Status::BadValue, seq, &e.to_string()),
                     };
                 }
-                let mut updated = vec![0f32; h.count as usize * h.dim as usize];
-                let _order = (!self.repl.is_empty()).then(|| self.repl_order.lock());
-                match t.push_le(v.keys, v.values, Some(&mut updated)) {
+                match t.push_le(v.keys, v.values, None) {
                     Ok(n) => {
                         self.update_seq.fetch_add(1, Ordering::AcqRel);
                         self.metrics.pushed_keys.add(n as u64);
-                        if !self.repl.is_empty() {
-                            let batch = Arc::new(Batch {
-                                table: h.table,
-                                dim: h.dim,
-                                keys: v.keys.to_vec(),
-                                rows: updated,
-                                applied_at: crate::clock::now(),
-                            });
-                            for tx in &self.repl {
-                                self.repl_lag.pending.fetch_add(1, Ordering::Relaxed);
-                                if tx.try_send(batch.clone()).is_err() {
-                                    // The replica is far behind (or gone): count it; it
-                                    // catches up by bootstrapping from a peer on restart.
-                                    self.repl_lag.pending.fetch_sub(1, Ordering::Relaxed);
-                                    self.metrics.replication_dropped.inc();
-                                }
-                            }
+                        // After the apply: a forwarder that takes a key reads a value at
+                        // least this new (the reason no ordering lock is needed).
+                        let now = crate::clock::now();
+                        for b in &self.repl {
+                            b.mark(h.table, h.dim, v.keys.iter(), now);
                         }
                         self.status(op, Status::Ok, seq, n as u32)
                     }
@@ -567,97 +617,49 @@ impl bex_rpc::Handler for Handler {
     }
 }
 
-/// Rows of one table, merged from consecutive batches: the latest row of each key wins (the
-/// queue is in apply order), so a burst of pushes costs one Replicate per table.
-#[derive(Debug)]
-struct Coalesced {
-    table: u32,
-    dim: u32,
-    keys: Vec<u64>,
-    rows: Vec<f32>,
-    index: std::collections::HashMap<u64, usize>,
-}
-
-impl Coalesced {
-    fn add(&mut self, b: &Batch) {
-        let d = self.dim as usize;
-        for (i, &k) in b.keys.iter().enumerate() {
-            let row = &b.rows[i * d..(i + 1) * d];
-            match self.index.get(&k) {
-                Some(&at) => self.rows[at * d..(at + 1) * d].copy_from_slice(row),
-                None => {
-                    self.index.insert(k, self.keys.len());
-                    self.keys.push(k);
-                    self.rows.extend_from_slice(row);
-                }
-            }
-        }
-    }
-}
-
-/// Merges `batches` (in apply order) into one request per (table, dim).
-fn coalesce(batches: &[Arc<Batch>]) -> Vec<Coalesced> {
-    let mut out: Vec<Coalesced> = Vec::new();
-    for b in batches {
-        let i = match out.iter().position(|c| c.table == b.table && c.dim == b.dim) {
-            Some(i) => i,
-            None => {
-                out.push(Coalesced {
-                    table: b.table,
-                    dim: b.dim,
-                    keys: Vec::new(),
-                    rows: Vec::new(),
-                    index: Default::default(),
-                });
-                out.len() - 1
-            }
-        };
-        out[i].add(b);
-    }
-    out
-}
-
-/// Forwards applied rows to one replica, in order, retrying until acknowledged. Whatever
-/// queued up while a request was in flight (up to `batch_keys` keys) goes out as one request
-/// per table: one round trip per push could not keep up with the trainers, the queue filled
-/// and dropped batches left replicas stale for good (found by the chaos verifier).
-async fn forward(
+/// What a forwarding task needs.
+struct Forwarder {
     client: Arc<Client>,
     target: usize,
-    mut rx: mpsc::Receiver<Arc<Batch>>,
     me: u64,
+    tables: Arc<TableSet>,
     lag: Arc<ReplLag>,
     metrics: Arc<Metrics>,
     batch_keys: usize,
-) {
+}
+
+/// Forwards changed rows to one replica, in order, one request at a time, retrying each
+/// until acknowledged: it takes up to `batch_keys` changed keys, reads their current rows
+/// and sends one Replicate per table. Whatever changes meanwhile goes in the next round.
+async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
     let mut seq = 0u64;
-    while let Some(first) = rx.recv().await {
-        let mut keys = first.keys.len();
-        let mut taken = vec![first];
-        while keys < batch_keys {
-            match rx.try_recv() {
-                Ok(b) => {
-                    keys += b.keys.len();
-                    taken.push(b);
-                }
-                Err(_) => break,
-            }
+    loop {
+        let (taken, oldest) = backlog.take(f.batch_keys, crate::clock::now());
+        if taken.is_empty() {
+            backlog.ready.notified().await;
+            continue;
         }
-        for c in coalesce(&taken) {
+        for t in taken {
+            let Some(table) = f.tables.get(t.table) else { continue };
+            let mut rows = vec![0f32; t.keys.len() * t.dim as usize];
+            if let Err(e) = table.read_into(&t.keys, &mut rows) {
+                tracing::error!(%e, "cannot read rows to replicate");
+                continue;
+            }
             seq += 1;
-            let h = DataHeader { table: c.table, dim: c.dim, client: me, seq, flags: 0 };
-            let len = wire::REQUEST_HEADER_LEN + c.keys.len() * (8 + 4 * c.dim as usize);
+            let h = DataHeader { table: t.table, dim: t.dim, client: f.me, seq, flags: 0 };
+            let len = wire::REQUEST_HEADER_LEN + t.keys.len() * (8 + 4 * t.dim as usize);
             let mut buf = vec![0u8; len];
-            let n = match wire::encode_replicate_into(&mut buf, &h, &c.keys, &c.rows) {
+            let n = match wire::encode_replicate_into(&mut buf, &h, &t.keys, &rows) {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::error!(%e, "cannot encode a replication batch");
+                    tracing::error!(%e, "cannot encode a replication request");
                     continue;
                 }
             };
             let mut backoff = Duration::from_millis(5);
             loop {
-                match client.call(&[target], Op::Replicate as u16, &buf[..n]).await {
+                match f.client.call(&[f.target], Op::Replicate as u16, &buf[..n]).await {
                     Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
                         Ok(r) if r.header.status.is_success() => break,
                         Ok(r) => {
@@ -665,18 +667,20 @@ async fn forward(
                         }
                         Err(e) => tracing::warn!(%e, "bad replication reply"),
                     },
-                    Err(e) => tracing::debug!(%e, target, "replication failed; retrying"),
+                    Err(e) => {
+                        tracing::debug!(%e, target = f.target, "replication failed; retrying")
+                    }
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
+            f.metrics.replicated_requests.inc();
+            f.lag.acked_seq.store(seq, Ordering::Relaxed);
         }
-        lag.pending.fetch_sub(taken.len() as u64, Ordering::Relaxed);
-        lag.acked_seq.store(seq, Ordering::Relaxed);
-        let oldest = taken[0].applied_at;
-        let ms = crate::clock::now().duration_since(oldest).as_millis() as u64;
-        lag.last_lag_ms.store(ms, Ordering::Relaxed);
-        metrics.replicated_batches.add(taken.len() as u64);
+        if let Some(oldest) = oldest {
+            let ms = crate::clock::now().duration_since(oldest).as_millis() as u64;
+            f.lag.last_lag_ms.store(ms, Ordering::Relaxed);
+        }
     }
 }
 
@@ -685,21 +689,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn coalesced_replication_keeps_the_latest_row_of_each_key_per_table() {
-        let b = |table: u32, keys: &[u64], v: f32| {
-            Arc::new(Batch {
-                table,
-                dim: 2,
-                keys: keys.to_vec(),
-                rows: keys.iter().flat_map(|&k| [v, k as f32]).collect(),
-                applied_at: crate::clock::now(),
-            })
-        };
-        let merged = coalesce(&[b(0, &[1, 2], 1.0), b(1, &[1], 5.0), b(0, &[2, 3], 2.0)]);
-        assert_eq!(merged.len(), 2);
-        assert_eq!((merged[0].table, &merged[0].keys[..]), (0, &[1, 2, 3][..]));
-        assert_eq!(merged[0].rows, vec![1.0, 1.0, 2.0, 2.0, 2.0, 3.0]);
-        assert_eq!((merged[1].table, &merged[1].rows[..]), (1, &[5.0, 1.0][..]));
+    fn a_backlog_holds_each_changed_key_once_and_hands_them_out_in_bounded_rounds() {
+        let b = Backlog::default();
+        let t0 = crate::clock::now();
+        b.mark(1, 2, [5, 3, 5].into_iter(), t0);
+        b.mark(0, 4, [9].into_iter(), t0 + Duration::from_millis(1));
+        b.mark(1, 2, [3, 7].into_iter(), t0 + Duration::from_millis(2));
+        assert_eq!(b.pending(), 4, "keys 3, 5, 7 of table 1 and 9 of table 0");
+        let later = t0 + Duration::from_millis(10);
+        let (first, oldest) = b.take(3, later);
+        assert_eq!(oldest, Some(t0));
+        assert_eq!(
+            first,
+            vec![
+                Taken { table: 0, dim: 4, keys: vec![9] },
+                Taken { table: 1, dim: 2, keys: vec![3, 5] }
+            ]
+        );
+        assert_eq!(b.pending(), 1);
+        b.mark(1, 2, [3].into_iter(), later);
+        let (second, oldest) = b.take(10, later + Duration::from_millis(1));
+        assert_eq!(oldest, Some(later), "what stayed behind is counted from the last take");
+        assert_eq!(second, vec![Taken { table: 1, dim: 2, keys: vec![3, 7] }]);
+        assert_eq!(b.pending(), 0);
+        assert_eq!(b.take(10, later), (Vec::new(), None));
     }
     use bex_ps_core::Config;
     use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
@@ -727,7 +740,7 @@ mod tests {
             },
             &cfg.topology().unwrap(),
             None,
-            (1, 1),
+            1,
         )
     }
 

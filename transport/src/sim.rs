@@ -80,6 +80,13 @@ impl SimSocket {
     }
 }
 
+/// A socket being opened: its id, its inbox, and the reply that comes when the peer answers.
+pub(crate) struct Opening {
+    pub id: u32,
+    pub inbox: mpsc::UnboundedReceiver<Result<Msg>>,
+    pub answered: oneshot::Receiver<Result<()>>,
+}
+
 /// The completion of one send.
 #[derive(Debug)]
 pub struct SendTicket(oneshot::Receiver<Result<()>>);
@@ -402,13 +409,8 @@ impl SimNet {
         SendTicket(rx)
     }
 
-    /// Asks node `a` to open a socket on `engine` (for [`crate::simio`]): the socket id, its
-    /// inbox, and the reply that comes when the peer answers.
-    pub(crate) fn open_cmd(
-        &mut self,
-        a: usize,
-        engine: u32,
-    ) -> Result<(u32, mpsc::UnboundedReceiver<Result<Msg>>, oneshot::Receiver<Result<()>>)> {
+    /// Asks node `a` to open a socket on `engine` (for [`crate::simio`]).
+    pub(crate) fn open_cmd(&mut self, a: usize, engine: u32) -> Result<Opening> {
         let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, inbox) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
@@ -417,7 +419,7 @@ impl SimNet {
             .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
             .map_err(|_| TransportError::Shutdown)?;
         self.nodes[a].dirty = true;
-        Ok((id, inbox, rx))
+        Ok(Opening { id, inbox, answered: rx })
     }
 
     /// Queues a message on socket `id` of node `node` (for [`crate::simio`]).

@@ -261,7 +261,7 @@ impl SimTransport {
     pub async fn connect(&self, addr: SocketAddr) -> Result<SimTransportSocket> {
         let me = self.0.node;
         for fresh in [false, true] {
-            let (id, inbox, reply) = {
+            let opening = {
                 let mut st = self.0.hub.state.lock();
                 let Some(&dest) = st.listeners.get(&addr) else {
                     return Err(TransportError::Refused(format!("nothing listens at {addr}")));
@@ -277,8 +277,8 @@ impl SimTransport {
                 st.net.open_cmd(me, qpn)?
             };
             self.0.hub.wake();
-            match reply.await {
-                Ok(Ok(())) => return Ok(self.socket(id, inbox, addr)),
+            match opening.answered.await {
+                Ok(Ok(())) => return Ok(self.socket(opening.id, opening.inbox, addr)),
                 // The cached engine failed: one new engine, as the RDMA transport does.
                 Ok(Err(_)) if !fresh => continue,
                 Ok(Err(e)) => return Err(e),

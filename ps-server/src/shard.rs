@@ -1,0 +1,143 @@
+//! One shard's server assembled from its two transports: the replication client, the
+//! [`PsServer`], a replica's bootstrap from the training pod, and RPC service on both
+//! transports. `ps-server` runs it over real transports; the simulation (`sim/cluster`) runs
+//! the same code over simulated NICs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bex_ps_core::checkpoint;
+use bex_ps_core::control::{ServingState, SnapshotCursor, SnapshotRequest};
+use bex_ps_core::dedupe::DedupeConfig;
+use bex_ps_core::topology::Topology;
+use bex_ps_core::wire::{self, Limits, Op};
+use bex_ps_core::{Config, TableSet};
+use bex_rpc::{serve, Client, Endpoint, ServerStats};
+use bex_transport::Transport;
+use tokio::task::JoinHandle;
+
+use crate::node::client_config;
+use crate::server::{Handler, PsServer, ServerParts};
+
+/// How long a replica tries to copy its shard from the training pod before it starts empty.
+pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Copies the training pod's rows of this shard into `tables` (a fresh replica); returns
+/// the number of rows.
+pub async fn bootstrap(client: &Client, tables: &TableSet) -> Result<u64, String> {
+    let mut cursor = SnapshotCursor::START;
+    let mut rows = 0u64;
+    for seq in 1.. {
+        let req = SnapshotRequest { cursor, max_bytes: 1 << 20 };
+        let frame =
+            wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
+        let m = client.call(&[0], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
+        let r =
+            wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+        if !r.header.status.is_success() {
+            return Err(r.message().into_owned());
+        }
+        let info = checkpoint::apply_snapshot_chunk(tables, r.body).map_err(|e| e.to_string())?;
+        rows += u64::from(info.rows);
+        match info.next {
+            Some(c) => cursor = c,
+            None => break,
+        }
+    }
+    Ok(rows)
+}
+
+/// What a shard starts from.
+#[derive(Debug)]
+pub struct ShardStart {
+    /// Mini-pod.
+    pub pod: u32,
+    /// Shard.
+    pub shard: u32,
+    /// Its tables: restored from a checkpoint, or fresh.
+    pub tables: TableSet,
+    /// The update sequence of the checkpoint (0 if fresh).
+    pub update_seq: u64,
+    /// Whether `tables` came from a checkpoint (a fresh replica bootstraps instead).
+    pub restored: bool,
+}
+
+/// A serving shard.
+#[derive(Debug)]
+pub struct RunningShard {
+    /// The server.
+    pub server: Arc<PsServer>,
+    /// Requests served, errors, malformed frames.
+    pub stats: Arc<ServerStats>,
+    /// The RPC service tasks (one per transport); aborting them stops serving.
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// Builds the shard's server on `rdma` and `tcp` (which share one pool), bootstraps a fresh
+/// replica from the training pod (reporting through `log`), and serves RPC on both.
+pub async fn start_shard(
+    cfg: &Config,
+    topo: &Topology,
+    start: ShardStart,
+    (rdma, tcp): (Transport, Transport),
+    log: impl Fn(&str),
+) -> RunningShard {
+    let ShardStart { pod, shard, tables, update_seq, restored } = start;
+    let ccfg = client_config(&cfg.rpc, pod, u64::from(pod) << 32 | u64::from(shard));
+    // The training pod forwards to the same shard in every other pod.
+    let targets: Vec<Endpoint> = (0..topo.pods())
+        .filter(|&p| p != pod)
+        .filter_map(|p| {
+            topo.server(p, shard).map(|a| Endpoint { pod: p, rdma: a.rdma, tcp: a.tcp })
+        })
+        .collect();
+    let n_targets = targets.len();
+    let repl_client = Arc::new(Client::new(Some(rdma.clone()), tcp.clone(), targets, ccfg.clone()));
+    let limits = Limits {
+        max_frame_bytes: cfg.server.max_request_bytes,
+        max_keys: cfg.server.max_keys_per_request,
+        ..Limits::default()
+    };
+    let server = PsServer::new(
+        ServerParts {
+            pod,
+            shard,
+            tables,
+            limits,
+            dedupe: DedupeConfig {
+                window: cfg.server.dedupe_window,
+                max_clients: cfg.server.dedupe_max_clients,
+            },
+            pool: rdma.pool(),
+            checkpoint_path: cfg.checkpoint_path(pod, shard),
+            update_seq,
+        },
+        topo,
+        Some((repl_client, n_targets)),
+        cfg.server.replication_batch_keys as usize,
+    );
+    let training = topo.server(topo.training_pod(), shard).copied();
+    if let (false, true, false, Some(a)) =
+        (restored, cfg.server.bootstrap_from_peer, topo.is_training(pod), training)
+    {
+        server.set_state(ServingState::Bootstrapping);
+        let peer = Client::new(
+            Some(rdma.clone()),
+            tcp.clone(),
+            vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
+            ccfg,
+        );
+        match tokio::time::timeout(BOOTSTRAP_DEADLINE, bootstrap(&peer, server.tables())).await {
+            Ok(Ok(rows)) => log(&format!("bootstrapped {rows} rows from the training pod")),
+            Ok(Err(e)) => log(&format!("no bootstrap from the training pod ({e}); starting empty")),
+            Err(_) => log("bootstrap timed out; starting empty"),
+        }
+    }
+    let stats = Arc::new(ServerStats::default());
+    let handler = Arc::new(Handler(server.clone()));
+    let tasks = vec![
+        tokio::spawn(serve(rdma, handler.clone(), stats.clone())),
+        tokio::spawn(serve(tcp, handler, stats.clone())),
+    ];
+    RunningShard { server, stats, tasks }
+}

@@ -1,0 +1,707 @@
+//! `bex-simcluster`: the parameter server's fault matrix in deterministic simulation.
+//!
+//! A 2 mini-pod × 2 shard cluster runs the real `ps-server` shard code
+//! ([`bex_ps_server::shard::start_shard`]), the real RPC client with its recovery ladder and
+//! the real [`PsClient`] over simulated NICs ([`bex_transport::simio`]) on tokio's paused
+//! clock, on one thread. Each host has two simulated NICs standing for its RDMA and TCP
+//! paths, so an RDMA failure is a fabric fault on one of them.
+//!
+//! Every scenario runs a canary (pushes of +1 to its own keys of a zero-initialised table
+//! trained by SGD with rate 1, so a row's value counts the pushes applied to it; one push in
+//! flight per key), a trainer pushing gradients to an embedding table, and readers in both
+//! pods, while its faults happen on schedule. Then the network heals and the run checks:
+//! - no acknowledged push lost: every canary row ≥ its acknowledged pushes;
+//! - no push applied twice: every canary row ≤ acknowledged + failed pushes;
+//! - every request answered or failed by its deadline (the client's worst case, derived from
+//!   its attempts and deadlines);
+//! - replicas converge: every pod's rows equal the training pod's, bit for bit;
+//! - and the scenario's own claim (fallback within 1 s, quarantine engaged and released, …).
+//!
+//! A run is a function of (scenario, seed): [`run`] twice gives the same [`Report`], which
+//! carries a fingerprint of everything observed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bemalloc::PoolConfig;
+use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig};
+use bex_ps_core::topology::Topology;
+use bex_ps_core::{Config, TableSet};
+use bex_ps_server::client::PsClient;
+use bex_ps_server::node::{client_config, transport_config};
+use bex_ps_server::shard::{start_shard, RunningShard, ShardStart};
+use bex_rnic::soft::{FaultRates, LinkModel};
+use bex_transport::sim::SimNet;
+use bex_transport::simio::{SimHub, SimTransport};
+use bex_transport::{Transport, TransportKind};
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// A fault scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// 1 % loss, 1 % duplication and 1 % reordering on every link for the whole run.
+    Loss,
+    /// A replica shard killed (its host gone) and restarted: it bootstraps from the training
+    /// pod.
+    ShardRestart,
+    /// Every server of mini-pod 1 cut off from everything, then healed.
+    PodPartition,
+    /// A replica host hangs (nothing answers, connections are not refused): keepalive
+    /// expiry and request deadlines move its traffic; then it is restarted.
+    Hang,
+    /// The training shard 0's RDMA path fails while its TCP path works: clients fall back
+    /// to TCP within 1 s, and return to RDMA after the path heals and a re-probe.
+    RdmaFallback,
+    /// A replica is down long enough that a reader quarantines it; after it restarts, a
+    /// probe succeeds and the quarantine is released.
+    Quarantine,
+}
+
+impl Scenario {
+    /// Every scenario.
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Loss,
+        Scenario::ShardRestart,
+        Scenario::PodPartition,
+        Scenario::Hang,
+        Scenario::RdmaFallback,
+        Scenario::Quarantine,
+    ];
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Loss => "loss",
+            Scenario::ShardRestart => "shard-restart",
+            Scenario::PodPartition => "pod-partition",
+            Scenario::Hang => "hang",
+            Scenario::RdmaFallback => "rdma-fallback",
+            Scenario::Quarantine => "quarantine",
+        }
+    }
+
+    /// The scenario called `name`.
+    pub fn from_name(name: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// What one run observed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Scenario.
+    pub scenario: Scenario,
+    /// Seed.
+    pub seed: u64,
+    /// Virtual time the run took, in ms.
+    pub virtual_ms: u64,
+    /// Canary pushes acknowledged.
+    pub pushes_acked: u64,
+    /// Canary pushes that failed (applied or not).
+    pub pushes_failed: u64,
+    /// Trainer pushes acknowledged / failed.
+    pub train_pushes: (u64, u64),
+    /// Reader fetches answered / failed.
+    pub fetches: (u64, u64),
+    /// The slowest request, in ms, and the deadline every request had to meet.
+    pub slowest_ms: (u64, u64),
+    /// RDMA → TCP fallbacks, RDMA recoveries, quarantines, calls served over TCP (all
+    /// clients).
+    pub fallbacks: u64,
+    /// See `fallbacks`.
+    pub recoveries: u64,
+    /// See `fallbacks`.
+    pub quarantines: u64,
+    /// See `fallbacks`.
+    pub tcp_calls: u64,
+    /// Each client's RPC counters: canary, trainer, reader in pod 0, reader in pod 1.
+    pub clients: Vec<bex_rpc::ClientCounts>,
+    /// Virtual ms from the RDMA failure to the first push served after it (rdma-fallback).
+    pub fallback_ms: Option<u64>,
+    /// Virtual ms from the end of the faults until every replica matched the training pod.
+    pub converged_ms: Option<u64>,
+    /// Invariant violations (empty when the run passed).
+    pub violations: Vec<String>,
+    /// A hash of everything above and of the final rows: equal runs have equal ones.
+    pub fingerprint: u64,
+}
+
+impl Report {
+    /// No violation.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+const PODS: u32 = 2;
+const SHARDS: u32 = 2;
+const CANARY: u32 = 0;
+const EMB: u32 = 1;
+const EMB_DIM: u32 = 8;
+const CANARY_KEYS: u64 = 12;
+/// Pod 1, shard 1 in the client's endpoint order (pod-major).
+const POD1_SHARD1: usize = (SHARDS + 1) as usize;
+const EMB_KEYS: u64 = 400;
+/// When the workload stops; faults are over by then.
+const WORKLOAD_END: Duration = Duration::from_millis(3_000);
+/// How long replicas get to converge after the heal.
+const SETTLE: Duration = Duration::from_secs(5);
+/// The RDMA fallback target (issue 7).
+const FALLBACK_BOUND: Duration = Duration::from_secs(1);
+
+fn cluster_config() -> Config {
+    let mut cfg = Config::local(PODS, SHARDS, 17_000);
+    cfg.cluster.name = "sim".into();
+    cfg.server.checkpoint_interval_s = 0;
+    cfg.server.checkpoint_on_shutdown = false;
+    cfg.server.restore_on_start = false;
+    cfg.tables = vec![
+        TableConfig {
+            name: "canary".into(),
+            dim: 1,
+            seed: None,
+            init: InitConfig::Zeros,
+            optimizer: OptimizerConfig::Sgd { lr: 1.0 },
+        },
+        TableConfig {
+            name: "emb".into(),
+            dim: EMB_DIM,
+            seed: None,
+            init: InitConfig::Uniform { scale: 0.01 },
+            optimizer: OptimizerConfig::Adagrad { lr: 0.05, initial_accumulator: 0.1, eps: 1e-8 },
+        },
+    ];
+    // The shipped transport and RPC settings (keepalive 100 ms / 1 s, Tc 10 ms, Tr 40 ms),
+    // but a quarantine after a few connection failures so the quarantine scenario engages
+    // it within the run.
+    cfg.rpc.quarantine_connect_failures = 3;
+    cfg.rpc.rdma_reprobe_s = 1;
+    cfg
+}
+
+/// The longest a `PsClient` call may take: every attempt (each replica once, plus retries
+/// of timeouts) may wait for a concurrent connection ladder (RDMA twice, then TCP: 3 Tc),
+/// run its own (3 Tc) and then the request (Tr); plus tokio's 1 ms timer resolution per
+/// deadline.
+fn call_deadline(cfg: &Config, replicas: u32) -> Duration {
+    let tc = cfg.rpc.connect_timeout_ms;
+    let tr = cfg.rpc.request_timeout_ms;
+    let attempts = u64::from(replicas) + u64::from(cfg.rpc.max_attempts.saturating_sub(1));
+    Duration::from_millis(attempts * (6 * tc + tr + 8))
+}
+
+struct Shard {
+    rdma: SimTransport,
+    tcp: SimTransport,
+    running: RunningShard,
+}
+
+/// The simulated cluster.
+struct Cluster {
+    hub: Arc<SimHub>,
+    cfg: Config,
+    topo: Topology,
+    tcfg: bex_transport::Config,
+    shards: BTreeMap<(u32, u32), Shard>,
+    next_client: u16,
+}
+
+impl Cluster {
+    async fn new(seed: u64, link: LinkModel) -> Cluster {
+        let mut net = SimNet::new(seed, link);
+        // Many runs share a process: one arena and a small reservation per host.
+        net.set_pool_config(PoolConfig {
+            reserve_bytes: 64 << 20,
+            max_block_bytes: 2 << 20,
+            arenas: 1,
+            ..PoolConfig::default()
+        });
+        let hub = SimHub::new(net);
+        tokio::spawn(hub.clone().drive());
+        let cfg = cluster_config();
+        let topo = cfg.topology().expect("the simulated cluster's topology");
+        let tcfg = transport_config(&cfg.transport, b"sim");
+        let mut c = Cluster { hub, cfg, topo, tcfg, shards: BTreeMap::new(), next_client: 0 };
+        // The training pod first, so replicas bootstrap from it.
+        for pod in [c.topo.training_pod(), 1 - c.topo.training_pod()] {
+            for shard in 0..SHARDS {
+                c.start(pod, shard).await;
+            }
+        }
+        c
+    }
+
+    fn host(&self, rdma: SocketAddr, tcp: SocketAddr) -> (SimTransport, SimTransport) {
+        let mut t = self
+            .hub
+            .add_host(vec![
+                (rdma, TransportKind::Rdma, self.tcfg.clone()),
+                (tcp, TransportKind::Tcp, self.tcfg.clone()),
+            ])
+            .expect("a simulated host");
+        let tcp = t.pop().expect("two transports");
+        (t.pop().expect("two transports"), tcp)
+    }
+
+    async fn start(&mut self, pod: u32, shard: u32) {
+        let a = *self.topo.server(pod, shard).expect("the shard is in the topology");
+        let (rdma, tcp) = self.host(a.rdma, a.tcp);
+        let tables = TableSet::new(self.cfg.table_specs()).expect("valid tables");
+        let running = start_shard(
+            &self.cfg,
+            &self.topo,
+            ShardStart { pod, shard, tables, update_seq: 0, restored: false },
+            (Transport::Sim(rdma.clone()), Transport::Sim(tcp.clone())),
+            |_| {},
+        )
+        .await;
+        self.shards.insert((pod, shard), Shard { rdma, tcp, running });
+    }
+
+    /// The host dies: nothing answers, its addresses refuse connections.
+    fn kill(&mut self, pod: u32, shard: u32) {
+        if let Some(s) = self.shards.remove(&(pod, shard)) {
+            self.hub.kill(&s.rdma);
+            self.hub.kill(&s.tcp);
+            for t in &s.running.tasks {
+                t.abort();
+            }
+        }
+    }
+
+    /// The host hangs: nothing answers, but connections are not refused.
+    fn hang(&self, pod: u32, shard: u32) {
+        let s = &self.shards[&(pod, shard)];
+        self.hub.with_net(|n| {
+            n.freeze(self.hub.node_of(&s.rdma));
+            n.freeze(self.hub.node_of(&s.tcp));
+        });
+    }
+
+    fn nodes_of(&self, pod: u32) -> Vec<usize> {
+        self.shards
+            .iter()
+            .filter(|((p, _), _)| *p == pod)
+            .flat_map(|(_, s)| [self.hub.node_of(&s.rdma), self.hub.node_of(&s.tcp)])
+            .collect()
+    }
+
+    /// Cuts (or heals) every link between `inside` and every other node.
+    fn isolate(&self, inside: &[usize], on: bool) {
+        self.hub.with_net(|n| {
+            for other in 0..n.len() {
+                if inside.contains(&other) {
+                    continue;
+                }
+                for &i in inside {
+                    n.fabric().partition(i, other, on);
+                }
+            }
+        });
+    }
+
+    fn client(&mut self, pod: u32, id: u64) -> Arc<PsClient> {
+        self.next_client += 1;
+        let ip =
+            std::net::Ipv4Addr::new(10, 9, (self.next_client >> 8) as u8, self.next_client as u8);
+        let (rdma, tcp) = self.host((ip, 1).into(), (ip, 2).into());
+        let ccfg = client_config(&self.cfg.rpc, pod, id.wrapping_mul(0x9e37_79b9));
+        Arc::new(PsClient::new(
+            Some(Transport::Sim(rdma)),
+            Transport::Sim(tcp),
+            self.topo.clone(),
+            ccfg,
+            id,
+        ))
+    }
+
+    /// Keys of `table` whose rows differ between the training pod and a replica (an empty
+    /// list: converged), or a reason they cannot be compared.
+    fn divergence(&self, table: u32, dim: u32, keys: &[u64]) -> Vec<String> {
+        let mut out = Vec::new();
+        for shard in 0..SHARDS {
+            let mine: Vec<u64> =
+                keys.iter().copied().filter(|&k| self.topo.shard_of(k) == shard).collect();
+            let read = |pod: u32| -> Option<Vec<f32>> {
+                let s = self.shards.get(&(pod, shard))?;
+                let mut rows = vec![0f32; mine.len() * dim as usize];
+                s.running.server.tables().get(table)?.read_into(&mine, &mut rows).ok()?;
+                Some(rows)
+            };
+            let Some(want) = read(self.topo.training_pod()) else {
+                out.push(format!("training shard {shard} is down"));
+                continue;
+            };
+            for pod in (0..PODS).filter(|&p| p != self.topo.training_pod()) {
+                match read(pod) {
+                    None => out.push(format!("pod {pod} shard {shard} is down")),
+                    Some(got) => {
+                        let bad = want
+                            .iter()
+                            .zip(&got)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count();
+                        if bad > 0 {
+                            out.push(format!(
+                                "pod {pod} shard {shard}: {bad} values of table {table} differ"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn canary_values(&self) -> Vec<Option<f32>> {
+        (0..CANARY_KEYS)
+            .map(|k| {
+                let s = self.shards.get(&(self.topo.training_pod(), self.topo.shard_of(k)))?;
+                let mut v = [0f32];
+                s.running.server.tables().get(CANARY)?.read_into(&[k], &mut v).ok()?;
+                Some(v[0])
+            })
+            .collect()
+    }
+}
+
+/// What the workload tasks count.
+#[derive(Default)]
+struct Tally {
+    acked: Vec<AtomicU64>,
+    failed: Vec<AtomicU64>,
+    train_ok: AtomicU64,
+    train_failed: AtomicU64,
+    fetch_ok: AtomicU64,
+    fetch_failed: AtomicU64,
+    slowest_ms: AtomicU64,
+    late: Mutex<Vec<String>>,
+    /// Virtual ms (since start) of each acknowledged canary push to shard 0.
+    shard0_acks: Mutex<Vec<u64>>,
+}
+
+struct Clock(tokio::time::Instant);
+
+impl Clock {
+    fn ms(&self) -> u64 {
+        self.0.elapsed().as_millis() as u64
+    }
+    async fn at(&self, ms: u64) {
+        tokio::time::sleep_until(self.0 + Duration::from_millis(ms)).await;
+    }
+}
+
+fn note_latency(t: &Tally, what: &str, took: Duration, bound: Duration, at_ms: u64) {
+    let ms = took.as_millis() as u64;
+    t.slowest_ms.fetch_max(ms, Ordering::Relaxed);
+    if took > bound {
+        t.late.lock().push(format!("{what} at {at_ms} ms took {ms} ms (deadline {bound:?})"));
+    }
+}
+
+/// Runs `scenario` with `seed` on a fresh current-thread runtime with a paused clock.
+pub fn run(scenario: Scenario, seed: u64) -> Report {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    rt.block_on(run_async(scenario, seed))
+}
+
+async fn run_async(scenario: Scenario, seed: u64) -> Report {
+    let link = match scenario {
+        Scenario::Loss => LinkModel {
+            latency: Duration::from_micros(2),
+            jitter: Duration::from_micros(1),
+            ..LinkModel::default()
+        },
+        _ => LinkModel::default(),
+    };
+    let mut c = Cluster::new(seed, link).await;
+    if scenario == Scenario::Loss {
+        c.hub.with_net(|n| {
+            n.fabric().with_faults(|f| {
+                f.set_rates(FaultRates { drop: 0.01, duplicate: 0.01, corrupt: 0.0, reorder: 0.01 })
+            })
+        });
+    }
+    let clock = Arc::new(Clock(tokio::time::Instant::now()));
+    let tally = Arc::new(Tally {
+        acked: (0..CANARY_KEYS).map(|_| AtomicU64::new(0)).collect(),
+        failed: (0..CANARY_KEYS).map(|_| AtomicU64::new(0)).collect(),
+        ..Tally::default()
+    });
+    let push_bound = call_deadline(&c.cfg, 1);
+    let fetch_bound = call_deadline(&c.cfg, PODS);
+    let canary = c.client(0, 1);
+    let trainer = c.client(0, 2);
+    let readers = [c.client(0, 3), c.client(1, 4)];
+    let mut tasks = Vec::new();
+    for key in 0..CANARY_KEYS {
+        let (cl, t, clock) = (canary.clone(), tally.clone(), clock.clone());
+        let shard = c.topo.shard_of(key);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (key << 40));
+        tasks.push(tokio::spawn(async move {
+            while clock.ms() < WORKLOAD_END.as_millis() as u64 {
+                let start = tokio::time::Instant::now();
+                // SGD with rate 1: a gradient of −1 adds 1.
+                let r = cl.push(CANARY, 1, &[key], &[-1.0]).await;
+                note_latency(&t, "canary push", start.elapsed(), push_bound, clock.ms());
+                if r.is_ok() {
+                    t.acked[key as usize].fetch_add(1, Ordering::Relaxed);
+                    if shard == 0 {
+                        t.shard0_acks.lock().push(clock.ms());
+                    }
+                } else {
+                    t.failed[key as usize].fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(5..25))).await;
+            }
+        }));
+    }
+    let pushed = Arc::new(Mutex::new(BTreeSet::new()));
+    {
+        let (cl, t, clock, pushed) =
+            (trainer.clone(), tally.clone(), clock.clone(), pushed.clone());
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a41);
+        tasks.push(tokio::spawn(async move {
+            while clock.ms() < WORKLOAD_END.as_millis() as u64 {
+                let keys: Vec<u64> = (0..24).map(|_| rng.random_range(0..EMB_KEYS)).collect();
+                let grads: Vec<f32> = (0..keys.len() * EMB_DIM as usize)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let start = tokio::time::Instant::now();
+                let r = cl.push(EMB, EMB_DIM, &keys, &grads).await;
+                // The shards' parts go concurrently: one call's deadline.
+                note_latency(&t, "trainer push", start.elapsed(), push_bound, clock.ms());
+                match r {
+                    Ok(()) => t.train_ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => t.train_failed.fetch_add(1, Ordering::Relaxed),
+                };
+                pushed.lock().extend(keys);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(5..15))).await;
+            }
+        }));
+    }
+    for (i, r) in readers.iter().enumerate() {
+        let (cl, t, clock) = (r.clone(), tally.clone(), clock.clone());
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (0x3eade4 + i as u64));
+        tasks.push(tokio::spawn(async move {
+            while clock.ms() < WORKLOAD_END.as_millis() as u64 {
+                let keys: Vec<u64> = (0..32).map(|_| rng.random_range(0..EMB_KEYS)).collect();
+                let start = tokio::time::Instant::now();
+                let r = cl.fetch(EMB, EMB_DIM, &keys).await;
+                note_latency(&t, "fetch", start.elapsed(), fetch_bound, clock.ms());
+                match r {
+                    Ok(rows) if rows.len() == keys.len() * EMB_DIM as usize => {
+                        t.fetch_ok.fetch_add(1, Ordering::Relaxed)
+                    }
+                    _ => t.fetch_failed.fetch_add(1, Ordering::Relaxed),
+                };
+                tokio::time::sleep(Duration::from_millis(rng.random_range(2..10))).await;
+            }
+        }));
+    }
+
+    let mut violations = Vec::new();
+    let mut fallback_ms = None;
+    let mut quarantined_mid = false;
+    let rdma_down_at = 400;
+    match scenario {
+        Scenario::Loss => {}
+        Scenario::ShardRestart => {
+            clock.at(400).await;
+            c.kill(1, 0);
+            // It bootstraps from the training pod while pushes go on.
+            clock.at(2_400).await;
+            c.start(1, 0).await;
+        }
+        Scenario::PodPartition => {
+            clock.at(400).await;
+            let pod1 = c.nodes_of(1);
+            c.isolate(&pod1, true);
+            // Healed just before the workload ends: the replicas catch up afterwards.
+            clock.at(2_900).await;
+            c.isolate(&pod1, false);
+        }
+        Scenario::Hang => {
+            clock.at(400).await;
+            c.hang(1, 1);
+            // Past the keepalive timeout (1 s): peers have given up on it.
+            clock.at(1_800).await;
+            c.kill(1, 1);
+            c.start(1, 1).await;
+        }
+        Scenario::RdmaFallback => {
+            clock.at(rdma_down_at).await;
+            let rdma = c.hub.node_of(&c.shards[&(0, 0)].rdma);
+            c.isolate(&[rdma], true);
+            clock.at(1_800).await;
+            c.isolate(&[rdma], false);
+        }
+        Scenario::Quarantine => {
+            clock.at(300).await;
+            c.kill(1, 1);
+            // Reader 1 (pod 1) prefers pod 1's replicas. Its channel to this one fails at
+            // the keepalive timeout (1 s); then connections are refused, and after M = 3
+            // of them it quarantines the replica.
+            clock.at(2_000).await;
+            quarantined_mid = readers[1].rpc().is_quarantined(POD1_SHARD1);
+            c.start(1, 1).await;
+            // The next probe (at most 1 s after the quarantine) finds it back.
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let end_ms = clock.ms();
+    // Everything healed and up: replicas must converge.
+    let mut keys: Vec<u64> = pushed.lock().iter().copied().collect();
+    keys.sort_unstable();
+    let canary_keys: Vec<u64> = (0..CANARY_KEYS).collect();
+    let mut converged_ms = None;
+    let mut left = Vec::new();
+    while clock.ms() <= end_ms + SETTLE.as_millis() as u64 {
+        left = c.divergence(EMB, EMB_DIM, &keys);
+        left.extend(c.divergence(CANARY, 1, &canary_keys));
+        if left.is_empty() {
+            converged_ms = Some(clock.ms() - end_ms);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !left.is_empty() {
+        violations
+            .push(format!("replicas did not converge within {SETTLE:?}: {}", left.join("; ")));
+    }
+    // Canary: acked ≤ value ≤ acked + failed.
+    let values = c.canary_values();
+    let mut pushes_acked = 0;
+    let mut pushes_failed = 0;
+    for (k, v) in values.iter().enumerate() {
+        let acked = tally.acked[k].load(Ordering::Relaxed);
+        let failed = tally.failed[k].load(Ordering::Relaxed);
+        pushes_acked += acked;
+        pushes_failed += failed;
+        match v {
+            None => violations.push(format!("canary key {k}: its training shard is down")),
+            Some(v) if (*v as u64) < acked || v.fract() != 0.0 => violations
+                .push(format!("canary key {k}: value {v} < {acked} acknowledged pushes (lost)")),
+            Some(v) if *v as u64 > acked + failed => violations.push(format!(
+                "canary key {k}: value {v} > {acked} acknowledged + {failed} failed (applied twice)"
+            )),
+            Some(_) => {}
+        }
+    }
+    violations.extend(tally.late.lock().iter().take(5).cloned());
+    let stats: Vec<_> = [&canary, &trainer, &readers[0], &readers[1]]
+        .iter()
+        .map(|c| c.rpc().stats().snapshot())
+        .collect();
+    let sum = |f: fn(&bex_rpc::ClientCounts) -> u64| stats.iter().map(f).sum::<u64>();
+    let (fallbacks, recoveries, quarantines, tcp_calls) =
+        (sum(|s| s.fallbacks), sum(|s| s.recoveries), sum(|s| s.quarantines), sum(|s| s.tcp_calls));
+    match scenario {
+        Scenario::RdmaFallback => {
+            let first = tally.shard0_acks.lock().iter().copied().find(|&t| t > rdma_down_at);
+            fallback_ms = first.map(|t| t - rdma_down_at);
+            match fallback_ms {
+                Some(ms) if ms <= FALLBACK_BOUND.as_millis() as u64 => {}
+                other => violations.push(format!(
+                    "no push served within {FALLBACK_BOUND:?} of the RDMA failure ({other:?} ms)"
+                )),
+            }
+            if fallbacks == 0 || tcp_calls == 0 {
+                violations.push(format!(
+                    "no fallback to TCP ({fallbacks} fallbacks, {tcp_calls} TCP calls)"
+                ));
+            }
+            if recoveries == 0 {
+                violations.push("RDMA never came back after the heal".into());
+            }
+        }
+        Scenario::Quarantine => {
+            if !quarantined_mid || quarantines == 0 {
+                violations.push(format!(
+                    "the dead replica was not quarantined ({quarantines} quarantines)"
+                ));
+            }
+            if readers[1].rpc().is_quarantined(POD1_SHARD1) {
+                violations.push("the quarantine was not released after the restart".into());
+            }
+        }
+        _ => {}
+    }
+    let fetches =
+        (tally.fetch_ok.load(Ordering::Relaxed), tally.fetch_failed.load(Ordering::Relaxed));
+    if fetches.0 == 0 || pushes_acked == 0 {
+        violations.push(format!("no progress: {} fetches, {pushes_acked} pushes", fetches.0));
+    }
+    let mut report = Report {
+        scenario,
+        seed,
+        virtual_ms: clock.ms(),
+        pushes_acked,
+        pushes_failed,
+        train_pushes: (
+            tally.train_ok.load(Ordering::Relaxed),
+            tally.train_failed.load(Ordering::Relaxed),
+        ),
+        fetches,
+        slowest_ms: (tally.slowest_ms.load(Ordering::Relaxed), fetch_bound.as_millis() as u64),
+        fallbacks,
+        recoveries,
+        quarantines,
+        tcp_calls,
+        clients: stats.clone(),
+        fallback_ms,
+        converged_ms,
+        violations,
+        fingerprint: 0,
+    };
+    let mut h = Fnv::default();
+    h.write(serde_json::to_string(&report).unwrap_or_default().as_bytes());
+    for v in values.iter().flatten() {
+        h.write(&v.to_bits().to_le_bytes());
+    }
+    for shard in 0..SHARDS {
+        if let Some(s) = c.shards.get(&(c.topo.training_pod(), shard)) {
+            let mine: Vec<u64> =
+                keys.iter().copied().filter(|&k| c.topo.shard_of(k) == shard).collect();
+            let mut rows = vec![0f32; mine.len() * EMB_DIM as usize];
+            if let Some(t) = s.running.server.tables().get(EMB) {
+                let _ = t.read_into(&mine, &mut rows);
+            }
+            for r in rows {
+                h.write(&r.to_bits().to_le_bytes());
+            }
+        }
+    }
+    report.fingerprint = h.0;
+    report
+}
+
+/// FNV-1a, for fingerprints that are the same in every process.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
