@@ -41,6 +41,10 @@ step "incast study in simulation, quick (paper Table 4: servers before the first
 cargo build --locked --release -q -p bex-incast
 target/release/bex-incast --quick --out target/incast
 
+step "PS fault matrix in simulation: 6 scenarios x 25 seeds, real shard/RPC/client code on simulated NICs"
+cargo build --locked --release -q -p bex-simcluster
+target/release/bex-simcluster --seeds 25 --chunk 25 --out target/simcluster.json
+
 step "fuzz smoke: every cargo-fuzz target for 20 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
 FUZZ_NICE=0 scripts/fuzz.sh --smoke
 

@@ -197,10 +197,8 @@ pub struct ServerConfig {
     pub restore_on_start: bool,
     /// With no checkpoint, copy the shard from a peer pod at start.
     pub bootstrap_from_peer: bool,
-    /// Keys per replication batch (training pod).
+    /// Most keys per round of replication to one replica (training pod).
     pub replication_batch_keys: u32,
-    /// Longest a replication batch waits to fill, ms.
-    pub replication_flush_ms: u64,
     /// Bytes per snapshot chunk when bootstrapping.
     pub snapshot_chunk_bytes: u32,
 }
@@ -217,7 +215,6 @@ impl Default for ServerConfig {
             restore_on_start: true,
             bootstrap_from_peer: true,
             replication_batch_keys: 4096,
-            replication_flush_ms: 5,
             snapshot_chunk_bytes: 1 << 20,
         }
     }
@@ -499,9 +496,9 @@ pub struct RpcConfig {
     pub quarantine_request_failures: u32,
     /// The failure-counting window.
     pub quarantine_window_s: u64,
-    /// How long a destination stays quarantined.
+    /// How long a quarantined destination is passed over before a call probes it again.
     pub quarantine_s: u64,
-    /// Fall back to TCP when RDMA stays unavailable.
+    /// Fall back to TCP when RDMA stays unavailable (false: RDMA failures fail the calls).
     pub tcp_fallback: bool,
     /// How often a TCP-fallback destination re-probes RDMA.
     pub rdma_reprobe_s: u64,

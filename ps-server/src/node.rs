@@ -58,6 +58,13 @@ pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64) -> ClientConfig {
         quarantine_request_failures: r.quarantine_request_failures as usize,
         quarantine_window: Duration::from_secs(r.quarantine_window_s),
         reprobe_interval: Duration::from_secs(r.rdma_reprobe_s.max(1)),
+        quarantine_probe_interval: Duration::from_secs(r.quarantine_s.max(1)),
+        // Without the fallback a destination's RDMA failures only ever fail its calls.
+        rdma_failures_before_fallback: if r.tcp_fallback {
+            ClientConfig::default().rdma_failures_before_fallback
+        } else {
+            u32::MAX
+        },
         local_pod: if r.prefer_local_pod { local_pod } else { u32::MAX },
         seed,
         ..ClientConfig::default()
@@ -129,5 +136,28 @@ pub mod anyhow_like {
     /// `what: cause`.
     pub fn err(what: &str, cause: impl std::fmt::Display) -> Error {
         Error(format!("{what}: {cause}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rpc_setting_reaches_the_client() {
+        let mut r = RpcConfig { quarantine_s: 7, rdma_reprobe_s: 3, ..RpcConfig::default() };
+        let c = client_config(&r, 1, 9);
+        assert_eq!(c.quarantine_probe_interval, Duration::from_secs(7));
+        assert_eq!(c.reprobe_interval, Duration::from_secs(3));
+        assert_eq!(
+            c.rdma_failures_before_fallback,
+            ClientConfig::default().rdma_failures_before_fallback
+        );
+        assert_eq!((c.local_pod, c.seed), (1, 9));
+        r.tcp_fallback = false;
+        r.prefer_local_pod = false;
+        let c = client_config(&r, 1, 9);
+        assert_eq!(c.rdma_failures_before_fallback, u32::MAX, "never falls back");
+        assert_eq!(c.local_pod, u32::MAX, "no pod preferred");
     }
 }

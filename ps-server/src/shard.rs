@@ -22,13 +22,17 @@ use crate::server::{Handler, PsServer, ServerParts};
 /// How long a replica tries to copy its shard from the training pod before it starts empty.
 pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Copies the training pod's rows of this shard into `tables` (a fresh replica); returns
-/// the number of rows.
-pub async fn bootstrap(client: &Client, tables: &TableSet) -> Result<u64, String> {
+/// Copies the training pod's rows of this shard into `tables` (a fresh replica) in chunks of
+/// at most `chunk_bytes`; returns the number of rows.
+pub async fn bootstrap(
+    client: &Client,
+    tables: &TableSet,
+    chunk_bytes: u32,
+) -> Result<u64, String> {
     let mut cursor = SnapshotCursor::START;
     let mut rows = 0u64;
     for seq in 1.. {
-        let req = SnapshotRequest { cursor, max_bytes: 1 << 20 };
+        let req = SnapshotRequest { cursor, max_bytes: chunk_bytes };
         let frame =
             wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
         let m = client.call(&[0], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
@@ -127,7 +131,12 @@ pub async fn start_shard(
             vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
             ccfg,
         );
-        match tokio::time::timeout(BOOTSTRAP_DEADLINE, bootstrap(&peer, server.tables())).await {
+        match tokio::time::timeout(
+            BOOTSTRAP_DEADLINE,
+            bootstrap(&peer, server.tables(), cfg.server.snapshot_chunk_bytes),
+        )
+        .await
+        {
             Ok(Ok(rows)) => log(&format!("bootstrapped {rows} rows from the training pod")),
             Ok(Err(e)) => log(&format!("no bootstrap from the training pod ({e}); starting empty")),
             Err(_) => log("bootstrap timed out; starting empty"),

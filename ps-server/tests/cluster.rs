@@ -307,7 +307,7 @@ async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
 async fn quarantine_engages_at_exactly_m_plus_one_failures() {
     let mut c = Cluster::with("quarantine", 4, |cfg| {
         cfg.rpc.quarantine_connect_failures = 3;
-        cfg.rpc.rdma_reprobe_s = 60;
+        cfg.rpc.quarantine_s = 60;
     });
     let secret = cluster_secret(&c.cfg.cluster.name);
     c.kill9(1, 0);

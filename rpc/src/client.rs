@@ -47,8 +47,11 @@ pub struct ClientConfig {
     pub quarantine_request_failures: usize,
     /// The quarantine window.
     pub quarantine_window: Duration,
-    /// How often a quarantined destination, or one on TCP, is probed again.
+    /// How often a destination on TCP re-probes RDMA.
     pub reprobe_interval: Duration,
+    /// How long a quarantined destination is passed over before a call tries it again (a
+    /// probe; a success releases it, a failure starts another period).
+    pub quarantine_probe_interval: Duration,
     /// Consecutive RDMA failures (after reconnecting) before a destination falls back to TCP.
     pub rdma_failures_before_fallback: u32,
     /// The caller's mini-pod.
@@ -68,6 +71,7 @@ impl Default for ClientConfig {
             quarantine_request_failures: 50,
             quarantine_window: Duration::from_secs(300),
             reprobe_interval: Duration::from_secs(1),
+            quarantine_probe_interval: Duration::from_secs(300),
             rdma_failures_before_fallback: 2,
             local_pod: 0,
             seed: 1,
@@ -403,7 +407,7 @@ impl Client {
             self.stats.quarantines.fetch_add(1, Ordering::Relaxed);
         }
         if d.quarantine.is_quarantined() {
-            d.next_quarantine_probe = Some(now + self.cfg.reprobe_interval);
+            d.next_quarantine_probe = Some(now + self.cfg.quarantine_probe_interval);
         }
     }
 
@@ -446,7 +450,7 @@ impl Client {
                 d.quarantine.request_failed(now);
                 if !was && d.quarantine.is_quarantined() {
                     self.stats.quarantines.fetch_add(1, Ordering::Relaxed);
-                    d.next_quarantine_probe = Some(now + self.cfg.reprobe_interval);
+                    d.next_quarantine_probe = Some(now + self.cfg.quarantine_probe_interval);
                 }
             }
             Err(RpcError::Transport(_)) => {

@@ -159,16 +159,33 @@ async fn rdma_failure_falls_back_to_tcp_and_returns_after_a_reprobe() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_tcp_fallback_rdma_failures_fail_the_calls() {
+    let r = replica(0, Duration::ZERO, false).await;
+    // Port 9 is taken over by the re-probe test's RDMA listener: a dead port of our own.
+    let ep = Endpoint { rdma: "127.0.0.1:11".parse().unwrap(), ..r.ep };
+    let cfg = ClientConfig { rdma_failures_before_fallback: u32::MAX, ..local_cfg() };
+    let c = client(vec![ep], cfg).await;
+    for _ in 0..3 {
+        let r = c.call(&[0], 1, b"x").await;
+        assert!(r.is_err(), "RDMA is dead and TCP is not allowed: {r:?}");
+    }
+    assert!(!c.on_tcp(0));
+    assert_eq!(c.stats().fallbacks.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(c.stats().tcp_calls.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_destination_is_quarantined_after_m_connection_failures() {
     let healthy = replica(1, Duration::ZERO, true).await;
+    // Not port 9: the re-probe test brings an RDMA listener up there.
     let dead = Endpoint {
         pod: 0,
-        rdma: "127.0.0.1:9".parse().unwrap(),
-        tcp: "127.0.0.1:9".parse().unwrap(),
+        rdma: "127.0.0.1:13".parse().unwrap(),
+        tcp: "127.0.0.1:13".parse().unwrap(),
     };
     let cfg = ClientConfig {
         quarantine_connection_failures: 4,
-        reprobe_interval: Duration::from_secs(60),
+        quarantine_probe_interval: Duration::from_secs(60),
         local_pod: 0,
         ..local_cfg()
     };

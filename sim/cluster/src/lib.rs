@@ -179,9 +179,10 @@ fn cluster_config() -> Config {
         },
     ];
     // The shipped transport and RPC settings (keepalive 100 ms / 1 s, Tc 10 ms, Tr 40 ms),
-    // but a quarantine after a few connection failures so the quarantine scenario engages
-    // it within the run.
+    // but a quarantine after a few connection failures, probed every second, so the
+    // quarantine scenario engages and releases it within the run.
     cfg.rpc.quarantine_connect_failures = 3;
+    cfg.rpc.quarantine_s = 1;
     cfg.rpc.rdma_reprobe_s = 1;
     cfg
 }
