@@ -67,7 +67,6 @@ pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64) -> ClientConfig {
         },
         local_pod: if r.prefer_local_pod { local_pod } else { u32::MAX },
         seed,
-        ..ClientConfig::default()
     }
 }
 
