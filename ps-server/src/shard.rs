@@ -12,15 +12,21 @@ use bex_ps_core::dedupe::DedupeConfig;
 use bex_ps_core::topology::Topology;
 use bex_ps_core::wire::{self, Limits, Op};
 use bex_ps_core::{Config, TableSet};
-use bex_rpc::{serve, Client, Endpoint, ServerStats};
+use bex_rpc::{serve, Client, ClientConfig, Endpoint, ServerStats};
 use bex_transport::Transport;
 use tokio::task::JoinHandle;
 
 use crate::node::client_config;
 use crate::server::{Handler, PsServer, ServerParts};
 
-/// How long a replica tries to copy its shard from the training pod before it starts empty.
-pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a fresh replica keeps trying to copy its shard from the training pod before it
+/// serves without it (its rows would then be initial values until pushes replace them, so
+/// it tries hard).
+pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(60);
+/// The deadline of one snapshot chunk: a 1 MiB chunk from a busy training server takes far
+/// longer than a serving request's `Tr` (a 40 ms deadline made restarted replicas start
+/// empty under load, found by the chaos run).
+const SNAPSHOT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Copies the training pod's rows of this shard into `tables` (a fresh replica) in chunks of
 /// at most `chunk_bytes`; returns the number of rows.
@@ -125,21 +131,37 @@ pub async fn start_shard(
         (restored, cfg.server.bootstrap_from_peer, topo.is_training(pod), training)
     {
         server.set_state(ServingState::Bootstrapping);
+        let bcfg = ClientConfig {
+            request_timeout: ccfg.request_timeout.max(SNAPSHOT_REQUEST_TIMEOUT),
+            connect_timeout: ccfg.connect_timeout.max(Duration::from_secs(1)),
+            retry_probability: 1.0,
+            ..ccfg
+        };
         let peer = Client::new(
             Some(rdma.clone()),
             tcp.clone(),
             vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
-            ccfg,
+            bcfg,
         );
-        match tokio::time::timeout(
-            BOOTSTRAP_DEADLINE,
-            bootstrap(&peer, server.tables(), cfg.server.snapshot_chunk_bytes),
-        )
-        .await
-        {
-            Ok(Ok(rows)) => log(&format!("bootstrapped {rows} rows from the training pod")),
-            Ok(Err(e)) => log(&format!("no bootstrap from the training pod ({e}); starting empty")),
-            Err(_) => log("bootstrap timed out; starting empty"),
+        let chunk = cfg.server.snapshot_chunk_bytes;
+        let attempts = async {
+            let mut backoff = Duration::from_millis(100);
+            let mut attempt = 1u32;
+            loop {
+                match bootstrap(&peer, server.tables(), chunk).await {
+                    Ok(rows) => return rows,
+                    Err(e) => log(&format!("bootstrap attempt {attempt} failed ({e}); retrying")),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                attempt += 1;
+            }
+        };
+        match tokio::time::timeout(BOOTSTRAP_DEADLINE, attempts).await {
+            Ok(rows) => log(&format!("bootstrapped {rows} rows from the training pod")),
+            Err(_) => log(&format!(
+                "no bootstrap from the training pod within {BOOTSTRAP_DEADLINE:?}; serving without it"
+            )),
         }
     }
     let stats = Arc::new(ServerStats::default());

@@ -145,7 +145,7 @@ const SHARDS: u32 = 2;
 const CANARY: u32 = 0;
 const EMB: u32 = 1;
 const EMB_DIM: u32 = 8;
-const CANARY_KEYS: u64 = 12;
+const CANARY_KEYS: u64 = 8;
 /// Pod 1, shard 1 in the client's endpoint order (pod-major).
 const POD1_SHARD1: usize = (SHARDS + 1) as usize;
 const EMB_KEYS: u64 = 400;
@@ -507,7 +507,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                     }
                     _ => t.fetch_failed.fetch_add(1, Ordering::Relaxed),
                 };
-                tokio::time::sleep(Duration::from_millis(rng.random_range(2..10))).await;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(4..12))).await;
             }
         }));
     }
