@@ -340,6 +340,7 @@ impl Executor {
                 break;
             }
             self.chaos_next += 1;
+            let started = secs(now() - t0);
             let result = self.chaos_action(&ev);
             let at = secs(now() - t0);
             println!(
@@ -353,7 +354,8 @@ impl Executor {
                     .push(format!("chaos {} {} at {at}s failed: {e}", ev.action, ev.target));
             }
             self.chaos_log.push(json!({
-                "at_s": ev.at_s, "applied_at_s": at, "action": ev.action, "target": ev.target,
+                "at_s": ev.at_s, "started_at_s": started, "applied_at_s": at,
+                "action": ev.action, "target": ev.target,
                 "probability": ev.probability,
                 "result": match &result { Ok(m) => m.clone(), Err(e) => format!("failed: {e}") },
             }));
