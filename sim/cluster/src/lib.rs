@@ -15,7 +15,8 @@
 //! - every request answered or failed by its deadline (the client's worst case, derived from
 //!   its attempts and deadlines);
 //! - replicas converge: every pod's rows equal the training pod's, bit for bit;
-//! - and the scenario's own claim (fallback within 1 s, quarantine engaged and released, …).
+//! - and the scenario's own claim (fallback within 1 s, a hung host noticed by keepalive
+//!   expiry, quarantine engaged and released).
 //!
 //! A run is a function of (scenario, seed): [`run`] twice gives the same [`Report`], which
 //! carries a fingerprint of everything observed.
@@ -121,6 +122,8 @@ pub struct Report {
     pub quarantines: u64,
     /// See `fallbacks`.
     pub tcp_calls: u64,
+    /// Engines failed by keepalive expiry, on every node.
+    pub keepalive_failures: u64,
     /// Each client's RPC counters: canary, trainer, reader in pod 0, reader in pod 1.
     pub clients: Vec<bex_rpc::ClientCounts>,
     /// Virtual ms from the RDMA failure to the first push served after it (rdma-fallback).
@@ -564,6 +567,8 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         let _ = t.await;
     }
     let end_ms = clock.ms();
+    let keepalive_failures =
+        c.hub.with_net(|n| (0..n.len()).map(|i| n.counters(i).keepalive_failures).sum::<u64>());
     // Everything healed and up: replicas must converge.
     let mut keys: Vec<u64> = pushed.lock().iter().copied().collect();
     keys.sort_unstable();
@@ -629,6 +634,9 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                 violations.push("RDMA never came back after the heal".into());
             }
         }
+        Scenario::Hang if keepalive_failures == 0 => {
+            violations.push("no peer noticed the hung replica by keepalive expiry".into());
+        }
         Scenario::Quarantine => {
             if !quarantined_mid || quarantines == 0 {
                 violations.push(format!(
@@ -662,6 +670,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         recoveries,
         quarantines,
         tcp_calls,
+        keepalive_failures,
         clients: stats.clone(),
         fallback_ms,
         converged_ms,
