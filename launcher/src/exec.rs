@@ -127,6 +127,9 @@ pub struct Executor {
     chaos_log: Vec<Value>,
     /// Servers the schedule killed and has not restarted.
     down: BTreeSet<String>,
+    /// Servers the schedule restarted, and when: a replica may still be copying its shard
+    /// from the training pod when the phase ends.
+    restarted: BTreeMap<String, Instant>,
 }
 
 impl Drop for Executor {
@@ -192,6 +195,7 @@ impl Executor {
             chaos_next: 0,
             chaos_log: Vec::new(),
             down: BTreeSet::new(),
+            restarted: BTreeMap::new(),
         })
     }
 
@@ -417,6 +421,7 @@ impl Executor {
                 let pid = r.pid;
                 self.servers[i] = r;
                 self.down.remove(&ev.target);
+                self.restarted.insert(ev.target.clone(), now());
                 Ok(format!("started again as pid {pid}"))
             }
             "loss" => {
@@ -625,6 +630,13 @@ impl Executor {
             }),
             _ => Value::Null,
         };
+        // A server restarted by the schedule gets the start-up deadline from its restart.
+        for (name, at) in std::mem::take(&mut self.restarted) {
+            let Some(s) = self.servers.iter().find(|s| s.spec.name == name) else { continue };
+            while now() < at + STARTUP_DEADLINE && s.status.is_none() && !healthy_now(&s.spec) {
+                wait_then_now(POLL);
+            }
+        }
         for s in &self.servers {
             if s.status.is_none() && !self.down.contains(&s.spec.name) && !healthy_now(&s.spec) {
                 self.reasons
