@@ -215,6 +215,7 @@ struct Cluster {
     tcfg: bex_transport::Config,
     shards: BTreeMap<(u32, u32), Shard>,
     next_client: u16,
+    seed: u64,
 }
 
 impl Cluster {
@@ -232,7 +233,7 @@ impl Cluster {
         let cfg = cluster_config();
         let topo = cfg.topology().expect("the simulated cluster's topology");
         let tcfg = transport_config(&cfg.transport, b"sim");
-        let mut c = Cluster { hub, cfg, topo, tcfg, shards: BTreeMap::new(), next_client: 0 };
+        let mut c = Cluster { hub, cfg, topo, tcfg, shards: BTreeMap::new(), next_client: 0, seed };
         // The training pod first, so replicas bootstrap from it.
         for pod in [c.topo.training_pod(), 1 - c.topo.training_pod()] {
             for shard in 0..SHARDS {
@@ -316,7 +317,8 @@ impl Cluster {
         let ip =
             std::net::Ipv4Addr::new(10, 9, (self.next_client >> 8) as u8, self.next_client as u8);
         let (rdma, tcp) = self.host((ip, 1).into(), (ip, 2).into());
-        let ccfg = client_config(&self.cfg.rpc, pod, id.wrapping_mul(0x9e37_79b9));
+        // The retry decisions depend on the run's seed too.
+        let ccfg = client_config(&self.cfg.rpc, pod, self.seed ^ id.wrapping_mul(0x9e37_79b9));
         Arc::new(PsClient::new(
             Some(Transport::Sim(rdma)),
             Transport::Sim(tcp),
@@ -421,13 +423,11 @@ pub fn run(scenario: Scenario, seed: u64) -> Report {
 }
 
 async fn run_async(scenario: Scenario, seed: u64) -> Report {
-    let link = match scenario {
-        Scenario::Loss => LinkModel {
-            latency: Duration::from_micros(2),
-            jitter: Duration::from_micros(1),
-            ..LinkModel::default()
-        },
-        _ => LinkModel::default(),
+    // Jitter makes the seed decide the interleavings, not only the workload's schedule.
+    let link = LinkModel {
+        latency: Duration::from_micros(2),
+        jitter: Duration::from_micros(1),
+        ..LinkModel::default()
     };
     let mut c = Cluster::new(seed, link).await;
     if scenario == Scenario::Loss {
