@@ -105,8 +105,9 @@ impl Space {
         debug_assert!(granule.is_power_of_two() && len % granule == 0 && len > 0);
         // Over-reserve by one granule so the base can be aligned to it.
         let map_len = len + granule;
-        // SAFETY: an anonymous PROT_NONE mapping at an address of the kernel's choosing
-        // touches no existing memory; MAP_NORESERVE commits no swap.
+        // An anonymous PROT_NONE mapping at an address of the kernel's choosing; MAP_NORESERVE
+        // commits no swap.
+        // SAFETY: such a mapping touches no existing memory.
         let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -219,18 +220,20 @@ impl Space {
             return Err(GrowFailure::Exhausted);
         }
         let addr = self.base + start;
-        // SAFETY: `[addr, addr + len)` lies inside our PROT_NONE reservation and was never
-        // handed out (the bump pointer only moves forward), so no one else uses it.
-        let rc =
-            unsafe { libc::mprotect(addr as *mut c_void, len, libc::PROT_READ | libc::PROT_WRITE) };
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // `[addr, addr + len)` lies inside our PROT_NONE reservation and was never handed out
+        // (the bump pointer only moves forward).
+        // SAFETY: so no one else uses that range.
+        let rc = unsafe { libc::mprotect(addr as *mut c_void, len, rw) };
         if rc != 0 {
             return Err(GrowFailure::Commit(std::io::Error::last_os_error()));
         }
         let head = start >> self.shift;
         let devices = self.registrars.len();
         for (d, r) in self.registrars.iter().enumerate() {
-            // SAFETY: the block stays mapped until the pool's drop has deregistered it from
-            // every device (`Space::release`); it is never unmapped earlier.
+            // The block stays mapped until the pool's drop has deregistered it from every
+            // device (`Space::release`).
+            // SAFETY: so the registered range outlives every registration of it.
             let res = unsafe { r.register(addr as *mut u8, len) };
             let keys = match res {
                 Ok(k) if k.addr == addr as u64 && k.len == len as u64 => Ok(k),
@@ -263,8 +266,8 @@ impl Space {
                             self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    // SAFETY: the block was committed just above, never handed out, and is
-                    // registered with no device any more.
+                    // The block was committed just above and never handed out.
+                    // SAFETY: and it is registered with no device any more.
                     unsafe { libc::mprotect(addr as *mut c_void, len, libc::PROT_NONE) };
                     self.counters.registration_failures.fetch_add(1, Ordering::Relaxed);
                     return Err(GrowFailure::Register { device: d, error });
@@ -324,8 +327,9 @@ impl Space {
             g = head + n.max(1);
         }
         if let Some((raw, len)) = self.mapping.take() {
-            // SAFETY: the mapping is ours; the arena that used it is destroyed and every
-            // registration of it is gone, so nothing refers to it any more.
+            // The mapping is ours; the arena that used it is destroyed and every registration
+            // of it is gone.
+            // SAFETY: so nothing refers to it any more.
             unsafe { libc::munmap(raw as *mut c_void, len) };
         }
     }
