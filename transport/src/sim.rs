@@ -325,26 +325,7 @@ impl SimNet {
     /// Opens a socket on engine `engine` of node `a`, running the network until the peer
     /// answers (at most `limit` of virtual time).
     pub fn open(&mut self, a: usize, engine: u32, limit: Duration) -> Result<SimSocket> {
-        let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, inbox) = mpsc::unbounded_channel();
-        let (reply, mut rx) = oneshot::channel();
-        self.nodes[a]
-            .cmd_tx
-            .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
-            .map_err(|_| TransportError::Shutdown)?;
-        self.nodes[a].dirty = true;
-        let mut result = None;
-        self.run_until(
-            |_| {
-                if let Ok(r) = rx.try_recv() {
-                    result = Some(r);
-                }
-                result.is_some()
-            },
-            limit,
-        );
-        result.unwrap_or(Err(TransportError::ConnectTimeout(format!("node {a}"))))?;
-        Ok(SimSocket { node: a, id, inbox })
+        Ok(self.open_all(&[(a, engine)], limit)?.remove(0))
     }
 
     /// Opens one socket per `(node, engine)` at once and runs the network until every peer
@@ -353,15 +334,8 @@ impl SimNet {
     pub fn open_all(&mut self, which: &[(usize, u32)], limit: Duration) -> Result<Vec<SimSocket>> {
         let mut pending = Vec::with_capacity(which.len());
         for &(a, engine) in which {
-            let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let (tx, inbox) = mpsc::unbounded_channel();
-            let (reply, rx) = oneshot::channel();
-            self.nodes[a]
-                .cmd_tx
-                .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
-                .map_err(|_| TransportError::Shutdown)?;
-            self.nodes[a].dirty = true;
-            pending.push((a, id, inbox, rx, None));
+            let o = self.open_cmd(a, engine)?;
+            pending.push((a, o.id, o.inbox, o.answered, None));
         }
         let mut left = pending.len();
         self.run_until(
@@ -409,7 +383,7 @@ impl SimNet {
         SendTicket(rx)
     }
 
-    /// Asks node `a` to open a socket on `engine` (for [`crate::simio`]).
+    /// Asks node `a` to open a socket on `engine`.
     pub(crate) fn open_cmd(&mut self, a: usize, engine: u32) -> Result<Opening> {
         let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, inbox) = mpsc::unbounded_channel();

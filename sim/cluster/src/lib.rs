@@ -335,12 +335,7 @@ impl Cluster {
         for shard in 0..SHARDS {
             let mine: Vec<u64> =
                 keys.iter().copied().filter(|&k| self.topo.shard_of(k) == shard).collect();
-            let read = |pod: u32| -> Option<Vec<f32>> {
-                let s = self.shards.get(&(pod, shard))?;
-                let mut rows = vec![0f32; mine.len() * dim as usize];
-                s.running.server.tables().get(table)?.read_into(&mine, &mut rows).ok()?;
-                Some(rows)
-            };
+            let read = |pod: u32| self.rows(pod, shard, table, dim, &mine);
             let Some(want) = read(self.topo.training_pod()) else {
                 out.push(format!("training shard {shard} is down"));
                 continue;
@@ -366,14 +361,19 @@ impl Cluster {
         out
     }
 
+    /// Rows of `keys` (all of shard `shard`) as the server of (`pod`, `shard`) holds them,
+    /// without creating any; `None` if it is down.
+    fn rows(&self, pod: u32, shard: u32, table: u32, dim: u32, keys: &[u64]) -> Option<Vec<f32>> {
+        let s = self.shards.get(&(pod, shard))?;
+        let mut rows = vec![0f32; keys.len() * dim as usize];
+        s.running.server.tables().get(table)?.read_into(keys, &mut rows).ok()?;
+        Some(rows)
+    }
+
     fn canary_values(&self) -> Vec<Option<f32>> {
+        let pod = self.topo.training_pod();
         (0..CANARY_KEYS)
-            .map(|k| {
-                let s = self.shards.get(&(self.topo.training_pod(), self.topo.shard_of(k)))?;
-                let mut v = [0f32];
-                s.running.server.tables().get(CANARY)?.read_into(&[k], &mut v).ok()?;
-                Some(v[0])
-            })
+            .map(|k| Some(self.rows(pod, self.topo.shard_of(k), CANARY, 1, &[k])?[0]))
             .collect()
     }
 }
@@ -683,13 +683,9 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         h.write(&v.to_bits().to_le_bytes());
     }
     for shard in 0..SHARDS {
-        if let Some(s) = c.shards.get(&(c.topo.training_pod(), shard)) {
-            let mine: Vec<u64> =
-                keys.iter().copied().filter(|&k| c.topo.shard_of(k) == shard).collect();
-            let mut rows = vec![0f32; mine.len() * EMB_DIM as usize];
-            if let Some(t) = s.running.server.tables().get(EMB) {
-                let _ = t.read_into(&mine, &mut rows);
-            }
+        let mine: Vec<u64> =
+            keys.iter().copied().filter(|&k| c.topo.shard_of(k) == shard).collect();
+        if let Some(rows) = c.rows(c.topo.training_pod(), shard, EMB, EMB_DIM, &mine) {
             for r in rows {
                 h.write(&r.to_bits().to_le_bytes());
             }
