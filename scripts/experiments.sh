@@ -20,7 +20,7 @@ if [ "$quick" = 1 ]; then
     trn=(--trainers 4 --seconds 5 --repeats 1)
 else
     OUT=results; inf=(--rates 100,200,400 --seconds 10 --repeats 3)
-    trn=(--trainers 2,4,6 --seconds 10 --repeats 2)
+    trn=(--trainers 2,4,6,8 --seconds 10 --repeats 2)
 fi
 
 "$BIN/bex-exp" inference --out "$OUT/exp-inference" "${inf[@]}"

@@ -429,6 +429,10 @@ pub struct TransportConfig {
     pub kind: TransportKind,
     /// I/O threads.
     pub io_threads: usize,
+    /// Application (tokio worker) threads of each process — ps-server, ranker, trainer —
+    /// which run RPC handlers and clients. A message the transport's I/O thread delivers
+    /// wakes one of them; with several, the woken one usually wakes a sibling too.
+    pub app_threads: usize,
     /// Send-queue depth (work-request chain length).
     pub sq_depth: u32,
     /// Receive-queue depth `d` (credits returned `d/2` at a time).
@@ -460,6 +464,7 @@ impl Default for TransportConfig {
         TransportConfig {
             kind: TransportKind::Rdma,
             io_threads: 1,
+            app_threads: 2,
             sq_depth: 32,
             rq_depth: 64,
             cq_depth: 8192,
@@ -665,6 +670,9 @@ impl Config {
         let mut bad = |f: &str, m: &str| e.push(FieldError::new(format!("transport.{f}"), m));
         if t.io_threads == 0 || t.io_threads > 256 {
             bad("io_threads", "must be in 1..=256");
+        }
+        if t.app_threads == 0 || t.app_threads > 256 {
+            bad("app_threads", "must be in 1..=256");
         }
         if !(2..=16384).contains(&t.sq_depth) {
             bad("sq_depth", "must be in 2..=16384");

@@ -102,11 +102,19 @@ fn rnic_metrics(s: &bex_rnic::DeviceStats) -> String {
     out
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     bex_ps_server::process::exit_with_parent();
     let args = parse_args().unwrap_or_else(|e| die(2, &format!("{e}\n{USAGE}")));
     let cfg = Config::load(&args.config).unwrap_or_else(|e| die(2, &e.to_string()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.transport.app_threads)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| die(1, &format!("tokio runtime: {e}")));
+    rt.block_on(serve(args, cfg));
+}
+
+async fn serve(args: Args, cfg: Config) {
     let topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
     let Some(addrs) = topo.server(args.pod, args.shard).copied() else {
         die(

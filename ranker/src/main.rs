@@ -150,6 +150,7 @@ fn main() {
     let client_id = cli.id.unwrap_or_else(|| u64::from(std::process::id()));
 
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.transport.app_threads)
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(format!("tokio runtime: {e}")));

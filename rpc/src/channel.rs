@@ -120,11 +120,17 @@ impl Channel {
         Header { kind: Kind::Request, method, status: 0, id }.encode(request.as_mut_slice());
         let (tx, rx) = oneshot::channel();
         self.shared.pending.lock().insert(id, tx);
+        // The reply says the request arrived: waiting for the send's own completion too
+        // would cost a wake-up per call.
         let exchange = async {
-            self.socket.send(request).await.map_err(RpcError::Transport)?;
+            self.socket.send_detached(request).await.map_err(RpcError::Transport)?;
             rx.await.map_err(|_| RpcError::Protocol("channel closed".into()))?
         };
         match tokio::time::timeout(deadline, exchange).await {
+            Ok(Err(RpcError::Transport(e))) => {
+                self.shared.pending.lock().remove(&id);
+                Err(RpcError::Transport(e))
+            }
             Ok(r) => r,
             Err(_) => {
                 self.shared.pending.lock().remove(&id);

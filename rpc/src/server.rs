@@ -97,7 +97,7 @@ async fn serve_socket<H: Handler>(
             };
             if let Some(r) = reply {
                 // A failed reply means the socket broke; the reader loop ends by itself.
-                let _ = socket.send(r).await;
+                let _ = socket.send_detached(r).await;
             }
         });
     }

@@ -113,7 +113,7 @@ fn main() {
         usage_error(format!("--pod {pod}: the cluster has {} pods", cfg.cluster.pods));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(cfg.transport.app_threads)
         .enable_all()
         .build()
         .unwrap_or_else(|e| runtime_error(format!("tokio runtime: {e}")));

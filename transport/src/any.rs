@@ -186,6 +186,16 @@ impl Socket {
         }
     }
 
+    /// Queues a message without waiting for the transport to finish with it (see
+    /// [`RdmaSocket::send_detached`]).
+    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+        match self {
+            Socket::Rdma(s) => s.send_detached(msg).await,
+            Socket::Tcp(s) => s.send_detached(msg).await,
+            Socket::Sim(s) => s.send_detached(msg).await,
+        }
+    }
+
     /// The next message, in order.
     pub async fn recv(&self) -> Result<Msg> {
         match self {

@@ -46,10 +46,32 @@ pub struct RemoteTarget {
     pub len: u64,
 }
 
+/// Who learns that the NIC is done with a sent message.
+pub(crate) enum Done {
+    /// A caller waits for the outcome.
+    Notify(oneshot::Sender<Result<()>>),
+    /// Nobody waits (nobody is woken): the send-queue slot it holds is freed on drop.
+    Detached { _slot: tokio::sync::OwnedSemaphorePermit },
+}
+
+impl Done {
+    pub fn finish(self, r: Result<()>) {
+        if let Done::Notify(tx) = self {
+            let _ = tx.send(r);
+        }
+    }
+}
+
+impl From<oneshot::Sender<Result<()>>> for Done {
+    fn from(tx: oneshot::Sender<Result<()>>) -> Done {
+        Done::Notify(tx)
+    }
+}
+
 /// A message waiting to be sent.
 pub(crate) struct OutMsg {
     pub msg: Msg,
-    pub done: Option<oneshot::Sender<Result<()>>>,
+    pub done: Option<Done>,
     pub phase: Phase,
     pub msg_id: u32,
 }
@@ -57,7 +79,7 @@ pub(crate) struct OutMsg {
 impl OutMsg {
     fn finish(mut self, r: Result<()>) {
         if let Some(done) = self.done.take() {
-            let _ = done.send(r);
+            done.finish(r);
         }
     }
 }
@@ -281,18 +303,12 @@ impl<D: Device> Engine<D> {
     }
 
     /// Queues a message on a socket. Returns it (with its completion) if the socket is gone.
-    pub fn enqueue(
-        &mut self,
-        socket: u32,
-        msg: Msg,
-        target: Option<RemoteTarget>,
-        done: oneshot::Sender<Result<()>>,
-    ) {
+    pub fn enqueue(&mut self, socket: u32, msg: Msg, target: Option<RemoteTarget>, done: Done) {
         let eager_max = self.cfg.eager_max;
         // A bad argument is the caller's error whatever the connection's state.
         if let Some(t) = target {
             if msg.len() as u64 > t.len {
-                let _ = done.send(Err(TransportError::Invalid(format!(
+                done.finish(Err(TransportError::Invalid(format!(
                     "message of {} bytes does not fit the remote buffer of {}",
                     msg.len(),
                     t.len
@@ -305,15 +321,15 @@ impl<D: Device> Engine<D> {
             EngineState::Ready => None,
         };
         let Some(s) = self.sockets.get_mut(&socket) else {
-            let _ = done.send(Err(failed.unwrap_or(TransportError::Closed)));
+            done.finish(Err(failed.unwrap_or(TransportError::Closed)));
             return;
         };
         if let Some(e) = failed {
-            let _ = done.send(Err(e));
+            done.finish(Err(e));
             return;
         }
         if matches!(s.state, SockState::PeerClosed) {
-            let _ = done.send(Err(TransportError::Closed));
+            done.finish(Err(TransportError::Closed));
             return;
         }
         let phase = match target {

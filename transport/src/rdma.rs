@@ -25,6 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
 use crate::config::{Config, CounterSnapshot, Counters};
+use crate::engine::Done;
 use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
@@ -677,7 +678,7 @@ impl RdmaSocket {
     async fn submit(&self, msg: Msg, target: Option<RemoteTarget>) -> Result<()> {
         let _permit = self.slots.acquire().await.map_err(|_| TransportError::Shutdown)?;
         let (done, rx) = oneshot::channel();
-        self.worker().send(Cmd::Send { socket: self.id, msg, target, done })?;
+        self.worker().send(Cmd::Send { socket: self.id, msg, target, done: done.into() })?;
         rx.await.map_err(|_| TransportError::Shutdown)?
     }
 
@@ -685,6 +686,17 @@ impl RdmaSocket {
     /// flight at once; beyond `max_queued_sends` this waits (backpressure).
     pub async fn send(&self, msg: Msg) -> Result<()> {
         self.submit(msg, None).await
+    }
+
+    /// Queues a message without waiting for the NIC to finish with it, so nobody is woken
+    /// when it does: for request/response traffic, where the response says the request
+    /// arrived. Waits only for room in the socket's queue (`max_queued_sends`). A later
+    /// failure fails the engine, and so this socket's `recv`.
+    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+        let permit =
+            self.slots.clone().acquire_owned().await.map_err(|_| TransportError::Shutdown)?;
+        let done = Done::Detached { _slot: permit };
+        self.worker().send(Cmd::Send { socket: self.id, msg, target: None, done })
     }
 
     /// Writes a message straight into a buffer the peer exposed, skipping RTS/CTS.

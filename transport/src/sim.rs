@@ -378,7 +378,12 @@ impl SimNet {
     fn send_cmd(&mut self, s: &SimSocket, msg: Msg, target: Option<RemoteTarget>) -> SendTicket {
         let (done, rx) = oneshot::channel();
         // A closed channel shows as a failed ticket.
-        let _ = self.nodes[s.node].cmd_tx.send(Cmd::Send { socket: s.id, msg, target, done });
+        let _ = self.nodes[s.node].cmd_tx.send(Cmd::Send {
+            socket: s.id,
+            msg,
+            target,
+            done: done.into(),
+        });
         self.nodes[s.node].dirty = true;
         SendTicket(rx)
     }
@@ -404,7 +409,12 @@ impl SimNet {
         msg: Msg,
     ) -> oneshot::Receiver<Result<()>> {
         let (done, rx) = oneshot::channel();
-        let _ = self.nodes[node].cmd_tx.send(Cmd::Send { socket: id, msg, target: None, done });
+        let _ = self.nodes[node].cmd_tx.send(Cmd::Send {
+            socket: id,
+            msg,
+            target: None,
+            done: done.into(),
+        });
         self.nodes[node].dirty = true;
         rx
     }

@@ -353,6 +353,14 @@ impl SimTransportSocket {
         done.await.map_err(|_| TransportError::Shutdown)?
     }
 
+    /// Queues a message without waiting for the simulated NIC to finish with it.
+    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+        let t = &self.transport;
+        drop(t.hub.state.lock().net.send_cmd_raw(t.node, self.id, msg));
+        t.hub.wake();
+        Ok(())
+    }
+
     /// The next message, in order.
     pub async fn recv(&self) -> Result<Msg> {
         if let Some(e) = self.ended.lock().clone() {

@@ -631,6 +631,18 @@ impl TcpSocket {
         rx.await.map_err(|_| conn.send_err_or_lost())?
     }
 
+    /// Queues a message for the writer without waiting for the write (see
+    /// [`crate::RdmaSocket::send_detached`]); waits only for room in the queue. A failed
+    /// write ends the connection, and so this socket's `recv`.
+    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+        let conn = &self.core.conn;
+        if let Some(e) = conn.send_err() {
+            return Err(e);
+        }
+        let (done, _) = oneshot::channel();
+        self.core.out.send(Out { msg, done }).await.map_err(|_| conn.send_err_or_lost())
+    }
+
     /// The next message, in order; after the last one, why the stream ended
     /// ([`TransportError::Closed`] if the peer closed its socket).
     pub async fn recv(&self) -> Result<Msg> {

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock;
-use crate::engine::{Engine, EngineState, RemoteTarget};
+use crate::engine::{Done, Engine, EngineState, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
 
@@ -37,7 +37,7 @@ pub(crate) enum Cmd {
         socket: u32,
         msg: Msg,
         target: Option<RemoteTarget>,
-        done: oneshot::Sender<Result<()>>,
+        done: Done,
     },
     Expose {
         socket: u32,
@@ -300,9 +300,7 @@ impl<D: Device> Worker<D> {
             },
             Cmd::Send { socket, msg, target, done } => match self.engine_of(socket) {
                 Some(e) => e.enqueue(socket, msg, target, done),
-                None => {
-                    let _ = done.send(Err(TransportError::Closed));
-                }
+                None => done.finish(Err(TransportError::Closed)),
             },
             Cmd::Expose { socket, buf, reply } => {
                 let r = match self.engine_of(socket) {

@@ -175,3 +175,34 @@ async fn a_buffer_exposed_in_advance_is_written_without_rts_cts() {
     let too_big = pattern(a.pool(), (1 << 20) + 1, 1);
     assert!(matches!(s.send_to(too_big, target).await, Err(TransportError::Invalid(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_sends_arrive_in_order_and_free_their_queue_slots() {
+    // Four slots: 40 detached sends only get through if each slot comes back when the NIC
+    // is done with its message.
+    let cfg = Config { max_queued_sends: 4, ..Config::default() };
+    let (a, _da) = rdma(cfg.clone()).await;
+    let (b, _db) = rdma(cfg).await;
+    let addr = b.local_addr();
+    let sizes: Vec<usize> = (0..40).map(|i| [16, 8192, 8193, 100_000][i % 4]).collect();
+    let expect = sizes.clone();
+    let server = tokio::spawn(async move {
+        let s = b.accept().await.unwrap();
+        for (i, &len) in expect.iter().enumerate() {
+            let m = s.recv().await.unwrap();
+            check(&m, len, i as u64);
+        }
+        b
+    });
+    let s = a.connect(addr).await.unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            s.send_detached(pattern(a.pool(), len, i as u64)),
+        )
+        .await
+        .expect("a queue slot came back")
+        .unwrap();
+    }
+    let _b = tokio::time::timeout(Duration::from_secs(30), server).await.unwrap().unwrap();
+}

@@ -124,7 +124,9 @@ pub trait CompletionQueue: Send + Sync {
     fn ack_events(&self) -> Result<()>;
 
     /// Polls; if nothing is there, arms, polls again, and blocks on the fd for at most
-    /// `timeout`. Returns how many completions were written.
+    /// `timeout`. Returns how many completions were written. One thread waits on a queue at
+    /// a time (as with one completion channel per CQ): a waiter may withdraw its arm when it
+    /// wakes.
     fn wait(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
         wait_on(self, out, None, timeout)
     }

@@ -17,6 +17,9 @@ pub struct CqShared {
     queue: Mutex<VecDeque<WorkCompletion>>,
     depth: usize,
     armed: AtomicBool,
+    /// Set when the eventfd was written and not yet read: waiters skip the read syscall
+    /// when nothing signalled them.
+    signalled: AtomicBool,
     overruns: AtomicU64,
     event: EventFd,
 }
@@ -31,6 +34,7 @@ impl CqShared {
             queue: Mutex::new(VecDeque::with_capacity(depth)),
             depth,
             armed: AtomicBool::new(false),
+            signalled: AtomicBool::new(false),
             overruns: AtomicU64::new(0),
             event,
         })
@@ -50,9 +54,15 @@ impl CqShared {
             q.push_back(wc);
         }
         if self.armed.swap(false, Ordering::AcqRel) {
-            // A full counter (2^64-2 events unread) cannot happen; ignore EAGAIN.
-            let _ = self.event.write(1);
+            self.signal();
         }
+    }
+
+    fn signal(&self) {
+        // A full counter (2^64-2 events unread) cannot happen; ignore EAGAIN. The flag goes
+        // up after the write (see `ack_events`).
+        let _ = self.event.write(1);
+        self.signalled.store(true, Ordering::Release);
     }
 
     /// Moves completions into `out`.
@@ -83,8 +93,14 @@ impl CqShared {
         self.armed.store(true, Ordering::Release);
         // A completion that raced the arm is already queued: signal so no waiter sleeps on it.
         if !self.queue.lock().is_empty() && self.armed.swap(false, Ordering::AcqRel) {
-            let _ = self.event.write(1);
+            self.signal();
         }
+    }
+
+    /// Withdraws an arm that no completion consumed (a waiter woke for another reason, e.g.
+    /// a packet): completions this thread now produces need no event.
+    pub fn disarm(&self) {
+        self.armed.store(false, Ordering::Release);
     }
 
     /// The event file descriptor.
@@ -94,7 +110,58 @@ impl CqShared {
 
     /// Consumes pending events.
     pub fn ack_events(&self) {
-        // EAGAIN means no event was pending, which is fine.
-        let _ = self.event.read();
+        // A write whose flag is not up yet stays readable and is read on a later call.
+        if self.signalled.swap(false, Ordering::AcqRel) {
+            // EAGAIN means the event was consumed already, which is fine.
+            let _ = self.event.read();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(cq: &CqShared) -> bool {
+        let mut fds = [nix::poll::PollFd::new(cq.fd(), nix::poll::PollFlags::POLLIN)];
+        nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap() == 1
+    }
+
+    #[test]
+    fn an_armed_queue_signals_once_and_ack_clears_it() {
+        let cq = CqShared::new(4).unwrap();
+        cq.push(WorkCompletion::default());
+        assert!(!readable(&cq), "an unarmed queue stays quiet");
+        let mut out = [WorkCompletion::default(); 4];
+        assert_eq!(cq.pop_into(&mut out).unwrap(), 1);
+        cq.arm();
+        cq.push(WorkCompletion::default());
+        assert!(readable(&cq));
+        cq.push(WorkCompletion::default());
+        cq.ack_events();
+        assert!(!readable(&cq), "one arm, one event, consumed by the ack");
+        cq.ack_events();
+        assert!(!readable(&cq));
+    }
+
+    #[test]
+    fn arming_over_queued_completions_signals_at_once() {
+        let cq = CqShared::new(4).unwrap();
+        cq.push(WorkCompletion::default());
+        cq.arm();
+        assert!(readable(&cq));
+        cq.ack_events();
+        assert!(!readable(&cq));
+    }
+
+    #[test]
+    fn a_withdrawn_arm_signals_nothing() {
+        let cq = CqShared::new(4).unwrap();
+        cq.arm();
+        cq.disarm();
+        cq.push(WorkCompletion::default());
+        assert!(!readable(&cq));
+        cq.arm();
+        assert!(readable(&cq), "re-arming over the queued completion signals");
     }
 }

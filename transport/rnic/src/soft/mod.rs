@@ -253,7 +253,10 @@ impl SoftCq {
         also: Option<BorrowedFd<'_>>,
         timeout: std::time::Duration,
     ) -> Result<usize> {
-        let n = self.poll(out)?;
+        // Only the queue is checked before blocking: the wait set includes the socket, so a
+        // packet already waiting ends the wait at once, and a receive attempt here would
+        // usually be an empty `recvmmsg` (callers have just polled).
+        let n = self.shared.pop_into(out)?;
         if n > 0 {
             return Ok(n);
         }
@@ -262,8 +265,8 @@ impl SoftCq {
             Wire::Udp(w) => Some(w.waiting()),
             Wire::Sim => None,
         };
-        // Registered as a waiter: packets that arrived before the registration are ours too.
-        let n = self.poll(out)?;
+        // Completions another thread queued before the arm.
+        let n = self.shared.pop_into(out)?;
         if n > 0 {
             return Ok(n);
         }
@@ -281,6 +284,7 @@ impl SoftCq {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
         }
+        self.shared.disarm();
         self.shared.ack_events();
         self.poll(out)
     }
