@@ -5,7 +5,7 @@
 #     that plus the software RNIC's 60 KiB MTU (one packet per such message; loopback only);
 #   training (Table 7): TCP vs RDMA without and with the per-engine send window, 2-8
 #     trainers in network namespaces with 200 Mbit/s links (root).
-# Each writes runs.json, summary.json, summary.md and an SVG. Takes ~35 minutes.
+# Each writes runs.json, summary.json, summary.md and an SVG. Takes ~20 minutes.
 # `--quick` runs one short repeat of each (a smoke test, ~2 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
