@@ -347,8 +347,8 @@ impl Space {
 /// `h` is the `hooks` field of a live `Space` (jemalloc only calls our hooks with the pointer
 /// we registered, and the `Space` outlives the arena).
 unsafe fn space<'a>(h: *mut extent_hooks_t) -> &'a Space {
-    // SAFETY: `Space` is `repr(C)` with `hooks` as its first field, so the pointers coincide;
-    // the caller guarantees liveness.
+    // `Space` is `repr(C)` with `hooks` as its first field, so the pointers coincide.
+    // SAFETY: the cast is sound (above), and the caller guarantees the `Space` is live.
     unsafe { &*(h as *const Space) }
 }
 

@@ -302,7 +302,8 @@ impl<D: Device> Engine<D> {
         self.ctrl.push_back(h);
     }
 
-    /// Queues a message on a socket. Returns it (with its completion) if the socket is gone.
+    /// Queues a message on a socket; fails its completion at once if the message cannot go
+    /// (too big for the target, socket gone or closed by the peer, engine failed).
     pub fn enqueue(&mut self, socket: u32, msg: Msg, target: Option<RemoteTarget>, done: Done) {
         let eager_max = self.cfg.eager_max;
         // A bad argument is the caller's error whatever the connection's state.

@@ -25,8 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
 use crate::config::{Config, CounterSnapshot, Counters};
-use crate::engine::Done;
-use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
+use crate::engine::{Accepted, Done, Engine, EngineParts, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::Msg;
 use crate::proto::HEADER_LEN;

@@ -347,18 +347,21 @@ impl SimTransportSocket {
 
     /// Sends a message; resolves when the simulated NIC is done with it.
     pub async fn send(&self, msg: Msg) -> Result<()> {
-        let t = &self.transport;
-        let done = t.hub.state.lock().net.send_cmd_raw(t.node, self.id, msg);
-        t.hub.wake();
-        done.await.map_err(|_| TransportError::Shutdown)?
+        self.queue(msg).await.map_err(|_| TransportError::Shutdown)?
     }
 
     /// Queues a message without waiting for the simulated NIC to finish with it.
     pub async fn send_detached(&self, msg: Msg) -> Result<()> {
-        let t = &self.transport;
-        drop(t.hub.state.lock().net.send_cmd_raw(t.node, self.id, msg));
-        t.hub.wake();
+        drop(self.queue(msg));
         Ok(())
+    }
+
+    /// Hands a message to the simulated NIC; the receiver says when it is done with it.
+    fn queue(&self, msg: Msg) -> tokio::sync::oneshot::Receiver<Result<()>> {
+        let t = &self.transport;
+        let done = t.hub.state.lock().net.send_cmd_raw(t.node, self.id, msg);
+        t.hub.wake();
+        done
     }
 
     /// The next message, in order.

@@ -622,25 +622,26 @@ impl TcpSocket {
     /// are written in the order they were queued; beyond `max_queued_sends` this waits
     /// (backpressure).
     pub async fn send(&self, msg: Msg) -> Result<()> {
-        let conn = &self.core.conn;
-        if let Some(e) = conn.send_err() {
-            return Err(e);
-        }
-        let (done, rx) = oneshot::channel();
-        self.core.out.send(Out { msg, done }).await.map_err(|_| conn.send_err_or_lost())?;
-        rx.await.map_err(|_| conn.send_err_or_lost())?
+        let written = self.queue(msg).await?;
+        written.await.map_err(|_| self.core.conn.send_err_or_lost())?
     }
 
     /// Queues a message for the writer without waiting for the write (see
     /// [`crate::RdmaSocket::send_detached`]); waits only for room in the queue. A failed
     /// write ends the connection, and so this socket's `recv`.
     pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+        self.queue(msg).await.map(drop)
+    }
+
+    /// Hands a message to the writer (waiting for room); the receiver says when it was written.
+    async fn queue(&self, msg: Msg) -> Result<oneshot::Receiver<Result<()>>> {
         let conn = &self.core.conn;
         if let Some(e) = conn.send_err() {
             return Err(e);
         }
-        let (done, _) = oneshot::channel();
-        self.core.out.send(Out { msg, done }).await.map_err(|_| conn.send_err_or_lost())
+        let (done, written) = oneshot::channel();
+        self.core.out.send(Out { msg, done }).await.map_err(|_| conn.send_err_or_lost())?;
+        Ok(written)
     }
 
     /// The next message, in order; after the last one, why the stream ended

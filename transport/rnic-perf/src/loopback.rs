@@ -65,11 +65,11 @@ impl State {
             if mr.is_none() {
                 return Err(Error::InvalidArgument(format!("bad lkey/sge {sge:?}")));
             }
-            // SAFETY: the sge lies inside a registered region (checked above), which its owner
-            // keeps allocated until deregistration; the sender does not change these bytes
-            // while its post runs.
-            let src =
-                unsafe { std::slice::from_raw_parts(sge.addr as *const u8, sge.length as usize) };
+            let (ptr, len) = (sge.addr as *const u8, sge.length as usize);
+            // The sge lies inside a registered region (checked above), which its owner keeps
+            // allocated until deregistration; the sender leaves the bytes alone during its post.
+            // SAFETY: so `[ptr, ptr + len)` is live, initialized memory nobody writes meanwhile.
+            let src = unsafe { std::slice::from_raw_parts(ptr, len) };
             bytes.extend_from_slice(src);
         }
         Ok(bytes)
@@ -79,9 +79,9 @@ impl State {
     /// benchmark polls it).
     fn place(&self, addr: u64, bytes: &[u8]) {
         let Some((last, head)) = bytes.split_last() else { return };
-        // SAFETY: the caller checked that `[addr, addr + bytes.len())` lies in a registered,
-        // live region; nobody reads the head bytes concurrently, and the last byte is
-        // accessed atomically on both sides.
+        // The caller checked that `[addr, addr + bytes.len())` lies in a registered, live
+        // region; nobody reads the head bytes concurrently.
+        // SAFETY: so the copy is in bounds and race-free, and the last byte is atomic both sides.
         unsafe {
             std::ptr::copy_nonoverlapping(head.as_ptr(), addr as *mut u8, head.len());
             AtomicU8::from_ptr((addr as *mut u8).add(head.len())).store(*last, Ordering::Release);

@@ -60,9 +60,9 @@ impl PageBuf {
 
     fn byte(&self, index: usize) -> &AtomicU8 {
         assert!(index < self.len(), "byte {index} outside a {}-byte buffer", self.len());
-        // SAFETY: `index` is in bounds of the live allocation (checked above) and `AtomicU8`
-        // has the size and alignment of `u8`; all benchmark-side accesses to the bytes are
-        // atomic, and the returned reference cannot outlive `self`, which owns the memory.
+        // `index` is in bounds of the live allocation (checked above) and `AtomicU8` has the
+        // size and alignment of `u8`; every benchmark-side access to the bytes is atomic.
+        // SAFETY: so the pointer is valid, and the reference cannot outlive `self` (the owner).
         unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(index)) }
     }
 
@@ -102,9 +102,9 @@ impl<D: Device> Registered<D> {
     /// Allocates `len` bytes and registers them with `access`.
     pub fn new(dev: &D, pd: &D::Pd, len: usize, access: Access) -> Result<Registered<D>> {
         let buf = PageBuf::new(len)?;
-        // SAFETY: the memory stays valid until the region is dropped: both end up in the same
-        // `Registered`, whose field order drops the region before `buf` (moving `buf` into it does not
-        // move the heap allocation).
+        // Both end up in the same `Registered`, whose field order drops the region before
+        // `buf` (moving `buf` into it does not move the heap allocation).
+        // SAFETY: so the memory stays valid until the region is dropped.
         let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), buf.len(), access)? };
         let keys = mr.keys();
         Ok(Registered { _mr: mr, keys, buf })
