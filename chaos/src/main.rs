@@ -13,6 +13,7 @@ use bex_chaos::verify::{self, KeySet};
 use bex_model::{dense_keys, dense_len, SyntheticClicks};
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
+use bex_ps_server::node::ClientRole;
 use bex_ps_server::process::{connect_client, exit_with_parent};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -165,9 +166,10 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             let k = kind(&cfg, common.transport);
             let id = common.id.unwrap_or(u64::from(std::process::id()));
             let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
-            let node = connect_client(&cfg, topo.training_pod(), common.bind, k, id)
-                .await
-                .map_err(|e| (1, e.to_string()))?;
+            let node =
+                connect_client(&cfg, topo.training_pod(), common.bind, k, id, ClientRole::Training)
+                    .await
+                    .map_err(|e| (1, e.to_string()))?;
             let stop = Arc::new(AtomicBool::new(false));
             let s = stop.clone();
             tokio::spawn(async move {
@@ -211,9 +213,10 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             let k = kind(&cfg, common.transport);
             let id = common.id.unwrap_or(u64::from(std::process::id()));
             let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
-            let node = connect_client(&cfg, topo.training_pod(), common.bind, k, id)
-                .await
-                .map_err(|e| (1, e.to_string()))?;
+            let node =
+                connect_client(&cfg, topo.training_pod(), common.bind, k, id, ClientRole::Serving)
+                    .await
+                    .map_err(|e| (1, e.to_string()))?;
             let settle = Duration::from_secs_f64(settle_s.clamp(0.0, 3600.0));
             let report = verify::run(node.ps.clone(), &reports, &sets, settle).await;
             write_json(&common.json, &report).map_err(|e| (1, e))?;

@@ -427,17 +427,19 @@ pub enum TransportKind {
 pub struct TransportConfig {
     /// RDMA or TCP.
     pub kind: TransportKind,
-    /// I/O threads.
-    pub io_threads: usize,
+    /// RDMA endpoints per transport: a completion queue and a driver task each (the paper's
+    /// I/O threads, run as tasks on the application threads). On the software RNIC each one
+    /// also watches the device's socket, so more than one costs wake-ups.
+    pub endpoints: usize,
     /// Application (tokio worker) threads of each process — ps-server, ranker, trainer —
-    /// which run RPC handlers and clients. A message the transport's I/O thread delivers
-    /// wakes one of them; with several, the woken one usually wakes a sibling too.
+    /// which run the transport's drivers, RPC handlers and clients. A thread woken by the
+    /// network that has several tasks to run wakes a sibling too.
     pub app_threads: usize,
     /// Send-queue depth (work-request chain length).
     pub sq_depth: u32,
     /// Receive-queue depth `d` (credits returned `d/2` at a time).
     pub rq_depth: u32,
-    /// Completion-queue depth per I/O thread.
+    /// Completion-queue depth per endpoint.
     pub cq_depth: u32,
     /// Largest eager (SEND) message.
     pub eager_max: usize,
@@ -453,7 +455,7 @@ pub struct TransportConfig {
     pub keepalive_timeout_ms: u64,
     /// Engine/socket establishment deadline.
     pub connect_timeout_ms: u64,
-    /// Busy-poll time of an idle I/O thread before it blocks.
+    /// How long an idle endpoint driver keeps polling before it waits for an event.
     pub spin_us: u64,
     /// Messages a socket may queue before `send` waits.
     pub max_queued_sends: usize,
@@ -463,7 +465,7 @@ impl Default for TransportConfig {
     fn default() -> Self {
         TransportConfig {
             kind: TransportKind::Rdma,
-            io_threads: 1,
+            endpoints: 1,
             app_threads: 2,
             sq_depth: 32,
             rq_depth: 64,
@@ -487,8 +489,15 @@ impl Default for TransportConfig {
 pub struct RpcConfig {
     /// Connection deadline Tc.
     pub connect_timeout_ms: u64,
-    /// Request deadline Tr.
+    /// Request deadline Tr of serving clients (rankers: the paper's inference deadline).
     pub request_timeout_ms: u64,
+    /// Request deadline of training clients (trainers, canaries). Training traffic is bulk
+    /// and incast-prone: a lost packet waits for the RNIC's retransmit timer (~67 ms), so
+    /// the inference deadline would make its latencies measure the deadline.
+    pub training_request_timeout_ms: u64,
+    /// How long a training client keeps retrying a push that failed (same sequence number:
+    /// the servers apply it once) before the step counts as failed; 0: no retry.
+    pub push_retry_ms: u64,
     /// Probability that a timed-out request is retried.
     pub retry_probability: f64,
     /// Most attempts per request (first try included).
@@ -514,6 +523,8 @@ impl Default for RpcConfig {
         RpcConfig {
             connect_timeout_ms: 10,
             request_timeout_ms: 40,
+            training_request_timeout_ms: 1000,
+            push_retry_ms: 10_000,
             retry_probability: 0.5,
             max_attempts: 3,
             prefer_local_pod: true,
@@ -668,8 +679,8 @@ impl Config {
     fn check_transport(&self, e: &mut Vec<FieldError>) {
         let t = &self.transport;
         let mut bad = |f: &str, m: &str| e.push(FieldError::new(format!("transport.{f}"), m));
-        if t.io_threads == 0 || t.io_threads > 256 {
-            bad("io_threads", "must be in 1..=256");
+        if t.endpoints == 0 || t.endpoints > 256 {
+            bad("endpoints", "must be in 1..=256");
         }
         if t.app_threads == 0 || t.app_threads > 256 {
             bad("app_threads", "must be in 1..=256");
@@ -716,6 +727,12 @@ impl Config {
         }
         if r.request_timeout_ms == 0 {
             bad("request_timeout_ms", "must be ≥ 1");
+        }
+        if r.training_request_timeout_ms == 0 || r.training_request_timeout_ms > 600_000 {
+            bad("training_request_timeout_ms", "must be in 1..=600000");
+        }
+        if r.push_retry_ms > 3_600_000 {
+            bad("push_retry_ms", "must be at most 3600000 (an hour)");
         }
         if !(0.0..=1.0).contains(&r.retry_probability) {
             bad("retry_probability", "must be in [0, 1]");

@@ -183,14 +183,32 @@ impl FanoutPlan {
 
     /// [`merge`](Self::merge) straight from Fetch response bodies (little-endian rows).
     pub fn merge_le(&self, dim: usize, rows: &[LeF32s<'_>]) -> Result<Vec<f32>, FanoutError> {
-        self.check_parts(dim, rows.iter().map(|r| r.len()))?;
         let mut out = vec![0f32; self.slots.len() * dim];
+        self.merge_le_into(dim, rows, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`merge_le`](Self::merge_le) into a caller's buffer of `request_len() × dim`: the one
+    /// copy between the response bodies (registered receive memory) and the caller's rows.
+    pub fn merge_le_into(
+        &self,
+        dim: usize,
+        rows: &[LeF32s<'_>],
+        out: &mut [f32],
+    ) -> Result<(), FanoutError> {
+        self.check_parts(dim, rows.iter().map(|r| r.len()))?;
+        if out.len() != self.slots.len() * dim {
+            return Err(FanoutError::OutputLength {
+                expected: self.slots.len() * dim,
+                got: out.len(),
+            });
+        }
         for (o, &(p, j)) in out.chunks_exact_mut(dim.max(1)).zip(&self.slots) {
             if let Some(r) = rows[p as usize].row(j as usize, dim) {
                 r.copy_to(o);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Splits request-order gradients (`request_len() × dim`) into per-part gradients in

@@ -5,11 +5,10 @@
 //! number so a retried push is applied once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
 use bex_ps_core::{FanoutPlan, Topology};
-use bex_rpc::{Client, Endpoint, RpcError};
+use bex_rpc::{alloc_frame, Client, Endpoint, RpcError, HEADER_LEN};
 use bex_transport::Transport;
 
 /// Why a PS call failed.
@@ -38,7 +37,14 @@ pub struct PsClient {
     client_id: u64,
     seq: AtomicU64,
     limits: Limits,
+    /// How long a failed push is retried (its sequence number kept: applied once).
+    push_retry: std::time::Duration,
+    push_retries: AtomicU64,
 }
+
+/// First pause between retries of a failed push; it doubles up to [`PUSH_BACKOFF_MAX`].
+const PUSH_BACKOFF: std::time::Duration = std::time::Duration::from_millis(5);
+const PUSH_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl std::fmt::Debug for PsClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,7 +80,28 @@ impl PsClient {
         client_id: u64,
     ) -> PsClient {
         let rpc = Client::new(rdma, tcp, endpoints(&topo), cfg);
-        PsClient { rpc, topo, client_id, seq: AtomicU64::new(1), limits: Limits::default() }
+        PsClient {
+            rpc,
+            topo,
+            client_id,
+            seq: AtomicU64::new(1),
+            limits: Limits::default(),
+            push_retry: std::time::Duration::ZERO,
+            push_retries: AtomicU64::new(0),
+        }
+    }
+
+    /// Retries a push sub-request that failed for a reason that may pass (timeouts, lost
+    /// connections, a server not serving yet) for up to `budget`, with the same sequence
+    /// number, so the server applies it exactly once; other failures are returned at once.
+    pub fn with_push_retry(mut self, budget: std::time::Duration) -> PsClient {
+        self.push_retry = budget;
+        self
+    }
+
+    /// Push sub-requests sent again after a failure (see [`PsClient::with_push_retry`]).
+    pub fn push_retries(&self) -> u64 {
+        self.push_retries.load(Ordering::Relaxed)
     }
 
     /// This client's id (scopes its push sequence numbers).
@@ -96,13 +123,15 @@ impl PsClient {
         (0..self.topo.pods()).map(|p| index(&self.topo, p, shard)).collect()
     }
 
-    async fn call(
+    /// One call with a request frame encoded in registered memory; the reply (its body a
+    /// view of the registered receive buffer) once its status says success.
+    async fn call_frame(
         &self,
         replicas: &[usize],
         op: Op,
-        frame: &[u8],
+        frame: bex_transport::Msg,
     ) -> Result<bex_transport::Msg, PsError> {
-        let m = self.rpc.call(replicas, op as u16, frame).await?;
+        let m = self.rpc.call_frame(replicas, op as u16, frame).await?;
         let r = wire::decode_response(m.as_slice(), &self.limits)
             .map_err(|e| PsError::Protocol(e.to_string()))?;
         if !r.header.status.is_success() {
@@ -114,41 +143,62 @@ impl PsClient {
         Ok(m)
     }
 
+    /// A registered request frame of `len` protocol bytes (room for the RPC header first).
+    fn frame(&self, len: usize) -> Result<bex_transport::Msg, PsError> {
+        Ok(alloc_frame(self.rpc.pool(), len)?)
+    }
+
     /// Rows of `keys` (with duplicates, in request order) from table `table` of `dim`.
-    pub async fn fetch(
-        self: &Arc<Self>,
+    pub async fn fetch(&self, table: u32, dim: u32, keys: &[u64]) -> Result<Vec<f32>, PsError> {
+        let mut out = vec![0f32; keys.len() * dim as usize];
+        self.fetch_into(table, dim, keys, &mut out).await?;
+        Ok(out)
+    }
+
+    /// [`PsClient::fetch`] into the caller's `keys.len() × dim` buffer. Each sub-request is
+    /// encoded straight into a registered frame; the rows are merged from the response
+    /// bodies (the registered receive buffers) straight into `out`: the one copy of a row
+    /// on this side.
+    pub async fn fetch_into(
+        &self,
         table: u32,
         dim: u32,
         keys: &[u64],
-    ) -> Result<Vec<f32>, PsError> {
+        out: &mut [f32],
+    ) -> Result<(), PsError> {
+        if out.len() != keys.len() * dim as usize {
+            return Err(PsError::Protocol(format!(
+                "output of {} values for {} keys of dimension {dim}",
+                out.len(),
+                keys.len()
+            )));
+        }
         let plan = FanoutPlan::new(keys, self.topo.shards());
-        let mut tasks = Vec::new();
-        for part in plan.parts() {
-            let me = self.clone();
-            let (shard, keys) = (part.shard, part.keys.clone());
-            tasks.push(tokio::spawn(async move {
-                let h = DataHeader { table, dim, client: me.client_id, seq: 0, flags: 0 };
-                let mut frame = vec![0u8; wire::fetch_request_len(keys.len())];
-                wire::encode_fetch_into(&mut frame, &h, &keys)
-                    .map_err(|e| PsError::Protocol(e.to_string()))?;
-                let m = me.call(&me.replicas(shard), Op::Fetch, &frame).await?;
-                let r = wire::decode_response(m.as_slice(), &me.limits)
-                    .map_err(|e| PsError::Protocol(e.to_string()))?;
-                Ok::<Vec<f32>, PsError>(r.rows().to_vec())
-            }));
+        let h = DataHeader { table, dim, client: self.client_id, seq: 0, flags: 0 };
+        // The sub-requests run concurrently within this task: a task per shard would cost
+        // a task switch (or a thread wake-up) per sub-request.
+        let replies = join_all(plan.parts().iter().map(|part| async move {
+            let mut frame = self.frame(wire::fetch_request_len(part.keys.len()))?;
+            wire::encode_fetch_into(&mut frame.as_mut_slice()[HEADER_LEN..], &h, &part.keys)
+                .map_err(|e| PsError::Protocol(e.to_string()))?;
+            self.call_frame(&self.replicas(part.shard), Op::Fetch, frame).await
+        }))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, PsError>>()?;
+        let mut rows = Vec::with_capacity(replies.len());
+        for m in &replies {
+            let r = wire::decode_response(m.as_slice(), &self.limits)
+                .map_err(|e| PsError::Protocol(e.to_string()))?;
+            rows.push(r.rows());
         }
-        let mut rows = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            rows.push(t.await.map_err(|e| PsError::Protocol(e.to_string()))??);
-        }
-        let refs: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
-        plan.merge(dim as usize, &refs).map_err(|e| PsError::Protocol(e.to_string()))
+        plan.merge_le_into(dim as usize, &rows, out).map_err(|e| PsError::Protocol(e.to_string()))
     }
 
     /// Pushes gradients (`keys.len() × dim`, request order; duplicate keys' gradients are
     /// summed) to the training pod.
     pub async fn push(
-        self: &Arc<Self>,
+        &self,
         table: u32,
         dim: u32,
         keys: &[u64],
@@ -157,29 +207,44 @@ impl PsClient {
         let plan = FanoutPlan::new(keys, self.topo.shards());
         let per_part =
             plan.split_grads(dim as usize, grads).map_err(|e| PsError::Protocol(e.to_string()))?;
-        let mut tasks = Vec::new();
-        for (part, g) in plan.parts().iter().zip(per_part) {
-            let me = self.clone();
-            let (shard, keys) = (part.shard, part.keys.clone());
+        let sends = plan.parts().iter().zip(per_part).map(|(part, g)| {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-            tasks.push(tokio::spawn(async move {
-                let h = DataHeader { table, dim, client: me.client_id, seq, flags: 0 };
-                let mut frame = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
-                wire::encode_push_into(&mut frame, &h, &keys, &g)
-                    .map_err(|e| PsError::Protocol(e.to_string()))?;
-                let target = [index(&me.topo, me.topo.training_pod(), shard)];
-                match me.call(&target, Op::Push, &frame).await {
-                    Ok(_) => Ok(()),
-                    // A retry whose first attempt got through.
-                    Err(PsError::Server { status: Status::Duplicate, .. }) => Ok(()),
-                    Err(e) => Err(e),
+            async move {
+                let h = DataHeader { table, dim, client: self.client_id, seq, flags: 0 };
+                let target = [index(&self.topo, self.topo.training_pod(), part.shard)];
+                let give_up = crate::clock::now() + self.push_retry;
+                let mut pause = PUSH_BACKOFF;
+                loop {
+                    let len = wire::push_request_len(part.keys.len(), dim as usize);
+                    let mut frame = self.frame(len)?;
+                    let body = &mut frame.as_mut_slice()[HEADER_LEN..];
+                    wire::encode_push_into(body, &h, &part.keys, &g)
+                        .map_err(|e| PsError::Protocol(e.to_string()))?;
+                    let e = match self.call_frame(&target, Op::Push, frame).await {
+                        Ok(_) => return Ok(()),
+                        // A retry whose first attempt got through.
+                        Err(PsError::Server { status: Status::Duplicate, .. }) => return Ok(()),
+                        Err(e) => e,
+                    };
+                    let passing = matches!(
+                        e,
+                        PsError::Rpc(_)
+                            | PsError::Server {
+                                status: Status::Unavailable | Status::Overloaded,
+                                ..
+                            }
+                    );
+                    if !passing || crate::clock::now() + pause > give_up {
+                        return Err(e);
+                    }
+                    self.push_retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(shard = part.shard, seq, %e, "push failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(PUSH_BACKOFF_MAX);
                 }
-            }));
-        }
-        for t in tasks {
-            t.await.map_err(|e| PsError::Protocol(e.to_string()))??;
-        }
-        Ok(())
+            }
+        });
+        join_all(sends).await.into_iter().collect()
     }
 
     /// A raw request frame to one server (tests, admin tools): the decoded response bytes.
@@ -190,6 +255,33 @@ impl PsClient {
         op: Op,
         frame: &[u8],
     ) -> Result<bex_transport::Msg, PsError> {
-        self.call(&[index(&self.topo, pod, shard)], op, frame).await
+        let mut m = self.frame(frame.len())?;
+        m.as_mut_slice()[HEADER_LEN..].copy_from_slice(frame);
+        self.call_frame(&[index(&self.topo, pod, shard)], op, m).await
     }
+}
+
+/// Runs `futures` concurrently in the calling task and returns their outputs in order.
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, d) in futures.iter_mut().zip(done.iter_mut()) {
+            if d.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *d = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().map(|d| d.expect("every future finished")).collect()
 }

@@ -29,7 +29,7 @@ pub struct Node {
 /// Maps the cluster's transport section (and the cluster secret) to the transport's config.
 pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
     Config {
-        io_threads: t.io_threads,
+        endpoints: t.endpoints,
         sq_depth: t.sq_depth,
         rq_depth: t.rq_depth,
         cq_depth: t.cq_depth,
@@ -47,11 +47,24 @@ pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
     }
 }
 
+/// What a client process does, which decides its request deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientRole {
+    /// Serves inference (rankers, readers): `[rpc] request_timeout_ms`, the paper's Tr.
+    Serving,
+    /// Trains (trainers, canaries): `[rpc] training_request_timeout_ms`.
+    Training,
+}
+
 /// Maps the cluster's RPC section to the client's config.
-pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64) -> ClientConfig {
+pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64, role: ClientRole) -> ClientConfig {
+    let deadline_ms = match role {
+        ClientRole::Serving => r.request_timeout_ms,
+        ClientRole::Training => r.training_request_timeout_ms,
+    };
     ClientConfig {
         connect_timeout: Duration::from_millis(r.connect_timeout_ms),
-        request_timeout: Duration::from_millis(r.request_timeout_ms),
+        request_timeout: Duration::from_millis(deadline_ms),
         retry_probability: r.retry_probability,
         max_retries: r.max_attempts.saturating_sub(1),
         quarantine_connection_failures: r.quarantine_connect_failures as usize,
@@ -145,7 +158,10 @@ mod tests {
     #[test]
     fn every_rpc_setting_reaches_the_client() {
         let mut r = RpcConfig { quarantine_s: 7, rdma_reprobe_s: 3, ..RpcConfig::default() };
-        let c = client_config(&r, 1, 9);
+        let c = client_config(&r, 1, 9, ClientRole::Serving);
+        assert_eq!(c.request_timeout, Duration::from_millis(r.request_timeout_ms));
+        let t = client_config(&r, 1, 9, ClientRole::Training);
+        assert_eq!(t.request_timeout, Duration::from_millis(r.training_request_timeout_ms));
         assert_eq!(c.quarantine_probe_interval, Duration::from_secs(7));
         assert_eq!(c.reprobe_interval, Duration::from_secs(3));
         assert_eq!(
@@ -155,7 +171,7 @@ mod tests {
         assert_eq!((c.local_pod, c.seed), (1, 9));
         r.tcp_fallback = false;
         r.prefer_local_pod = false;
-        let c = client_config(&r, 1, 9);
+        let c = client_config(&r, 1, 9, ClientRole::Serving);
         assert_eq!(c.rdma_failures_before_fallback, u32::MAX, "never falls back");
         assert_eq!(c.local_pod, u32::MAX, "no pod preferred");
     }

@@ -4,13 +4,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::client::PsClient;
-use crate::node::{anyhow_like, client_config, cluster_secret, transport_config, Node};
+use crate::node::{anyhow_like, client_config, cluster_secret, transport_config, ClientRole, Node};
 
 /// Asks the kernel to send this process SIGTERM when its parent dies (Linux
 /// `PR_SET_PDEATHSIG`), and exits at once if the parent is already gone. Every bex binary
@@ -104,6 +105,33 @@ impl CpuTimes {
     }
 }
 
+/// Context switches (voluntary + involuntary) of every live thread of process `pid`, from
+/// `/proc/<pid>/task/*/status`: each is a thread that stopped running, to wait for
+/// something (a wake-up to come) or because it was preempted. The outside check of a
+/// transport's wake-up count.
+pub fn context_switches(pid: u32) -> std::io::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        total += parse_context_switches(&status);
+    }
+    Ok(total)
+}
+
+/// The two `*ctxt_switches:` lines of a `/proc/.../status` text, summed.
+fn parse_context_switches(status: &str) -> u64 {
+    status
+        .lines()
+        .filter(|l| {
+            l.starts_with("voluntary_ctxt_switches:")
+                || l.starts_with("nonvoluntary_ctxt_switches:")
+        })
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 fn clock_ticks_per_s() -> f64 {
     match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
         Ok(Some(t)) if t > 0 => t as f64,
@@ -180,13 +208,15 @@ pub struct ClientNode {
 /// Starts a client's transports on `bind` (ephemeral ports) and a [`PsClient`] for the
 /// cluster in `cfg`: over RDMA with TCP fallback (`kind = Rdma`), or TCP only. `client_id`
 /// must be unique among the cluster's clients (it scopes push sequence numbers and seeds
-/// replica choice); `pod` is the client's own mini-pod (served first).
+/// replica choice); `pod` is the client's own mini-pod (served first); `role` picks the
+/// request deadline, and training clients retry failed pushes (`[rpc] push_retry_ms`).
 pub async fn connect_client(
     cfg: &Config,
     pod: u32,
     bind: IpAddr,
     kind: TransportKind,
     client_id: u64,
+    role: ClientRole,
 ) -> anyhow_like::Result<ClientNode> {
     let topo = cfg.topology().map_err(|e| anyhow_like::err("cluster config", e))?;
     if pod >= topo.pods() {
@@ -199,13 +229,12 @@ pub async fn connect_client(
     let node = Node::start(SocketAddr::new(bind, 0), SocketAddr::new(bind, 0), tcfg).await?;
     let (rdma, tcp) = node.transports();
     let rdma = (kind == TransportKind::Rdma).then_some(rdma);
-    let ps = Arc::new(PsClient::new(
-        rdma,
-        tcp,
-        topo,
-        client_config(&cfg.rpc, pod, client_id),
-        client_id,
-    ));
+    let mut ps =
+        PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), client_id);
+    if role == ClientRole::Training {
+        ps = ps.with_push_retry(Duration::from_millis(cfg.rpc.push_retry_ms));
+    }
+    let ps = Arc::new(ps);
     Ok(ClientNode { node, ps, kind })
 }
 
@@ -221,6 +250,14 @@ mod tests {
         assert!((t.user_s - 250.0 / hz).abs() < 1e-9 && (t.sys_s - 75.0 / hz).abs() < 1e-9);
         assert!(CpuTimes::parse("42 (x) S 1").is_err());
         assert!(CpuTimes::parse("no parens").is_err());
+    }
+
+    #[test]
+    fn counts_both_kinds_of_context_switch() {
+        let status = "Name:\tx\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n";
+        assert_eq!(parse_context_switches(status), 15);
+        assert_eq!(parse_context_switches("garbage"), 0);
+        assert!(context_switches(std::process::id()).is_ok());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use bex_rpc::{serve, Client, ClientConfig, Endpoint, ServerStats};
 use bex_transport::Transport;
 use tokio::task::JoinHandle;
 
-use crate::node::client_config;
+use crate::node::{client_config, ClientRole};
 use crate::server::{Handler, PsServer, ServerParts};
 
 /// How long a fresh replica keeps trying to copy its shard from the training pod before it
@@ -93,7 +93,8 @@ pub async fn start_shard(
     log: impl Fn(&str),
 ) -> RunningShard {
     let ShardStart { pod, shard, tables, update_seq, restored } = start;
-    let ccfg = client_config(&cfg.rpc, pod, u64::from(pod) << 32 | u64::from(shard));
+    let ccfg =
+        client_config(&cfg.rpc, pod, u64::from(pod) << 32 | u64::from(shard), ClientRole::Serving);
     // The training pod forwards to the same shard in every other pod.
     let targets: Vec<Endpoint> = (0..topo.pods())
         .filter(|&p| p != pod)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
 use bex_ps_core::Config;
 use bex_ps_server::client::{PsClient, PsError};
-use bex_ps_server::node::{client_config, cluster_secret, transport_config, Node};
+use bex_ps_server::node::{client_config, cluster_secret, transport_config, ClientRole, Node};
 
 struct Cluster {
     dir: PathBuf,
@@ -116,7 +116,7 @@ impl Cluster {
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
         let node = Node::start(any, any, tcfg).await.unwrap();
         let (r, tcp) = node.transports();
-        let ccfg = client_config(&self.cfg.rpc, local_pod, 99);
+        let ccfg = client_config(&self.cfg.rpc, local_pod, 99, ClientRole::Serving);
         let id = 1000 + u64::from(local_pod) + if rdma { 0 } else { 500 };
         Arc::new(PsClient::new(rdma.then_some(r), tcp, self.cfg.topology().unwrap(), ccfg, id))
     }

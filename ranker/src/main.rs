@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
+use bex_ps_server::node::ClientRole;
 use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes, SystemCpu};
 use bex_ranker::report::{self, RunInfo};
 use bex_ranker::run::{run, Ranker, RunOptions, Schedule, Snapshot};
@@ -173,7 +174,7 @@ fn main() {
             stop_tx
         });
 
-        let client = connect_client(&cfg, cli.pod, cli.bind, kind, client_id)
+        let client = connect_client(&cfg, cli.pod, cli.bind, kind, client_id, ClientRole::Serving)
             .await
             .unwrap_or_else(|e| fail(format!("starting the client: {e}")));
         let ranker = Ranker::connect(client.ps.clone(), settings.clone(), Duration::from_secs(10))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bemalloc::Pool;
-use bex_transport::{Msg, Socket, TransportKind};
+use bex_transport::{Msg, SharedMsg, Socket, TransportKind};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
@@ -26,9 +26,15 @@ struct Shared {
 pub struct Channel {
     socket: Arc<Socket>,
     shared: Arc<Shared>,
-    next_id: AtomicU64,
     pool: &'static Pool,
     reader: tokio::task::JoinHandle<()>,
+}
+
+/// A request id unique in this process: a call keeps its id across the channels its
+/// attempts use, so a retry sends the same frame.
+pub fn next_request_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for Channel {
@@ -92,7 +98,7 @@ impl Channel {
                 let _ = tx.send(Err(err.clone()));
             }
         });
-        Channel { socket, shared, next_id: AtomicU64::new(1), pool, reader }
+        Channel { socket, shared, pool, reader }
     }
 
     /// RDMA or TCP.
@@ -113,11 +119,23 @@ impl Channel {
         mut request: Msg,
         deadline: Duration,
     ) -> Result<Msg, RpcError> {
+        let id = next_request_id();
+        Header { kind: Kind::Request, method, status: 0, id }.encode(request.as_mut_slice());
+        self.call_shared(&SharedMsg::new(request), id, deadline).await
+    }
+
+    /// Sends a request frame whose header (request `id`, from [`next_request_id`]) is
+    /// written, as one more use of its buffer — a retry on another channel sends the same
+    /// bytes without a copy — and waits for the reply within `deadline`.
+    pub async fn call_shared(
+        &self,
+        request: &SharedMsg,
+        id: u64,
+        deadline: Duration,
+    ) -> Result<Msg, RpcError> {
         if let Some(e) = self.broken() {
             return Err(e);
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Header { kind: Kind::Request, method, status: 0, id }.encode(request.as_mut_slice());
         let (tx, rx) = oneshot::channel();
         self.shared.pending.lock().insert(id, tx);
         // The reply says the request arrived: waiting for the send's own completion too

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bemalloc::Pool;
-use bex_transport::{Msg, Transport, TransportKind};
+use bex_transport::{Msg, SharedMsg, Transport, TransportKind};
 use parking_lot::Mutex;
 
-use crate::channel::Channel;
+use crate::channel::{alloc_frame, next_request_id, Channel};
 use crate::clock;
 use crate::error::RpcError;
+use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::policy::{order_replicas, Fallback, Quarantine, Replica, RetryPolicy};
 
 /// One replica's addresses.
@@ -258,14 +259,35 @@ impl Client {
         self.dests[id].lock().fallback.on_tcp()
     }
 
-    /// Calls `method` on one of `replicas` (ids into the endpoint list) with `body`.
+    /// Calls `method` on one of `replicas` (ids into the endpoint list) with a copy of
+    /// `body` (control paths; the data path builds its frame with [`Client::call_frame`]).
     pub async fn call(
         &self,
         replicas: &[usize],
         method: u16,
         body: &[u8],
     ) -> Result<Msg, RpcError> {
+        let mut frame = alloc_frame(self.pool, body.len())?;
+        frame.as_mut_slice()[HEADER_LEN..].copy_from_slice(body);
+        self.call_frame(replicas, method, frame).await
+    }
+
+    /// Calls `method` on one of `replicas` with `frame` (from [`alloc_frame`], the body
+    /// encoded at `[HEADER_LEN..]` by the caller): the frame is written once and every
+    /// attempt sends the same registered buffer, none copies it.
+    pub async fn call_frame(
+        &self,
+        replicas: &[usize],
+        method: u16,
+        mut frame: Msg,
+    ) -> Result<Msg, RpcError> {
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        if frame.len() < HEADER_LEN {
+            return Err(RpcError::Protocol("a request frame has room for its header".into()));
+        }
+        let id = next_request_id();
+        Header { kind: Kind::Request, method, status: 0, id }.encode(frame.as_mut_slice());
+        let frame = SharedMsg::new(frame);
         if replicas.is_empty() {
             return Err(RpcError::NoReplica);
         }
@@ -286,7 +308,7 @@ impl Client {
         let mut i = 0usize;
         let last = loop {
             let r = order[i % order.len()];
-            match self.call_dest(r.id, method, body).await {
+            match self.call_dest(r.id, &frame, id).await {
                 Ok(m) => {
                     if r.pod != self.cfg.local_pod {
                         self.stats.remote_pod_calls.fetch_add(1, Ordering::Relaxed);
@@ -427,10 +449,15 @@ impl Client {
         }
     }
 
-    async fn call_dest(&self, id: usize, method: u16, body: &[u8]) -> Result<Msg, RpcError> {
+    async fn call_dest(
+        &self,
+        id: usize,
+        frame: &SharedMsg,
+        request_id: u64,
+    ) -> Result<Msg, RpcError> {
         let ch = self.channel(id).await?;
         let kind = ch.kind();
-        let r = ch.call(method, body, self.cfg.request_timeout).await;
+        let r = ch.call_shared(frame, request_id, self.cfg.request_timeout).await;
         let now = clock::now();
         match &r {
             Ok(_) => {

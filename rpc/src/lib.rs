@@ -17,7 +17,7 @@ pub mod frame;
 pub mod policy;
 pub mod server;
 
-pub use channel::{alloc_frame, Channel};
+pub use channel::{alloc_frame, next_request_id, Channel};
 pub use client::{Client, ClientConfig, ClientCounts, ClientStats, Endpoint};
 pub use error::RpcError;
 pub use frame::{Status, HEADER_LEN};

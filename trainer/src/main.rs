@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
+use bex_ps_server::node::ClientRole;
 use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes};
 use bex_rnic::Device;
 use bex_trainer::clock;
@@ -145,7 +146,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         Some(Kind::Tcp) => TransportKind::Tcp,
         None => cfg.transport.kind,
     };
-    let client = connect_client(&cfg, pod, args.bind, kind, args.id)
+    let client = connect_client(&cfg, pod, args.bind, kind, args.id, ClientRole::Training)
         .await
         .unwrap_or_else(|e| runtime_error(format!("starting the client transports: {e}")));
     let store = PsStore(client.ps.clone());
@@ -261,6 +262,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         eval,
         message_bytes: st.sizes.report(),
         errors: st.errors,
+        push_retries: client.ps.push_retries(),
         last_error: st.last_error.clone(),
         eval_errors,
         rpc: client.ps.rpc().stats().snapshot(),

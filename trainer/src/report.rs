@@ -90,8 +90,12 @@ pub struct Report {
     pub eval: Vec<EvalPoint>,
     /// Per-shard sub-request sizes, bytes.
     pub message_bytes: MessageSizesReport,
-    /// Failed steps.
+    /// Failed steps: a fetch failed (the step is skipped), or a push still failed after
+    /// being retried for `[rpc] push_retry_ms` with its sequence number (that update is
+    /// lost; the servers never apply a push twice).
     pub errors: u64,
+    /// Push sub-requests sent again after a failure (each applied at most once).
+    pub push_retries: u64,
     /// The last failure's message.
     pub last_error: Option<String>,
     /// Evaluations that failed (not counted in `errors`).
@@ -112,7 +116,7 @@ impl Report {
         let m = &self.message_bytes;
         format!(
             "trainer {id} over {t}: {steps} steps, {samples} samples in {el:.1} s \
-             ({sps:.0} samples/s), {err} errors{int}\n\
+             ({sps:.0} samples/s), {err} failed steps, {retried} push retries{int}\n\
              held-out AUC {a0:.4} -> {a1:.4}, log-loss {l0:.4} -> {l1:.4}\n\
              fetch p50 {fp50} us p99 {fp99} us mean {fm:.0} us; push p50 {pp50} us p99 {pp99} us mean {pm:.0} us\n\
              per-shard fetch response {fr:.0} B mean / {fr99} B p99; push request {pr:.0} B mean / {pr99} B p99\n\
@@ -125,6 +129,7 @@ impl Report {
             el = self.elapsed_s,
             sps = self.samples_per_s,
             err = self.errors,
+            retried = self.push_retries,
             int = if self.interrupted { " (interrupted)" } else { "" },
             a0 = self.auc_initial,
             a1 = self.auc_final,

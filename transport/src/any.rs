@@ -11,7 +11,7 @@ use bemalloc::Pool;
 use crate::config::CounterSnapshot;
 use crate::engine::RemoteTarget;
 use crate::error::{Result, TransportError};
-use crate::msg::Msg;
+use crate::msg::{Msg, Payload, SharedMsg};
 use crate::rdma::{RdmaSocket, RdmaTransport};
 use crate::simio::{SimTransport, SimTransportSocket};
 use crate::tcp::{TcpSocket, TcpTransport};
@@ -186,9 +186,20 @@ impl Socket {
         }
     }
 
-    /// Queues a message without waiting for the transport to finish with it (see
-    /// [`RdmaSocket::send_detached`]).
-    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+    /// Sends a shared message without copying it: one more use of its registered buffer,
+    /// which lives until the last use is done (`paper/002`).
+    pub async fn send_shared(&self, msg: &SharedMsg) -> Result<()> {
+        match self {
+            Socket::Rdma(s) => s.send_shared(msg).await,
+            Socket::Tcp(s) => s.send_shared(msg).await,
+            Socket::Sim(s) => s.send_detached(msg).await,
+        }
+    }
+
+    /// Queues a message (owned or shared) without waiting for the transport to finish with
+    /// it (see [`RdmaSocket::send_detached`]).
+    pub async fn send_detached(&self, msg: impl Into<Payload>) -> Result<()> {
+        let msg = msg.into();
         match self {
             Socket::Rdma(s) => s.send_detached(msg).await,
             Socket::Tcp(s) => s.send_detached(msg).await,

@@ -9,23 +9,30 @@ use bex_rnic::verbs::Mtu;
 /// has its default here.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// I/O threads; engines are assigned to them round-robin.
-    pub io_threads: usize,
+    /// Endpoints per transport: each has one completion queue and one driver task on the
+    /// application's runtime (the paper's I/O threads, without threads of their own);
+    /// engines are assigned to them round-robin. On the software NIC every endpoint's CQ
+    /// also watches the device's one UDP socket, so more than one costs wake-ups.
+    pub endpoints: usize,
     /// Send-queue depth = length of each engine's work-request chain (paper: e.g. 32).
     pub sq_depth: u32,
     /// Receive-queue depth `d`; receives are re-posted and credits returned `d/2` at a time.
     pub rq_depth: u32,
-    /// SRQ mode: the engines of an I/O thread share one receive queue of `srq_depth`
+    /// SRQ mode: the engines of an endpoint share one receive queue of `srq_depth`
     /// buffers, and receive credits are off (the QPs' RNR retry absorbs exhaustion).
     pub srq: bool,
-    /// Depth of each I/O thread's shared receive queue (SRQ mode).
+    /// Depth of each endpoint's shared receive queue (SRQ mode).
     pub srq_depth: u32,
-    /// Completion-queue depth of each I/O thread.
+    /// Completion-queue depth of each endpoint.
     pub cq_depth: u32,
     /// Largest message sent eagerly by SEND; larger ones go RTS → CTS → WRITE fragments.
     pub eager_max: usize,
     /// Fragment size `S` of large messages (one WRITE per scheduler turn).
     pub fragment_bytes: usize,
+    /// Large messages behind a socket's front whose RTS may go before their turn to be
+    /// written, so their CTS is there when it comes (0: one RTS/CTS round trip per large
+    /// message, in turn). Each makes the receiver allocate the message's buffer early.
+    pub rts_ahead: usize,
     /// Per-engine send window (bytes outstanding); `None` = off, the paper's baseline.
     pub cwnd_bytes: Option<u64>,
     /// Copy eager payloads into a registered bounce buffer instead of posting the caller's
@@ -41,17 +48,12 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// The cluster's shared secret; peers without it are refused at bootstrap.
     pub secret: Vec<u8>,
-    /// How long an idle I/O thread busy-polls before blocking (0: block at once; spinning
-    /// only pays when I/O threads have cores to themselves).
+    /// How long an idle endpoint's driver keeps polling before it waits for an event (0: wait
+    /// at once; spinning only pays when the runtime's threads have cores to themselves).
     pub spin: Duration,
     /// Largest message a peer may announce (RTS length, TCP frame): bounds what an
     /// authenticated but misbehaving peer can make this side allocate and register.
     pub max_message_bytes: u64,
-    /// How long an idle I/O thread watches only its command queue (no CQ poll, no syscall)
-    /// before blocking: catches an application's immediate answer without a wake-up. On this
-    /// project's 2-core machines 20 µs cut transport ping-pong RTT from 1.4–1.7× TCP's to
-    /// 0.6–0.8×, but slowed larger PS requests (the spin takes CPU they need): off by default.
-    pub cmd_spin: Duration,
     /// Messages a socket may have queued before `send` waits (backpressure); on TCP also the
     /// received messages a socket holds before the connection stops reading.
     pub max_queued_sends: usize,
@@ -66,7 +68,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            io_threads: 1,
+            endpoints: 1,
             sq_depth: 32,
             rq_depth: 64,
             srq: false,
@@ -74,6 +76,7 @@ impl Default for Config {
             cq_depth: 8192,
             eager_max: 8 * 1024,
             fragment_bytes: 16 * 1024,
+            rts_ahead: 4,
             cwnd_bytes: None,
             eager_copy: false,
             path_mtu: Mtu::Mtu4096,
@@ -82,7 +85,6 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(3),
             secret: b"bex-default-secret".to_vec(),
             spin: Duration::ZERO,
-            cmd_spin: Duration::ZERO,
             max_queued_sends: 1024,
             max_message_bytes: 1 << 30,
             qp_timeout: 14,
@@ -96,8 +98,8 @@ impl Config {
     /// Checks the settings, naming the first bad field.
     pub fn validate(&self) -> Result<(), String> {
         let bad = |f: &str, why: &str| Err(format!("transport config: {f}: {why}"));
-        if self.io_threads == 0 || self.io_threads > 256 {
-            return bad("io_threads", "must be in 1..=256");
+        if self.endpoints == 0 || self.endpoints > 256 {
+            return bad("endpoints", "must be in 1..=256");
         }
         if !(2..=16384).contains(&self.sq_depth) {
             return bad("sq_depth", "must be in 2..=16384");
@@ -119,6 +121,9 @@ impl Config {
         }
         if self.fragment_bytes < 256 || self.fragment_bytes > 1 << 30 {
             return bad("fragment_bytes", "must be in 256 B..=1 GiB");
+        }
+        if self.rts_ahead > 1024 {
+            return bad("rts_ahead", "must be at most 1024");
         }
         if self.cwnd_bytes == Some(0) {
             return bad("cwnd_bytes", "must be positive (or off)");
@@ -142,7 +147,7 @@ impl Config {
     }
 }
 
-/// Cumulative transport counters (shared by every I/O thread).
+/// Cumulative transport counters (shared by every endpoint).
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Messages handed to the NIC completely (eager or large).
@@ -179,6 +184,12 @@ pub struct Counters {
     pub malformed: AtomicU64,
     /// Bootstrap attempts refused (bad secret, bad hello).
     pub bootstrap_refused: AtomicU64,
+    /// Times a transport task resumed after waiting for the network: an RDMA endpoint's
+    /// driver woken by its CQ's fd or a timer, a TCP connection's reader woken by its
+    /// socket. Each is at most one thread wake-up; per message, the number to compare.
+    pub wakeups: AtomicU64,
+    /// Passes of RDMA endpoint drivers over their engines.
+    pub driver_turns: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -202,6 +213,8 @@ pub struct CounterSnapshot {
     pub keepalive_failures: u64,
     pub malformed: u64,
     pub bootstrap_refused: u64,
+    pub wakeups: u64,
+    pub driver_turns: u64,
 }
 
 impl Counters {
@@ -231,6 +244,8 @@ impl Counters {
             keepalive_failures: g(&self.keepalive_failures),
             malformed: g(&self.malformed),
             bootstrap_refused: g(&self.bootstrap_refused),
+            wakeups: g(&self.wakeups),
+            driver_turns: g(&self.driver_turns),
         }
     }
 }

@@ -2,31 +2,42 @@
 //! work-request chain, receive buffers and credits, the send window, the logical sockets
 //! multiplexed onto it and their round-robin scheduler, and keepalive.
 //!
-//! An engine is owned by exactly one I/O thread and is driven with time passed in:
-//! [`Engine::on_completion`] for each work completion of its QP, [`Engine::fill`] to prepare
-//! and post work (one doorbell per call), [`Engine::tick`] for timers. It talks to the
-//! application only through channels, so it never blocks.
+//! The engine is sans-IO, in quinn's vocabulary: it holds no QP, no channel and no clock.
+//! Its owner feeds it with [`Engine::handle_completion`] (each work completion of its QP)
+//! and [`Engine::handle_timeout`] (at [`Engine::poll_timeout`]), and with the application's
+//! requests ([`Engine::open_socket`], [`Engine::enqueue`], …); it drains
+//! [`Engine::poll_post`] (receive and send batches to post, one doorbell each) and
+//! [`Engine::poll_event`] (what the application learns). Time is passed in. So the same
+//! code runs under the async reactor, in the simulator, and in tests as a pair of engines
+//! shuttled by hand.
+//!
+//! Polling order per input: handle the input, then `poll_post` until `None`, then
+//! `poll_event` until `None`. A failed post (the QP refused it) is reported back with
+//! [`Engine::fail`].
+//!
+//! `T` is the owner's completion handle of a send (a channel, a permit, a number in tests):
+//! the engine keeps it until the NIC is done with the message and hands it back in
+//! [`Event::Sent`].
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bemalloc::Pool;
-use bex_rnic::verbs::{SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
-use bex_rnic::{Device, QueuePair};
-use tokio::sync::{mpsc, oneshot};
+use bex_rnic::verbs::{RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
+use parking_lot::Mutex;
 
 use crate::config::{Config, Counters};
 use crate::error::{Result, TransportError};
-use crate::msg::Msg;
+use crate::msg::{Msg, Payload};
 use crate::policy::chain::WrChain;
 use crate::policy::credits::{SendCredits, Use};
 use crate::policy::keepalive::Keepalive;
 use crate::policy::sched::RoundRobin;
 use crate::policy::window::SendWindow;
 use crate::proto::{Header, Kind, HEADER_LEN};
-use crate::recv::{Receives, RecvRing, SharedRecv};
+use crate::recv::RecvRing;
 
 /// Receive work requests carry this bit in their id (send ids are chain slots).
 pub(crate) const RECV_TAG: u64 = 1 << 63;
@@ -46,46 +57,40 @@ pub struct RemoteTarget {
     pub len: u64,
 }
 
-/// Who learns that the NIC is done with a sent message.
-pub(crate) enum Done {
-    /// A caller waits for the outcome.
-    Notify(oneshot::Sender<Result<()>>),
-    /// Nobody waits (nobody is woken): the send-queue slot it holds is freed on drop.
-    Detached { _slot: tokio::sync::OwnedSemaphorePermit },
+/// What the application learns from an engine.
+#[derive(Debug)]
+pub(crate) enum Event<T> {
+    /// A socket this side opened was accepted (`Ok`) or refused by the peer.
+    Opened { socket: u32, result: Result<()> },
+    /// The peer opened a socket; it is `socket` on this side.
+    Accepted { socket: u32 },
+    /// A message arrived on a socket (the receive buffer itself, or the written buffer).
+    Received { socket: u32, msg: Msg },
+    /// A socket ended: the peer closed it, or the engine failed. Nothing follows on it.
+    Ended { socket: u32, error: TransportError },
+    /// The NIC is done with a send (or it failed); `done` is the caller's handle.
+    Sent { done: T, result: Result<()> },
 }
 
-impl Done {
-    pub fn finish(self, r: Result<()>) {
-        if let Done::Notify(tx) = self {
-            let _ = tx.send(r);
-        }
-    }
-}
-
-impl From<oneshot::Sender<Result<()>>> for Done {
-    fn from(tx: oneshot::Sender<Result<()>>) -> Done {
-        Done::Notify(tx)
-    }
+/// A batch for the QP: one `post_recv` or one `post_send` (one doorbell).
+#[derive(Debug)]
+pub(crate) enum Post<'a> {
+    /// Receives, for the QP's own receive queue, or the shared one in SRQ mode.
+    Recv(&'a [RecvWr]),
+    /// Send requests, only the last (and one every quarter chain) signaled.
+    Send(&'a [SendWr]),
 }
 
 /// A message waiting to be sent.
-pub(crate) struct OutMsg {
-    pub msg: Msg,
-    pub done: Option<Done>,
-    pub phase: Phase,
-    pub msg_id: u32,
-}
-
-impl OutMsg {
-    fn finish(mut self, r: Result<()>) {
-        if let Some(done) = self.done.take() {
-            done.finish(r);
-        }
-    }
+struct OutMsg<T> {
+    payload: Payload,
+    done: T,
+    phase: Phase,
+    msg_id: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
+enum Phase {
     /// Small: one SEND.
     Eager,
     /// Large: an RTS is to be sent.
@@ -96,34 +101,49 @@ pub(crate) enum Phase {
     Write { addr: u64, rkey: u32, slot: u32, offset: u64 },
 }
 
-/// A socket accepted by a listener, handed to the application.
-#[derive(Debug)]
-pub(crate) struct Accepted {
-    pub id: u32,
-    pub worker: usize,
-    pub inbox: mpsc::UnboundedReceiver<Result<Msg>>,
-    pub peer: SocketAddr,
-}
-
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SockState {
-    Opening(oneshot::Sender<Result<()>>),
+    Opening,
     Open,
     PeerClosed,
 }
 
-struct SocketState {
+struct SocketState<T> {
     peer: u32,
     state: SockState,
-    sendq: VecDeque<OutMsg>,
-    inbox: mpsc::UnboundedSender<Result<Msg>>,
+    sendq: VecDeque<OutMsg<T>>,
     next_msg_id: u32,
+    /// Large messages behind the front whose RTS may already go (`Config::rts_ahead`).
+    rts_ahead: usize,
 }
 
-impl SocketState {
+impl<T> SocketState<T> {
+    fn new(peer: u32, state: SockState, rts_ahead: usize) -> SocketState<T> {
+        SocketState { peer, state, sendq: VecDeque::new(), next_msg_id: 1, rts_ahead }
+    }
+
+    /// The queued message the scheduler can work on now, by index. Writes and eager sends
+    /// go in queue order (the socket delivers in order); an RTS further back may go while
+    /// the front waits for its CTS or is being written: it only asks for a buffer, and its
+    /// CTS is then waiting when the messages before it are done, which saves a round trip
+    /// per large message.
+    fn next_action(&self) -> Option<usize> {
+        if self.state != SockState::Open {
+            return None;
+        }
+        let front = self.sendq.front()?;
+        if matches!(front.phase, Phase::AwaitCts | Phase::Write { .. }) {
+            let behind = self.sendq.iter().enumerate().skip(1).take(self.rts_ahead);
+            if let Some((i, _)) = behind.into_iter().find(|(_, m)| m.phase == Phase::Rts) {
+                return Some(i);
+            }
+        }
+        (front.phase != Phase::AwaitCts).then_some(0)
+    }
+
     /// Has something the scheduler can work on now.
     fn sendable(&self) -> bool {
-        matches!(self.state, SockState::Open)
-            && self.sendq.front().is_some_and(|m| m.phase != Phase::AwaitCts)
+        self.next_action().is_some()
     }
 }
 
@@ -132,14 +152,12 @@ struct LargeIn {
     socket: u32,
 }
 
-enum Release {
-    None,
-    Message(OutMsg),
-}
-
-struct SlotData {
+/// What a chain slot holds until its request completes.
+struct SlotData<T> {
+    /// Bytes the send window admitted for it.
     bytes: u64,
-    release: Release,
+    /// The message whose last request this is.
+    release: Option<OutMsg<T>>,
 }
 
 /// Why an engine stopped.
@@ -149,60 +167,76 @@ pub(crate) enum EngineState {
     Failed(String),
 }
 
-/// One QP and its state.
-pub(crate) struct Engine<D: Device> {
+/// Where an engine's receives come from.
+pub(crate) enum Receives {
+    /// Its own ring on its QP; credits are returned to the peer.
+    Own(RecvRing),
+    /// The owner's shared ring on an SRQ (paper §6.2.2); no credits.
+    Shared(Arc<Mutex<RecvRing>>),
+}
+
+impl Receives {
+    fn with<R>(&mut self, f: impl FnOnce(&mut RecvRing) -> R) -> R {
+        match self {
+            Receives::Own(r) => f(r),
+            Receives::Shared(r) => f(&mut r.lock()),
+        }
+    }
+}
+
+/// What an engine needs besides its QP.
+pub(crate) struct EngineParts {
+    pub cfg: Arc<Config>,
+    pub pool: &'static Pool,
+    /// The pool's device index of the engine's NIC (for lkeys and rkeys).
+    pub dev: usize,
+    pub counters: Arc<Counters>,
     pub qpn: u32,
-    pub worker: usize,
-    pub peer_addr: SocketAddr,
+    pub peer_rq_depth: u32,
+    /// Whether sockets the peer opens are accepted (a listener exists).
+    pub accepting: bool,
+    pub socket_ids: Arc<AtomicU32>,
+    /// The owner's shared receive ring (SRQ mode); `None`: a ring of its own.
+    pub shared_recv: Option<Arc<Mutex<RecvRing>>>,
+}
+
+/// One QP's worth of transport state.
+pub(crate) struct Engine<T> {
+    pub qpn: u32,
     pub state: EngineState,
-    qp: D::Qp,
     cfg: Arc<Config>,
     pool: &'static Pool,
     dev: usize,
     counters: Arc<Counters>,
     chain: WrChain,
-    slots: Vec<SlotData>,
+    slots: Vec<SlotData<T>>,
     /// The work request prepared in each chain slot.
     prepared: Vec<SendWr>,
+    /// The send batch handed out by the last `poll_post`.
     wrs: Vec<SendWr>,
+    /// Receives to post; `recv_handed` once `poll_post` gave them out.
+    recv_out: Vec<RecvWr>,
+    recv_handed: bool,
     headers: Msg,
     bounce: Option<Msg>,
     credits: SendCredits,
     window: SendWindow,
-    recv: Receives<D>,
+    recv: Receives,
     large_in: HashMap<u32, LargeIn>,
     next_large_slot: u32,
     ctrl: VecDeque<Header>,
-    sockets: HashMap<u32, SocketState>,
+    sockets: HashMap<u32, SocketState<T>>,
     rr: RoundRobin,
     keepalive: Keepalive,
-    accept: Option<mpsc::UnboundedSender<Accepted>>,
-    socket_ids: Arc<std::sync::atomic::AtomicU32>,
-    /// Sockets created by the peer's Open since the worker last looked.
-    pub new_sockets: Vec<u32>,
-    /// Sockets gone since the worker last looked.
-    pub gone_sockets: Vec<u32>,
+    accepting: bool,
+    socket_ids: Arc<AtomicU32>,
+    events: VecDeque<Event<T>>,
 }
 
-/// What an engine needs besides its QP.
-pub(crate) struct EngineParts<D: Device> {
-    pub cfg: Arc<Config>,
-    pub pool: &'static Pool,
-    pub dev: usize,
-    pub counters: Arc<Counters>,
-    pub worker: usize,
-    pub peer_addr: SocketAddr,
-    pub peer_rq_depth: u32,
-    pub accept: Option<mpsc::UnboundedSender<Accepted>>,
-    pub socket_ids: Arc<std::sync::atomic::AtomicU32>,
-    /// The I/O thread's shared receive ring and SRQ (SRQ mode); `None`: a ring of its own.
-    pub shared_recv: Option<SharedRecv<D>>,
-}
-
-impl<D: Device> Engine<D> {
-    /// Allocates the engine's registered memory and posts its receives. The QP must be in
-    /// INIT (or later) so the receives can be posted before the peer can send.
-    pub fn new(qp: D::Qp, parts: EngineParts<D>, now: Instant) -> Result<Engine<D>> {
+impl<T> Engine<T> {
+    /// Allocates the engine's registered memory. Its own receives come out of the first
+    /// [`Engine::poll_post`]: post them while the QP is in INIT, before the peer may send.
+    pub fn new(parts: EngineParts, now: Instant) -> Result<Engine<T>> {
         let cfg = parts.cfg;
         let sq = cfg.sq_depth as usize;
         let headers = Msg::alloc(parts.pool, sq * HEADER_LEN)?;
@@ -211,14 +245,14 @@ impl<D: Device> Engine<D> {
         } else {
             None
         };
-        let recv = match parts.shared_recv {
-            Some((ring, srq)) => Receives::Shared(ring, srq),
-            None => Receives::Own(RecvRing::new(
-                parts.pool,
-                parts.dev,
-                cfg.rq_depth,
-                HEADER_LEN + cfg.eager_max,
-            )?),
+        let (recv, recv_out) = match parts.shared_recv {
+            Some(ring) => (Receives::Shared(ring), Vec::new()),
+            None => {
+                let ring =
+                    RecvRing::new(parts.pool, parts.dev, cfg.rq_depth, HEADER_LEN + cfg.eager_max)?;
+                let all = ring.all();
+                (Receives::Own(ring), all)
+            }
         };
         // A peer on an SRQ announces depth 0: it takes no credits (RNR retry instead).
         let credits = if parts.peer_rq_depth == 0 {
@@ -226,14 +260,11 @@ impl<D: Device> Engine<D> {
         } else {
             SendCredits::new(parts.peer_rq_depth)
         };
-        let e: Engine<D> = Engine {
-            qpn: qp.qpn(),
-            worker: parts.worker,
-            peer_addr: parts.peer_addr,
+        Ok(Engine {
+            qpn: parts.qpn,
             state: EngineState::Ready,
-            qp,
             chain: WrChain::new(sq),
-            slots: (0..sq).map(|_| SlotData { bytes: 0, release: Release::None }).collect(),
+            slots: (0..sq).map(|_| SlotData { bytes: 0, release: None }).collect(),
             prepared: vec![
                 SendWr {
                     wr_id: 0,
@@ -244,6 +275,8 @@ impl<D: Device> Engine<D> {
                 sq
             ],
             wrs: Vec::with_capacity(sq),
+            recv_out,
+            recv_handed: false,
             headers,
             bounce,
             credits,
@@ -255,92 +288,85 @@ impl<D: Device> Engine<D> {
             sockets: HashMap::new(),
             rr: RoundRobin::default(),
             keepalive: Keepalive::new(now, cfg.keepalive_interval, cfg.keepalive_timeout),
-            accept: parts.accept,
+            accepting: parts.accepting,
             socket_ids: parts.socket_ids,
-            new_sockets: Vec::new(),
-            gone_sockets: Vec::new(),
+            events: VecDeque::new(),
             pool: parts.pool,
             dev: parts.dev,
             counters: parts.counters,
             cfg,
-        };
-        // An SRQ's ring is posted once by its I/O thread, not per engine.
-        if let Receives::Own(ring) = &e.recv {
-            e.qp.post_recv(&ring.all())?;
-        }
-        Ok(e)
+        })
     }
 
-    /// The QP (for state transitions during setup).
-    pub fn qp(&self) -> &D::Qp {
-        &self.qp
+    /// True when the engine draws on a shared receive queue (its `Post::Recv` batches go
+    /// to the SRQ).
+    pub fn uses_srq(&self) -> bool {
+        matches!(self.recv, Receives::Shared(_))
     }
 
-    /// Opens a socket to the peer; `reply` resolves when the peer accepts or refuses.
-    pub fn open_socket(
-        &mut self,
-        id: u32,
-        inbox: mpsc::UnboundedSender<Result<Msg>>,
-        reply: oneshot::Sender<Result<()>>,
-    ) {
+    /// True once failed: the owner moves the QP to ERROR and drops the engine after
+    /// draining its events.
+    pub fn is_failed(&self) -> bool {
+        self.state != EngineState::Ready
+    }
+
+    /// Opens socket `id` to the peer; [`Event::Opened`] says whether the peer accepted.
+    pub fn open_socket(&mut self, id: u32) {
         if let EngineState::Failed(why) = &self.state {
-            let _ = reply.send(Err(TransportError::ConnectionLost(why.clone())));
+            let error = TransportError::ConnectionLost(why.clone());
+            self.events.push_back(Event::Opened { socket: id, result: Err(error) });
             return;
         }
-        self.sockets.insert(
-            id,
-            SocketState {
-                peer: 0,
-                state: SockState::Opening(reply),
-                sendq: VecDeque::new(),
-                inbox,
-                next_msg_id: 1,
-            },
-        );
+        self.sockets.insert(id, SocketState::new(0, SockState::Opening, self.cfg.rts_ahead));
         let mut h = Header::new(Kind::Open);
         h.src_socket = id;
         self.ctrl.push_back(h);
     }
 
-    /// Queues a message on a socket; fails its completion at once if the message cannot go
-    /// (too big for the target, socket gone or closed by the peer, engine failed).
-    pub fn enqueue(&mut self, socket: u32, msg: Msg, target: Option<RemoteTarget>, done: Done) {
+    /// Queues a message on a socket; [`Event::Sent`] returns `done` when the NIC is done with
+    /// it, or at once with the error if the message cannot go (too big for the target,
+    /// socket gone or closed by the peer, engine failed).
+    pub fn enqueue(
+        &mut self,
+        socket: u32,
+        payload: Payload,
+        target: Option<RemoteTarget>,
+        done: T,
+    ) {
         let eager_max = self.cfg.eager_max;
         // A bad argument is the caller's error whatever the connection's state.
         if let Some(t) = target {
-            if msg.len() as u64 > t.len {
-                done.finish(Err(TransportError::Invalid(format!(
+            if payload.len() as u64 > t.len {
+                let e = TransportError::Invalid(format!(
                     "message of {} bytes does not fit the remote buffer of {}",
-                    msg.len(),
+                    payload.len(),
                     t.len
-                ))));
+                ));
+                self.events.push_back(Event::Sent { done, result: Err(e) });
                 return;
             }
         }
-        let failed = match &self.state {
-            EngineState::Failed(why) => Some(TransportError::ConnectionLost(why.clone())),
-            EngineState::Ready => None,
+        let refused = match (&self.state, self.sockets.get(&socket)) {
+            (EngineState::Failed(why), _) => Some(TransportError::ConnectionLost(why.clone())),
+            (EngineState::Ready, None) => Some(TransportError::Closed),
+            (EngineState::Ready, Some(s)) if s.state == SockState::PeerClosed => {
+                Some(TransportError::Closed)
+            }
+            (EngineState::Ready, Some(_)) => None,
         };
-        let Some(s) = self.sockets.get_mut(&socket) else {
-            done.finish(Err(failed.unwrap_or(TransportError::Closed)));
-            return;
-        };
-        if let Some(e) = failed {
-            done.finish(Err(e));
+        if let Some(e) = refused {
+            self.events.push_back(Event::Sent { done, result: Err(e) });
             return;
         }
-        if matches!(s.state, SockState::PeerClosed) {
-            done.finish(Err(TransportError::Closed));
-            return;
-        }
+        let s = self.sockets.get_mut(&socket).expect("checked above");
         let phase = match target {
             Some(t) => Phase::Write { addr: t.addr, rkey: t.rkey, slot: t.slot, offset: 0 },
-            None if msg.len() <= eager_max => Phase::Eager,
+            None if payload.len() <= eager_max => Phase::Eager,
             None => Phase::Rts,
         };
         let msg_id = s.next_msg_id;
         s.next_msg_id = s.next_msg_id.wrapping_add(1);
-        s.sendq.push_back(OutMsg { msg, done: Some(done), phase, msg_id });
+        s.sendq.push_back(OutMsg { payload, done, phase, msg_id });
         if s.sendable() {
             self.rr.activate(socket);
         }
@@ -349,6 +375,9 @@ impl<D: Device> Engine<D> {
     /// Registers `buf` so the peer can write a message into it directly (no RTS/CTS); the
     /// returned target travels to the peer by any means.
     pub fn expose(&mut self, socket: u32, buf: Msg) -> Result<RemoteTarget> {
+        if let EngineState::Failed(why) = &self.state {
+            return Err(TransportError::ConnectionLost(why.clone()));
+        }
         if !self.sockets.contains_key(&socket) {
             return Err(TransportError::Closed);
         }
@@ -373,16 +402,14 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// Closes a socket: queued sends fail, the peer is told.
+    /// Closes a socket: queued sends fail with `Closed`, the peer is told. Nothing more is
+    /// reported for it.
     pub fn close_socket(&mut self, id: u32) {
         let Some(s) = self.sockets.remove(&id) else { return };
         self.rr.remove(id);
-        self.gone_sockets.push(id);
         for m in s.sendq {
-            m.finish(Err(TransportError::Closed));
-        }
-        if let SockState::Opening(reply) = s.state {
-            let _ = reply.send(Err(TransportError::Closed));
+            self.events
+                .push_back(Event::Sent { done: m.done, result: Err(TransportError::Closed) });
         }
         if s.peer != 0 && self.state == EngineState::Ready {
             let mut h = Header::new(Kind::Close);
@@ -391,49 +418,43 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// Fails the engine: every socket and pending operation gets the reason.
+    /// Fails the engine: every socket and pending operation gets the reason, in socket and
+    /// chain order (so simulated runs wake their tasks in the same order every time).
     pub fn fail(&mut self, why: String) {
         if self.state != EngineState::Ready {
             return;
         }
-        tracing::warn!(qpn = self.qpn, peer = %self.peer_addr, %why, "engine failed");
+        tracing::warn!(qpn = self.qpn, %why, "engine failed");
         Counters::add(&self.counters.engines_failed, 1);
         self.state = EngineState::Failed(why.clone());
-        let _ = self.qp.to_error();
         let err = TransportError::ConnectionLost(why);
-        // In socket order, so the failures wake their tasks in the same order every run.
         let mut sockets: Vec<_> = self.sockets.drain().collect();
         sockets.sort_unstable_by_key(|(id, _)| *id);
         for (id, s) in sockets {
-            self.gone_sockets.push(id);
             for m in s.sendq {
-                m.finish(Err(err.clone()));
+                self.events.push_back(Event::Sent { done: m.done, result: Err(err.clone()) });
             }
-            match s.state {
-                SockState::Opening(reply) => {
-                    let _ = reply.send(Err(err.clone()));
-                }
-                _ => {
-                    let _ = s.inbox.send(Err(err.clone()));
-                }
-            }
+            self.events.push_back(match s.state {
+                SockState::Opening => Event::Opened { socket: id, result: Err(err.clone()) },
+                _ => Event::Ended { socket: id, error: err.clone() },
+            });
         }
         let range = self.chain.reset();
         for i in range {
             let slot = self.chain.slot_at(i);
-            if let Release::Message(m) =
-                std::mem::replace(&mut self.slots[slot].release, Release::None)
-            {
-                m.finish(Err(err.clone()));
+            self.slots[slot].bytes = 0;
+            if let Some(m) = self.slots[slot].release.take() {
+                self.events.push_back(Event::Sent { done: m.done, result: Err(err.clone()) });
             }
         }
         self.large_in.clear();
         self.ctrl.clear();
+        self.recv_out.clear();
         self.rr = RoundRobin::default();
     }
 
     /// Handles one completion of this engine's QP.
-    pub fn on_completion(&mut self, wc: &WorkCompletion, now: Instant) {
+    pub fn handle_completion(&mut self, now: Instant, wc: &WorkCompletion) {
         if self.state != EngineState::Ready {
             return;
         }
@@ -469,25 +490,28 @@ impl<D: Device> Engine<D> {
             let data = &mut self.slots[s];
             self.window.complete(data.bytes);
             data.bytes = 0;
-            if let Release::Message(m) = std::mem::replace(&mut data.release, Release::None) {
+            if let Some(m) = data.release.take() {
                 Counters::add(&self.counters.messages_sent, 1);
-                Counters::add(&self.counters.bytes_sent, m.msg.len() as u64);
-                m.finish(Ok(()));
+                Counters::add(&self.counters.bytes_sent, m.payload.len() as u64);
+                self.events.push_back(Event::Sent { done: m.done, result: Ok(()) });
             }
         }
     }
 
-    /// A receive slot was consumed: put a buffer back in it and re-post a batch when due.
+    /// A receive slot was consumed: put a buffer back in it and queue a batch to re-post
+    /// when one is due.
     fn recycle_receive(&mut self, i: usize) {
-        let batch = self.recv.with(|r| r.recycle(i));
-        let r = batch.and_then(|wrs| self.recv.post(&self.qp, &wrs));
-        if let Err(e) = r {
-            self.fail(format!("re-posting receives: {e}"));
+        match self.recv.with(|r| r.recycle(i)) {
+            Ok(batch) if !batch.is_empty() => {
+                if self.recv_handed {
+                    self.recv_out.clear();
+                    self.recv_handed = false;
+                }
+                self.recv_out.extend(batch);
+            }
+            Ok(_) => {}
+            Err(e) => self.fail(format!("re-posting receives: {e}")),
         }
-    }
-
-    fn socket_mut(&mut self, id: u32) -> Option<&mut SocketState> {
-        self.sockets.get_mut(&id)
     }
 
     fn on_recv(&mut self, i: usize, byte_len: usize, now: Instant) {
@@ -509,45 +533,55 @@ impl<D: Device> Engine<D> {
                 let payload = byte_len.saturating_sub(HEADER_LEN);
                 if h.len != payload as u64 {
                     Counters::add(&self.counters.malformed, 1);
-                } else if let Some(s) = self.sockets.get(&h.dst_socket) {
+                } else if self.sockets.contains_key(&h.dst_socket) {
                     let buf = self.recv.with(|r| r.take(i)).expect("checked above");
                     Counters::add(&self.counters.messages_received, 1);
                     Counters::add(&self.counters.bytes_received, payload as u64);
-                    let _ = s.inbox.send(Ok(Msg::view(buf.into_buf(), HEADER_LEN, payload)));
+                    let msg = Msg::view(buf.into_buf(), HEADER_LEN, payload);
+                    self.events.push_back(Event::Received { socket: h.dst_socket, msg });
                 }
             }
             Kind::Rts => self.on_rts(&h),
             Kind::Cts => self.on_cts(&h),
             Kind::Open => self.on_open(&h),
             Kind::OpenAck => {
-                if let Some(s) = self.socket_mut(h.dst_socket) {
-                    s.peer = h.src_socket;
-                    if let SockState::Opening(reply) =
-                        std::mem::replace(&mut s.state, SockState::Open)
-                    {
-                        let _ = reply.send(Ok(()));
-                    }
-                    if s.sendable() {
-                        self.rr.activate(h.dst_socket);
+                if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
+                    if s.state == SockState::Opening {
+                        s.peer = h.src_socket;
+                        s.state = SockState::Open;
+                        let socket = h.dst_socket;
+                        self.events.push_back(Event::Opened { socket, result: Ok(()) });
+                        if s.sendable() {
+                            self.rr.activate(socket);
+                        }
+                    } else {
+                        Counters::add(&self.counters.malformed, 1);
                     }
                 }
             }
             Kind::OpenNak => {
                 if let Some(s) = self.sockets.remove(&h.dst_socket) {
-                    self.gone_sockets.push(h.dst_socket);
-                    if let SockState::Opening(reply) = s.state {
-                        let _ = reply.send(Err(TransportError::Refused(
-                            "the peer accepts no sockets".into(),
-                        )));
+                    let error = TransportError::Refused("the peer accepts no sockets".into());
+                    for m in s.sendq {
+                        let result = Err(error.clone());
+                        self.events.push_back(Event::Sent { done: m.done, result });
                     }
+                    self.events
+                        .push_back(Event::Opened { socket: h.dst_socket, result: Err(error) });
                 }
             }
             Kind::Close => {
-                if let Some(s) = self.socket_mut(h.dst_socket) {
-                    s.state = SockState::PeerClosed;
-                    let _ = s.inbox.send(Err(TransportError::Closed));
-                    for m in std::mem::take(&mut s.sendq) {
-                        m.finish(Err(TransportError::Closed));
+                if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
+                    if s.state != SockState::PeerClosed {
+                        s.state = SockState::PeerClosed;
+                        let queued = std::mem::take(&mut s.sendq);
+                        for m in queued {
+                            let result = Err(TransportError::Closed);
+                            self.events.push_back(Event::Sent { done: m.done, result });
+                        }
+                        self.rr.remove(h.dst_socket);
+                        let error = TransportError::Closed;
+                        self.events.push_back(Event::Ended { socket: h.dst_socket, error });
                     }
                 }
             }
@@ -580,18 +614,18 @@ impl<D: Device> Engine<D> {
 
     fn on_cts(&mut self, h: &Header) {
         let Some(s) = self.sockets.get_mut(&h.dst_socket) else { return };
-        let Some(front) = s.sendq.front_mut() else { return };
-        if front.phase != Phase::AwaitCts || front.msg_id != h.msg_id {
+        let waiting =
+            s.sendq.iter().position(|m| m.msg_id == h.msg_id && m.phase == Phase::AwaitCts);
+        let Some(i) = waiting else {
             Counters::add(&self.counters.malformed, 1);
             return;
-        }
+        };
         if h.slot == REFUSED {
-            let m = s.sendq.pop_front().expect("front exists");
-            m.finish(Err(TransportError::Alloc(
-                "the receiver could not allocate the message".into(),
-            )));
+            let m = s.sendq.remove(i).expect("found above");
+            let e = TransportError::Alloc("the receiver could not allocate the message".into());
+            self.events.push_back(Event::Sent { done: m.done, result: Err(e) });
         } else {
-            front.phase = Phase::Write { addr: h.aux, rkey: h.aux32, slot: h.slot, offset: 0 };
+            s.sendq[i].phase = Phase::Write { addr: h.aux, rkey: h.aux32, slot: h.slot, offset: 0 };
         }
         if s.sendable() {
             self.rr.activate(h.dst_socket);
@@ -601,25 +635,13 @@ impl<D: Device> Engine<D> {
     fn on_open(&mut self, h: &Header) {
         let mut reply = Header::new(Kind::OpenNak);
         reply.dst_socket = h.src_socket;
-        if let Some(accept) = &self.accept {
-            let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let (tx, rx) = mpsc::unbounded_channel();
-            let accepted = Accepted { id, worker: self.worker, inbox: rx, peer: self.peer_addr };
-            if accept.send(accepted).is_ok() {
-                self.sockets.insert(
-                    id,
-                    SocketState {
-                        peer: h.src_socket,
-                        state: SockState::Open,
-                        sendq: VecDeque::new(),
-                        inbox: tx,
-                        next_msg_id: 1,
-                    },
-                );
-                self.new_sockets.push(id);
-                reply.kind = Kind::OpenAck;
-                reply.src_socket = id;
-            }
+        if self.accepting {
+            let id = self.socket_ids.fetch_add(1, Ordering::Relaxed);
+            let state = SocketState::new(h.src_socket, SockState::Open, self.cfg.rts_ahead);
+            self.sockets.insert(id, state);
+            self.events.push_back(Event::Accepted { socket: id });
+            reply.kind = Kind::OpenAck;
+            reply.src_socket = id;
         }
         self.ctrl.push_back(reply);
     }
@@ -633,16 +655,15 @@ impl<D: Device> Engine<D> {
             Counters::add(&self.counters.malformed, 1);
             return;
         };
-        let buf = large.buf;
-        if let Some(s) = self.sockets.get(&large.socket) {
+        if self.sockets.contains_key(&large.socket) {
             Counters::add(&self.counters.messages_received, 1);
-            Counters::add(&self.counters.bytes_received, buf.len() as u64);
-            let _ = s.inbox.send(Ok(buf));
+            Counters::add(&self.counters.bytes_received, large.buf.len() as u64);
+            self.events.push_back(Event::Received { socket: large.socket, msg: large.buf });
         }
     }
 
     /// Timers: keepalive sends and expiry.
-    pub fn tick(&mut self, now: Instant) {
+    pub fn handle_timeout(&mut self, now: Instant) {
         if self.state != EngineState::Ready {
             return;
         }
@@ -658,24 +679,39 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// The next time [`Engine::tick`] has something to do.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    /// The next time [`Engine::handle_timeout`] has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
         (self.state == EngineState::Ready).then(|| self.keepalive.next_deadline())
     }
 
-    /// True when there is work [`Engine::fill`] could post if resources allow.
-    pub fn has_work(&self) -> bool {
-        self.state == EngineState::Ready
-            && (!self.ctrl.is_empty() || !self.rr.is_empty() || self.credits_due())
+    /// The next batch to post: receives to re-post first (they return credits the sends
+    /// below may carry), then sends — control messages first, then one fragment per socket
+    /// per turn, round-robin, while chain slots, credits and the window allow; one doorbell.
+    pub fn poll_post(&mut self) -> Option<Post<'_>> {
+        if self.state != EngineState::Ready {
+            return None;
+        }
+        if !self.recv_handed && !self.recv_out.is_empty() {
+            self.recv_handed = true;
+            return Some(Post::Recv(&self.recv_out));
+        }
+        if self.recv_handed {
+            self.recv_out.clear();
+            self.recv_handed = false;
+        }
+        if self.fill() == 0 {
+            return None;
+        }
+        Some(Post::Send(&self.wrs))
     }
 
-    /// Prepares work while the chain has free slots — control messages first, then one
-    /// fragment per socket per turn, round-robin — and posts it with one doorbell, only the
-    /// last request signaled. Returns how many requests were posted.
-    pub fn fill(&mut self) -> usize {
-        if self.state != EngineState::Ready {
-            return 0;
-        }
+    /// The next thing the application should learn.
+    pub fn poll_event(&mut self) -> Option<Event<T>> {
+        self.events.pop_front()
+    }
+
+    /// Prepares work into the chain's free slots and moves it to `wrs` as one batch.
+    fn fill(&mut self) -> usize {
         let mut prepared = 0;
         while self.chain.free() > 0 {
             if let Some(h) = self.ctrl.front().copied() {
@@ -684,7 +720,7 @@ impl<D: Device> Engine<D> {
                     break;
                 }
                 self.ctrl.pop_front();
-                self.prepare_send(h, None, Release::None);
+                self.prepare_send(h, None);
                 prepared += 1;
                 continue;
             }
@@ -706,39 +742,31 @@ impl<D: Device> Engine<D> {
         // Owed credits that rode on nothing go back in a credit message.
         if self.credits_due() && self.chain.free() > 0 && self.credits.try_take(Use::CreditReturn) {
             Counters::add(&self.counters.credit_messages, 1);
-            self.prepare_send(Header::new(Kind::Credit), None, Release::None);
+            self.prepare_send(Header::new(Kind::Credit), None);
             prepared += 1;
         }
-        if prepared > 0 {
-            self.post_pending();
+        if prepared == 0 {
+            return 0;
         }
-        prepared
-    }
-
-    fn post_pending(&mut self) {
         self.wrs.clear();
-        let slots: Vec<usize> = self.chain.pending_slots().collect();
-        let n = slots.len();
+        let n = self.chain.pending();
         // The last request of a doorbell is signaled, and one every quarter chain as well:
         // a batch as long as the whole chain would otherwise leave it empty until every
         // request of the batch completes.
         let every = (self.chain.depth() / 4).max(1);
-        for (k, slot) in slots.into_iter().enumerate() {
-            let mut wr = self.pending_wr(slot);
+        for (k, slot) in self.chain.pending_slots().enumerate() {
+            let mut wr = self.prepared[slot];
+            wr.wr_id = slot as u64;
             wr.signaled = k + 1 == n || (k + 1) % every == 0;
             self.wrs.push(wr);
         }
-        let wrs = std::mem::take(&mut self.wrs);
-        let r = self.qp.post_send(&wrs);
+        // The owner posts the batch now; a refusal fails the engine, which resets the chain.
+        self.chain.posted(n);
         Counters::add(&self.counters.doorbells, 1);
-        Counters::add(&self.counters.work_requests, wrs.len() as u64);
-        self.wrs = wrs;
-        match r {
-            Ok(()) => self.chain.posted(n),
-            Err(e) => self.fail(format!("post_send: {e}")),
-        }
+        Counters::add(&self.counters.work_requests, n as u64);
         let hw = self.window.high_water;
-        self.counters.window_high_water.fetch_max(hw, std::sync::atomic::Ordering::Relaxed);
+        self.counters.window_high_water.fetch_max(hw, Ordering::Relaxed);
+        n
     }
 
     /// A whole batch of credits is owed and nothing carried it yet.
@@ -749,57 +777,52 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    fn pending_wr(&self, slot: usize) -> SendWr {
-        let mut wr = self.prepared[slot];
-        wr.wr_id = slot as u64;
-        wr
-    }
-
-    /// Reserves a chain slot for a SEND of `h` (plus `payload`), piggybacking owed credits.
-    fn prepare_send(&mut self, mut h: Header, payload: Option<&Msg>, release: Release) {
+    /// Reserves a chain slot for a SEND of `h` (plus `m`'s payload), piggybacking owed
+    /// credits; the slot owns `m` until it retires (moving a message does not move its
+    /// registered buffer, so the gathered address stays valid).
+    fn prepare_send(&mut self, mut h: Header, m: Option<OutMsg<T>>) {
         let slot = self.chain.reserve().expect("caller checked for a free slot");
         h.credits = match &mut self.recv {
             Receives::Own(r) => r.credits.take_owed(u32::from(u16::MAX)) as u16,
             Receives::Shared(..) => 0,
         };
-        let len = payload.map_or(0, |m| m.len());
+        let payload = m.as_ref().map(|m| &m.payload);
+        let len = payload.map_or(0, |p| p.len());
         let sg_list = match (&mut self.bounce, payload) {
             // Copy mode: header and payload contiguous in this slot's bounce buffer.
-            (Some(bounce), Some(m)) => {
+            (Some(bounce), Some(p)) => {
                 let base = slot * (HEADER_LEN + self.cfg.eager_max);
                 let dst = &mut bounce.as_mut_slice()[base..base + HEADER_LEN + len];
                 h.encode(&mut dst[..HEADER_LEN]);
-                dst[HEADER_LEN..].copy_from_slice(m.as_slice());
+                dst[HEADER_LEN..].copy_from_slice(p.as_slice());
                 SgList::one(bounce.sge(self.dev, base, HEADER_LEN + len))
             }
             _ => {
                 let at = slot * HEADER_LEN;
                 h.encode(&mut self.headers.as_mut_slice()[at..at + HEADER_LEN]);
                 let mut list = SgList::one(self.headers.sge(self.dev, at, HEADER_LEN));
-                if let Some(m) = payload.filter(|m| !m.is_empty()) {
+                if let Some(p) = payload.filter(|p| !p.is_empty()) {
                     // Zero copy: the NIC gathers the payload from the caller's buffer.
-                    list.push(m.sge(self.dev, 0, len));
+                    list.push(p.sge(self.dev, 0, len));
                 }
                 list
             }
         };
         self.prepared[slot] = SendWr { wr_id: 0, op: SendOp::Send, sg_list, signaled: false };
-        self.slots[slot] = SlotData { bytes: len as u64, release };
+        self.slots[slot] = SlotData { bytes: len as u64, release: m };
     }
 
     /// One scheduler turn of socket `id`: at most one fragment.
     fn prepare_socket_turn(&mut self, id: u32) -> Turn {
         let frag_max = self.cfg.fragment_bytes as u64;
         let Some(s) = self.sockets.get_mut(&id) else { return Turn::Idle };
-        if !s.sendable() {
-            return Turn::Idle;
-        }
+        let Some(at) = s.next_action() else { return Turn::Idle };
         let peer = s.peer;
-        let front = s.sendq.front_mut().expect("sendable has a front");
+        let front = &mut s.sendq[at];
         match front.phase {
             Phase::AwaitCts => Turn::Idle,
             Phase::Eager => {
-                let len = front.msg.len() as u64;
+                let len = front.payload.len() as u64;
                 if !self.window.try_admit(len) {
                     Counters::add(&self.counters.window_stalls, 1);
                     return Turn::Blocked;
@@ -809,6 +832,7 @@ impl<D: Device> Engine<D> {
                     Counters::add(&self.counters.credit_stalls, 1);
                     return Turn::Blocked;
                 }
+                debug_assert_eq!(at, 0, "eager sends go in queue order");
                 let m = s.sendq.pop_front().expect("front exists");
                 let more = s.sendable();
                 let mut h = Header::new(Kind::Data);
@@ -817,7 +841,7 @@ impl<D: Device> Engine<D> {
                 h.msg_id = m.msg_id;
                 h.len = len;
                 Counters::add(&self.counters.eager_messages, 1);
-                self.prepare_send_owned(h, m);
+                self.prepare_send(h, Some(m));
                 Turn::Prepared { more }
             }
             Phase::Rts => {
@@ -830,13 +854,14 @@ impl<D: Device> Engine<D> {
                 h.dst_socket = peer;
                 h.src_socket = id;
                 h.msg_id = front.msg_id;
-                h.len = front.msg.len() as u64;
+                h.len = front.payload.len() as u64;
                 Counters::add(&self.counters.large_messages, 1);
-                self.prepare_send(h, None, Release::None);
+                self.prepare_send(h, None);
                 Turn::Prepared { more: false }
             }
             Phase::Write { addr, rkey, slot, offset } => {
-                let total = front.msg.len() as u64;
+                debug_assert_eq!(at, 0, "writes go in queue order");
+                let total = front.payload.len() as u64;
                 let frag = frag_max.min(total - offset);
                 let last = offset + frag == total;
                 if !self.window.try_admit(frag) {
@@ -857,13 +882,13 @@ impl<D: Device> Engine<D> {
                 let sg_list = if frag == 0 {
                     SgList::new()
                 } else {
-                    SgList::one(front.msg.sge(self.dev, offset as usize, frag as usize))
+                    SgList::one(front.payload.sge(self.dev, offset as usize, frag as usize))
                 };
                 let release = if last {
-                    Release::Message(s.sendq.pop_front().expect("front exists"))
+                    Some(s.sendq.pop_front().expect("front exists"))
                 } else {
                     front.phase = Phase::Write { addr, rkey, slot, offset: offset + frag };
-                    Release::None
+                    None
                 };
                 let more = s.sendable();
                 let chain_slot = self.chain.reserve().expect("caller checked for a free slot");
@@ -872,19 +897,6 @@ impl<D: Device> Engine<D> {
                 Turn::Prepared { more }
             }
         }
-    }
-
-    /// [`Engine::prepare_send`] with `m`'s payload; the slot then owns `m` until it retires
-    /// (moving `m` does not move its registered buffer, so the gathered address stays valid).
-    fn prepare_send_owned(&mut self, h: Header, m: OutMsg) {
-        self.prepare_send(h, Some(&m.msg), Release::None);
-        let slot = self.last_reserved();
-        self.slots[slot].release = Release::Message(m);
-    }
-
-    /// The slot most recently reserved.
-    fn last_reserved(&self) -> usize {
-        self.chain.pending_slots().last().expect("a slot was just reserved")
     }
 }
 
@@ -898,3 +910,7 @@ enum Turn {
     /// Out of credits, window or slots: try this socket first next time.
     Blocked,
 }
+
+#[cfg(test)]
+#[path = "engine_pair_tests.rs"]
+mod pair_tests;

@@ -3,15 +3,21 @@
 //! - [`policy`]: small pure types — the work-request chain, receive credits, the send window,
 //!   keepalive, the round-robin scheduler;
 //! - [`proto`]: the engine's wire header;
-//! - [`rdma`]: the RDMA transport (engines, I/O threads, authenticated bootstrap, sockets);
+//! - `engine` (sans-IO: one QP's protocol), `endpoint` (one CQ's engines and the sockets'
+//!   application side), `driver` (the async edge: one task per endpoint on the
+//!   application's runtime, woken by the CQ's fd);
+//! - [`rdma`]: the RDMA transport (connection table, authenticated bootstrap, sockets);
 //! - [`tcp`]: the same socket API over TCP, one connection per socket (fallback and baseline);
 //! - [`any`]: [`Transport`] and [`Socket`], either kind behind one type;
 //! - [`sim`], [`simio`]: the deterministic simulation, by hand and behind the async API.
-#![forbid(unsafe_code)]
+// One unsafe block: registering a CQ's descriptor with the runtime (`driver`).
+#![deny(unsafe_code)]
 
 pub mod any;
 pub mod clock;
 pub mod config;
+pub(crate) mod driver;
+pub(crate) mod endpoint;
 pub(crate) mod engine;
 pub mod error;
 pub mod msg;
@@ -22,12 +28,11 @@ pub(crate) mod recv;
 pub mod sim;
 pub mod simio;
 pub mod tcp;
-pub(crate) mod worker;
 
 pub use any::{Socket, Transport, TransportKind};
 pub use config::{Config, CounterSnapshot, Counters};
 pub use engine::RemoteTarget;
 pub use error::{Result, TransportError};
-pub use msg::Msg;
+pub use msg::{Msg, Payload, SharedMsg};
 pub use rdma::{RdmaSocket, RdmaTransport};
 pub use tcp::{TcpSocket, TcpTransport};

@@ -2,7 +2,10 @@
 //!
 //! Received messages are the receive buffers themselves (eager) or the buffer the sender
 //! wrote into (large): no copy on the receive path. Messages to send should be built in a
-//! `Msg` too, so the NIC reads them where they are.
+//! `Msg` too, so the NIC reads them where they are. A [`SharedMsg`] is a message that can be
+//! sent many times, to one peer or many, without a copy per send.
+
+use std::sync::Arc;
 
 use bemalloc::{Pool, RegisteredBuf};
 use bex_rnic::verbs::Sge;
@@ -100,5 +103,107 @@ impl Msg {
     /// The memory region's rkey on `device`.
     pub(crate) fn rkey(&self, device: usize) -> u32 {
         self.buf.mr(device).rkey
+    }
+}
+
+/// A registered message that can be sent many times, to one socket or to many, without a
+/// copy per send (`paper/002`'s reusable registered send buffers): dense weights going to
+/// every trainer, one replication batch going to every replica. Clones share the buffer; it
+/// is freed when the last clone and the last send that gathers from it are done. Read-only
+/// once shared, so a send in flight can never see it change.
+#[derive(Clone)]
+pub struct SharedMsg(Arc<Msg>);
+
+impl std::fmt::Debug for SharedMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMsg").field("len", &self.0.len).finish()
+    }
+}
+
+impl SharedMsg {
+    /// Shares `msg` (its bytes are final from now on).
+    pub fn new(msg: Msg) -> SharedMsg {
+        SharedMsg(Arc::new(msg))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True for a 0-byte message.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Holders of the buffer: clones plus sends still gathering from it (tests, metrics).
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+}
+
+impl From<Msg> for SharedMsg {
+    fn from(m: Msg) -> SharedMsg {
+        SharedMsg::new(m)
+    }
+}
+
+/// What a send carries: a message it owns, or one more use of a shared one.
+#[derive(Debug)]
+pub enum Payload {
+    /// Freed (or handed back) when the send is done.
+    Owned(Msg),
+    /// One reference to a shared buffer, dropped when the send is done.
+    Shared(SharedMsg),
+}
+
+impl Payload {
+    fn msg(&self) -> &Msg {
+        match self {
+            Payload::Owned(m) => m,
+            Payload::Shared(s) => &s.0,
+        }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.msg().as_slice()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.msg().len()
+    }
+
+    /// True for a 0-byte payload.
+    pub fn is_empty(&self) -> bool {
+        self.msg().is_empty()
+    }
+
+    pub(crate) fn sge(&self, device: usize, at: usize, len: usize) -> Sge {
+        self.msg().sge(device, at, len)
+    }
+}
+
+impl From<Msg> for Payload {
+    fn from(m: Msg) -> Payload {
+        Payload::Owned(m)
+    }
+}
+
+impl From<SharedMsg> for Payload {
+    fn from(s: SharedMsg) -> Payload {
+        Payload::Shared(s)
+    }
+}
+
+impl From<&SharedMsg> for Payload {
+    fn from(s: &SharedMsg) -> Payload {
+        Payload::Shared(s.clone())
     }
 }

@@ -1,6 +1,7 @@
-//! The RDMA transport: a connection table of engines keyed by the peer's address, I/O threads
-//! that own them, a TCP bootstrap that authenticates peers with the cluster's shared secret,
-//! and sockets multiplexed onto engines.
+//! The RDMA transport: a connection table of engines keyed by the peer's address, endpoints
+//! that host them (a CQ and a driver task each, see the `driver` module), a TCP bootstrap that
+//! authenticates peers with the cluster's shared secret, and sockets multiplexed onto
+//! engines.
 //!
 //! Bootstrap (both sides, over one TCP connection): each sends a hello — magic, version,
 //! nonce, its QP endpoint, queue depths, its own listen address — then an HMAC-SHA256 of both
@@ -11,7 +12,6 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use bemalloc::Pool;
@@ -25,12 +25,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
 use crate::config::{Config, CounterSnapshot, Counters};
-use crate::engine::{Accepted, Done, Engine, EngineParts, RemoteTarget};
+use crate::driver::{Cmd, Control, Driven};
+use crate::endpoint::{Accepted, Done, Endpoint, OnEngineGone};
+use crate::engine::{Engine, EngineParts, Post, RemoteTarget};
 use crate::error::{Result, TransportError};
-use crate::msg::Msg;
+use crate::msg::{Msg, Payload, SharedMsg};
 use crate::proto::HEADER_LEN;
-use crate::recv::{RecvRing, SharedRecv};
-use crate::worker::{new_wake, Cmd, Worker, WorkerHandle};
+use crate::recv::RecvRing;
 
 const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x01";
 const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2;
@@ -38,7 +39,7 @@ const PROOF_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug)]
 struct EngineRef {
-    worker: usize,
+    endpoint: usize,
     qpn: u32,
 }
 
@@ -53,7 +54,7 @@ type Establishing<'a> = std::pin::Pin<
 trait Factory: Send + Sync {
     /// The device's protocol counters.
     fn device_stats(&self) -> bex_rnic::DeviceStats;
-    /// Runs the bootstrap on `stream` and hands the new engine to a worker.
+    /// Runs the bootstrap on `stream` and hands the new engine to an endpoint.
     fn establish<'a>(
         &'a self,
         stream: TcpStream,
@@ -66,20 +67,19 @@ struct FactoryImpl<D: Device> {
     device: Arc<D>,
     pd: Arc<D::Pd>,
     cqs: Vec<Arc<D::Cq>>,
-    /// Per I/O thread: its thread domain, where the device has them (paper §6.2.1).
+    /// Per endpoint: its thread domain, where the device has them (paper §6.2.1). The
+    /// endpoint's QPs are only touched under its lock, which is the domain's promise.
     tds: Vec<Option<Arc<D::Td>>>,
-    /// Per I/O thread in SRQ mode: the shared receive ring and its SRQ.
-    srqs: Vec<Option<SharedRecv<D>>>,
-    engine_tx: Vec<Mutex<Sender<Engine<D>>>>,
-    wakes: Vec<Arc<nix::sys::eventfd::EventFd>>,
-    next_worker: AtomicUsize,
-    /// Engines per I/O thread (each may have `sq_depth + rq_depth` completions queued).
+    /// Per endpoint in SRQ mode: its SRQ.
+    srqs: Vec<Option<Arc<D::Srq>>>,
+    endpoints: Vec<Arc<Driven<D>>>,
+    next_endpoint: AtomicUsize,
+    /// Engines per endpoint (each may have `sq_depth + rq_depth` completions queued).
     engine_counts: Arc<Vec<AtomicUsize>>,
     cfg: Arc<Config>,
     pool: &'static Pool,
     dev_index: usize,
     counters: Arc<Counters>,
-    accept: mpsc::UnboundedSender<Accepted>,
     socket_ids: Arc<AtomicU32>,
     listen_addr: SocketAddr,
 }
@@ -157,18 +157,17 @@ impl<D: Device + 'static> FactoryImpl<D> {
         initiator: bool,
     ) -> Result<(SocketAddr, EngineRef)> {
         let _ = stream.set_nodelay(true);
-        let worker = self.place_engine()?;
-        let placed = PlacedEngine { counts: self.engine_counts.clone(), worker, keep: false };
-        let cq = &self.cqs[worker];
+        let endpoint = self.place_engine()?;
+        let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
+        let cq = &self.cqs[endpoint];
         let caps = QpCaps {
             max_send_wr: self.cfg.sq_depth,
             max_recv_wr: self.cfg.rq_depth,
             max_send_sge: 2,
             max_recv_sge: 1,
         };
-        let shared = self.srqs[worker].clone();
-        let srq = shared.as_ref().map(|(_, s)| &**s);
-        let td = self.tds[worker].as_deref();
+        let srq = self.srqs[endpoint].as_deref();
+        let td = self.tds[endpoint].as_deref();
         let qp = self.device.create_qp(
             &self.pd,
             &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: td, caps },
@@ -202,46 +201,49 @@ impl<D: Device + 'static> FactoryImpl<D> {
         }
         qp.to_init(&InitAttrs::default())?;
         let peer = if initiator { stream.peer_addr()? } else { hello.listen };
+        let driven = &self.endpoints[endpoint];
         let parts = EngineParts {
             cfg: self.cfg.clone(),
             pool: self.pool,
             dev: self.dev_index,
             counters: self.counters.clone(),
-            worker,
-            peer_addr: peer,
+            qpn: qp.qpn(),
             peer_rq_depth: hello.rq_depth,
-            accept: Some(self.accept.clone()),
+            accepting: true,
             socket_ids: self.socket_ids.clone(),
-            shared_recv: shared,
+            shared_recv: driven.ep.lock().shared_ring(),
         };
-        let engine = Engine::<D>::new(qp, parts, crate::clock::now())?;
+        let mut engine = Engine::<Done>::new(parts, crate::clock::now())?;
+        // Its own receives go up in INIT, before the peer can send.
+        if let Some(Post::Recv(wrs)) = engine.poll_post() {
+            qp.post_recv(wrs)?;
+        }
         let rtr =
             RtrAttrs { remote: hello.endpoint, path_mtu: self.cfg.path_mtu, min_rnr_timer: 12 };
-        engine.qp().to_rtr(&rtr)?;
-        engine.qp().to_rts(&RtsAttrs {
-            sq_psn: engine.qp().endpoint().psn,
+        qp.to_rtr(&rtr)?;
+        qp.to_rts(&RtsAttrs {
+            sq_psn: qp.endpoint().psn,
             timeout: self.cfg.qp_timeout,
             retry_cnt: self.cfg.qp_retry_cnt,
             rnr_retry: self.cfg.qp_rnr_retry,
         })?;
-        // The worker owns the engine before the peer learns it may send (the ready byte), so
-        // no completion of this QP can reach a worker that does not know it.
+        // The endpoint hosts the engine before the peer learns it may send (the ready byte),
+        // so no completion of this QP can reach an endpoint that does not know it.
         let qpn = engine.qpn;
-        self.engine_tx[worker].lock().send(engine).map_err(|_| TransportError::Shutdown)?;
-        let _ = self.wakes[worker].write(1);
+        driven.ep.lock().add_engine(engine, qp, peer);
         stream.write_all(&[1]).await?;
         let mut ready = [0u8; 1];
         stream.read_exact(&mut ready).await?;
         placed.keep();
         Counters::add(&self.counters.engines_up, 1);
-        Ok((peer, EngineRef { worker, qpn }))
+        Ok((peer, EngineRef { endpoint, qpn }))
     }
 }
 
-/// An engine's place on an I/O thread, given back unless the bootstrap completes.
+/// An engine's place on an endpoint, given back unless the bootstrap completes.
 struct PlacedEngine {
     counts: Arc<Vec<AtomicUsize>>,
-    worker: usize,
+    endpoint: usize,
     keep: bool,
 }
 
@@ -254,25 +256,25 @@ impl PlacedEngine {
 impl Drop for PlacedEngine {
     fn drop(&mut self) {
         if !self.keep {
-            self.counts[self.worker].fetch_sub(1, Ordering::AcqRel);
+            self.counts[self.endpoint].fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 impl<D: Device + 'static> FactoryImpl<D> {
-    /// Completion entries one engine may need on its I/O thread's CQ.
+    /// Completion entries one engine may need on its endpoint's CQ.
     fn cq_entries_per_engine(&self) -> usize {
         let receives = if self.cfg.srq { 0 } else { self.cfg.rq_depth };
         (self.cfg.sq_depth + receives) as usize
     }
 
-    /// Picks an I/O thread (round-robin) whose CQ has room for one more engine.
+    /// Picks an endpoint (round-robin) whose CQ has room for one more engine.
     fn place_engine(&self) -> Result<usize> {
         let n = self.cqs.len();
         let shared = if self.cfg.srq { self.cfg.srq_depth as usize } else { 0 };
         let room =
             (self.cfg.cq_depth as usize).saturating_sub(shared) / self.cq_entries_per_engine();
-        let start = self.next_worker.fetch_add(1, Ordering::Relaxed);
+        let start = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
         for k in 0..n {
             let w = (start + k) % n;
             let c = &self.engine_counts[w];
@@ -285,7 +287,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
             }
         }
         Err(TransportError::Refused(format!(
-            "every I/O thread's CQ is full ({room} engines of {} entries each per {} entries): raise cq_depth or io_threads",
+            "every endpoint's CQ is full ({room} engines of {} entries each per {} entries): raise cq_depth or endpoints",
             self.cq_entries_per_engine(),
             self.cfg.cq_depth
         )))
@@ -309,18 +311,16 @@ impl<D: Device + 'static> Factory for FactoryImpl<D> {
 
 struct Inner {
     cfg: Arc<Config>,
-    workers: Vec<WorkerHandle>,
+    endpoints: Vec<Arc<dyn Control>>,
     factory: Arc<dyn Factory>,
     table: Arc<Table>,
     accept_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Accepted>>,
     local_addr: SocketAddr,
     counters: Arc<Counters>,
     socket_ids: Arc<AtomicU32>,
-    shutdown: Arc<AtomicBool>,
     /// When false, bootstraps are refused (RDMA taken out of service).
     accepting: Arc<AtomicBool>,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pool: &'static Pool,
 }
 
@@ -337,8 +337,9 @@ impl std::fmt::Debug for RdmaTransport {
 }
 
 impl RdmaTransport {
-    /// Starts I/O threads on `device` and a bootstrap listener on `listen` (port 0: any).
-    /// `pool` must be registered with `device` in `pd` as its device number `dev_index`.
+    /// Starts endpoints on `device` (one CQ and one driver task each, on the current tokio
+    /// runtime) and a bootstrap listener on `listen` (port 0: any). `pool` must be registered
+    /// with `device` in `pd` as its device number `dev_index`.
     pub async fn start<D: Device + 'static>(
         device: Arc<D>,
         pd: Arc<D::Pd>,
@@ -361,89 +362,70 @@ impl RdmaTransport {
             local_addr.set_ip(IpAddr::from([127, 0, 0, 1]));
         }
         let counters = Arc::new(Counters::default());
-        let shutdown = Arc::new(AtomicBool::new(false));
         let table: Arc<Table> = Arc::new(Mutex::new(HashMap::new()));
         let (accept_tx, accept_rx) = mpsc::unbounded_channel();
         let socket_ids = Arc::new(AtomicU32::new(1));
-        let mut workers = Vec::new();
         let mut cqs = Vec::new();
         let mut tds = Vec::new();
         let mut srqs = Vec::new();
-        let mut engine_tx = Vec::new();
-        let mut wakes = Vec::new();
-        let mut threads = Vec::new();
+        let mut driven = Vec::new();
         let engine_counts: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..cfg.io_threads).map(|_| AtomicUsize::new(0)).collect());
-        for i in 0..cfg.io_threads {
+            Arc::new((0..cfg.endpoints).map(|_| AtomicUsize::new(0)).collect());
+        for i in 0..cfg.endpoints {
             let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
-            // A thread domain tells the provider that only this thread touches these QPs, so
-            // it can skip its locks; devices without them (the software RNIC, rxe) go on.
+            // A thread domain tells the provider that one thread at a time touches these QPs
+            // (the endpoint's lock), so it can skip its own locks; devices without them (the
+            // software RNIC, rxe) go on.
             tds.push(match device.alloc_td() {
                 Ok(td) => Some(Arc::new(td)),
                 Err(bex_rnic::Error::Unsupported(_)) => None,
                 Err(e) => return Err(e.into()),
             });
-            srqs.push(if cfg.srq {
+            let shared = if cfg.srq {
                 let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
                 let ring =
                     RecvRing::new(pool, dev_index, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
                 srq.post_recv(&ring.all())?;
+                srqs.push(Some(srq.clone()));
                 Some((Arc::new(Mutex::new(ring)), srq))
             } else {
+                srqs.push(None);
                 None
-            });
-            let (tx, rx) = std::sync::mpsc::channel();
-            let (etx, erx) = std::sync::mpsc::channel();
-            let wake = new_wake()?;
+            };
             let table2 = table.clone();
             let counts2 = engine_counts.clone();
-            let on_gone: crate::worker::OnEngineGone = Arc::new(move |peer, w, qpn| {
-                counts2[w].fetch_sub(1, Ordering::AcqRel);
+            let on_gone: OnEngineGone = Arc::new(move |peer, e, qpn| {
+                counts2[e].fetch_sub(1, Ordering::AcqRel);
                 let mut t = table2.lock();
                 if let Some(cell) = t.get(&peer) {
-                    if cell.get().is_some_and(|r| r.worker == w && r.qpn == qpn) {
+                    if cell.get().is_some_and(|r| r.endpoint == e && r.qpn == qpn) {
                         t.remove(&peer);
                     }
                 }
             });
-            let worker = Worker::<D>::new(
-                i,
-                cq.clone(),
-                rx,
-                erx,
-                wake.clone(),
-                shutdown.clone(),
-                cfg.spin,
-                on_gone,
-            );
-            let mut worker = worker;
-            worker.cmd_spin = cfg.cmd_spin;
-            let asleep = worker.asleep.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("bex-io-{i}"))
-                .spawn(move || worker.run())
-                .map_err(|e| TransportError::Io(format!("spawn I/O thread: {e}")))?;
-            threads.push(handle);
-            workers.push(WorkerHandle { tx: Mutex::new(tx), wake: wake.clone(), asleep });
+            let ep = Endpoint::<D>::new(i, cq.clone(), shared, Some(accept_tx.clone()), on_gone);
+            driven.push(Arc::new(Driven::new(ep, cq.clone(), counters.clone(), cfg.spin)));
             cqs.push(cq);
-            engine_tx.push(Mutex::new(etx));
-            wakes.push(wake);
         }
+        let mut tasks = Vec::new();
+        for d in &driven {
+            tasks.push(d.spawn()?);
+        }
+        let endpoints: Vec<Arc<dyn Control>> =
+            driven.iter().map(|d| d.clone() as Arc<dyn Control>).collect();
         let factory: Arc<dyn Factory> = Arc::new(FactoryImpl {
             device,
             pd,
             cqs,
             tds,
             srqs,
-            engine_tx,
-            wakes,
-            next_worker: AtomicUsize::new(0),
+            endpoints: driven,
+            next_endpoint: AtomicUsize::new(0),
             engine_counts,
             cfg: cfg.clone(),
             pool,
             dev_index,
             counters: counters.clone(),
-            accept: accept_tx,
             socket_ids: socket_ids.clone(),
             listen_addr: local_addr,
         });
@@ -452,7 +434,7 @@ impl RdmaTransport {
         let accepting = Arc::new(AtomicBool::new(true));
         let acc2 = accepting.clone();
         let timeout = cfg.connect_timeout;
-        let listener_task = tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             loop {
                 let (stream, from) = match listener.accept().await {
                     Ok(x) => x,
@@ -481,21 +463,19 @@ impl RdmaTransport {
                     }
                 });
             }
-        });
+        }));
         Ok(RdmaTransport {
             inner: Arc::new(Inner {
                 cfg,
-                workers,
+                endpoints,
                 factory,
                 table,
                 accept_rx: tokio::sync::Mutex::new(accept_rx),
                 local_addr,
                 counters,
                 socket_ids,
-                shutdown,
                 accepting,
-                threads: Mutex::new(threads),
-                listener: Mutex::new(Some(listener_task)),
+                tasks: Mutex::new(tasks),
                 pool,
             }),
         })
@@ -566,14 +546,14 @@ impl RdmaTransport {
         let id = self.inner.socket_ids.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let (reply, done) = oneshot::channel();
-        let w = &self.inner.workers[engine.worker];
-        w.send(Cmd::Open { engine: engine.qpn, socket: id, inbox: tx, reply })?;
+        let ctl = &self.inner.endpoints[engine.endpoint];
+        ctl.apply(Cmd::Open { engine: engine.qpn, socket: id, inbox: tx, reply })?;
         match tokio::time::timeout(self.inner.cfg.connect_timeout, done).await {
-            Ok(Ok(Ok(()))) => Ok(self.socket(id, engine.worker, rx, addr)),
+            Ok(Ok(Ok(()))) => Ok(self.socket(id, engine.endpoint, rx, addr)),
             Ok(Ok(Err(e))) => Err(e),
             Ok(Err(_)) => Err(TransportError::Shutdown),
             Err(_) => {
-                let _ = w.send(Cmd::Close { socket: id });
+                let _ = ctl.apply(Cmd::Close { socket: id });
                 Err(TransportError::ConnectTimeout(addr.to_string()))
             }
         }
@@ -582,21 +562,21 @@ impl RdmaTransport {
     /// Waits for a socket opened by a peer.
     pub async fn accept(&self) -> Result<RdmaSocket> {
         let a = self.inner.accept_rx.lock().await.recv().await.ok_or(TransportError::Shutdown)?;
-        Ok(self.socket(a.id, a.worker, a.inbox, a.peer))
+        Ok(self.socket(a.id, a.endpoint, a.inbox, a.peer))
     }
 
     fn socket(
         &self,
         id: u32,
-        worker: usize,
+        endpoint: usize,
         inbox: mpsc::UnboundedReceiver<Result<Msg>>,
         peer: SocketAddr,
     ) -> RdmaSocket {
         RdmaSocket {
             id,
-            worker,
             peer,
-            transport: self.inner.clone(),
+            ctl: self.inner.endpoints[endpoint].clone(),
+            _transport: self.inner.clone(),
             inbox: tokio::sync::Mutex::new(inbox),
             ended: Mutex::new(None),
             slots: Arc::new(Semaphore::new(self.inner.cfg.max_queued_sends)),
@@ -609,49 +589,42 @@ impl RdmaTransport {
         self.inner.accepting.store(on, Ordering::Release);
         if !on {
             self.inner.table.lock().clear();
-            for w in &self.inner.workers {
-                let _ = w.send(Cmd::FailAll { why: "RDMA taken out of service".into() });
+            for e in &self.inner.endpoints {
+                let _ = e.apply(Cmd::FailAll { why: "RDMA taken out of service".into() });
             }
         }
     }
 
-    /// Stops the I/O threads and the listener; every socket fails.
+    /// Stops the endpoints and the listener; every socket fails.
     pub fn shutdown(&self) {
-        self.inner.shutdown.store(true, Ordering::Release);
-        for w in &self.inner.workers {
-            let _ = w.wake.write(1);
+        self.inner.stop();
+    }
+}
+
+impl Inner {
+    fn stop(&self) {
+        for e in &self.endpoints {
+            e.shutdown();
         }
-        if let Some(l) = self.inner.listener.lock().take() {
-            l.abort();
-        }
-        let threads = std::mem::take(&mut *self.inner.threads.lock());
-        for t in threads {
-            let _ = t.join();
+        for t in self.tasks.lock().iter() {
+            t.abort();
         }
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.shutdown.store(true, Ordering::Release);
-        for w in &self.workers {
-            let _ = w.wake.write(1);
-        }
-        if let Some(l) = self.listener.lock().take() {
-            l.abort();
-        }
-        for t in std::mem::take(&mut *self.threads.lock()) {
-            let _ = t.join();
-        }
+        self.stop();
     }
 }
 
 /// A logical connection over an engine.
 pub struct RdmaSocket {
     id: u32,
-    worker: usize,
     peer: SocketAddr,
-    transport: Arc<Inner>,
+    ctl: Arc<dyn Control>,
+    /// Keeps the transport (its endpoints' drivers) alive while the socket is.
+    _transport: Arc<Inner>,
     inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Result<Msg>>>,
     /// The error that ended the socket, repeated by every later `recv`.
     ended: Mutex<Option<TransportError>>,
@@ -670,37 +643,39 @@ impl RdmaSocket {
         self.peer
     }
 
-    fn worker(&self) -> &WorkerHandle {
-        &self.transport.workers[self.worker]
-    }
-
-    async fn submit(&self, msg: Msg, target: Option<RemoteTarget>) -> Result<()> {
+    async fn submit(&self, payload: Payload, target: Option<RemoteTarget>) -> Result<()> {
         let _permit = self.slots.acquire().await.map_err(|_| TransportError::Shutdown)?;
         let (done, rx) = oneshot::channel();
-        self.worker().send(Cmd::Send { socket: self.id, msg, target, done: done.into() })?;
+        self.ctl.apply(Cmd::Send { socket: self.id, payload, target, done: Done::Notify(done) })?;
         rx.await.map_err(|_| TransportError::Shutdown)?
     }
 
     /// Sends a message; resolves when the NIC is done with its buffer. Many sends may be in
     /// flight at once; beyond `max_queued_sends` this waits (backpressure).
     pub async fn send(&self, msg: Msg) -> Result<()> {
-        self.submit(msg, None).await
+        self.submit(msg.into(), None).await
+    }
+
+    /// Sends a shared message without copying it (one more use of its buffer); resolves when
+    /// the NIC is done with this use.
+    pub async fn send_shared(&self, msg: &SharedMsg) -> Result<()> {
+        self.submit(msg.into(), None).await
     }
 
     /// Queues a message without waiting for the NIC to finish with it, so nobody is woken
     /// when it does: for request/response traffic, where the response says the request
     /// arrived. Waits only for room in the socket's queue (`max_queued_sends`). A later
     /// failure fails the engine, and so this socket's `recv`.
-    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
+    pub async fn send_detached(&self, msg: impl Into<Payload>) -> Result<()> {
         let permit =
             self.slots.clone().acquire_owned().await.map_err(|_| TransportError::Shutdown)?;
-        let done = Done::Detached { _slot: permit };
-        self.worker().send(Cmd::Send { socket: self.id, msg, target: None, done })
+        let done = Done::Detached(permit);
+        self.ctl.apply(Cmd::Send { socket: self.id, payload: msg.into(), target: None, done })
     }
 
     /// Writes a message straight into a buffer the peer exposed, skipping RTS/CTS.
     pub async fn send_to(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
-        self.submit(msg, Some(target)).await
+        self.submit(msg.into(), Some(target)).await
     }
 
     /// Exposes `buf` so the peer can [`RdmaSocket::send_to`] into it; when the peer's write
@@ -708,7 +683,7 @@ impl RdmaSocket {
     /// its start; the length travels in the application's own protocol).
     pub async fn expose(&self, buf: Msg) -> Result<RemoteTarget> {
         let (reply, rx) = oneshot::channel();
-        self.worker().send(Cmd::Expose { socket: self.id, buf, reply })?;
+        self.ctl.apply(Cmd::Expose { socket: self.id, buf, reply })?;
         rx.await.map_err(|_| TransportError::Shutdown)?
     }
 
@@ -726,12 +701,12 @@ impl RdmaSocket {
 
     /// Fails the engine under this socket, as a QP error would (every socket on it fails).
     pub fn fail_engine(&self, why: &str) {
-        let _ = self.worker().send(Cmd::FailEngine { socket: self.id, why: why.to_string() });
+        let _ = self.ctl.apply(Cmd::FailEngine { socket: self.id, why: why.to_string() });
     }
 }
 
 impl Drop for RdmaSocket {
     fn drop(&mut self) {
-        let _ = self.worker().send(Cmd::Close { socket: self.id });
+        let _ = self.ctl.apply(Cmd::Close { socket: self.id });
     }
 }

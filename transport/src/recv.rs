@@ -1,15 +1,11 @@
 //! Receive buffers: a ring of registered buffers posted as receives, re-posted in batches of
 //! half the depth. In the default mode each engine has its own ring on its QP's receive queue
-//! and returns credits for what it re-posts; in SRQ mode the engines of one I/O thread share
+//! and returns credits for what it re-posts; in SRQ mode the engines of one endpoint share
 //! one ring on one shared receive queue (paper §6.2.2) and credits are off (RNR retry
 //! absorbs exhaustion instead).
 
-use std::sync::Arc;
-
 use bemalloc::Pool;
 use bex_rnic::verbs::{RecvWr, SgList};
-use bex_rnic::{Device, QueuePair, SharedReceiveQueue};
-use parking_lot::Mutex;
 
 use crate::engine::RECV_TAG;
 use crate::error::{Result, TransportError};
@@ -81,39 +77,6 @@ impl RecvRing {
                 Ok(slots.iter().map(|&s| self.wr(s)).collect())
             }
             None => Ok(Vec::new()),
-        }
-    }
-}
-
-/// An I/O thread's shared receive ring and its SRQ (SRQ mode).
-pub(crate) type SharedRecv<D> = (Arc<Mutex<RecvRing>>, Arc<<D as Device>::Srq>);
-
-/// Where an engine's receives come from.
-pub(crate) enum Receives<D: Device> {
-    /// Its own ring on its QP; credits are returned to the peer.
-    Own(RecvRing),
-    /// The I/O thread's shared ring on its SRQ; no credits.
-    Shared(Arc<Mutex<RecvRing>>, Arc<D::Srq>),
-}
-
-impl<D: Device> Receives<D> {
-    /// Posts a batch where it belongs.
-    pub fn post(&self, qp: &D::Qp, wrs: &[RecvWr]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        match self {
-            Receives::Own(_) => qp.post_recv(wrs)?,
-            Receives::Shared(_, srq) => srq.post_recv(wrs)?,
-        }
-        Ok(())
-    }
-
-    /// Runs `f` on the ring.
-    pub fn with<R>(&mut self, f: impl FnOnce(&mut RecvRing) -> R) -> R {
-        match self {
-            Receives::Own(r) => f(r),
-            Receives::Shared(r, _) => f(&mut r.lock()),
         }
     }
 }

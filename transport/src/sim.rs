@@ -1,4 +1,4 @@
-//! Deterministic simulation of transports: engines and I/O workers running unmodified over
+//! Deterministic simulation of transports: engines and endpoints running unmodified over
 //! software devices on an in-memory [`Fabric`], driven by hand on its virtual clock. No
 //! thread, socket or wall-clock read is involved after construction, so a run is a function
 //! of its seed (tests print it; replay with the same seed).
@@ -8,42 +8,40 @@
 //! the next message if one has arrived.
 
 use std::sync::atomic::AtomicU32;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bemalloc::{Pool, PoolConfig};
-use bex_rnic::soft::{Fabric, FabricTick, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd};
+use bex_rnic::soft::{
+    Fabric, FabricTick, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd, SoftSrq,
+};
 use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs};
 use bex_rnic::{Device, QpInit, QueuePair, SharedReceiveQueue};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, CounterSnapshot, Counters};
-use crate::engine::{Accepted, Engine, EngineParts, RemoteTarget};
+use crate::endpoint::{Accepted, Done, Endpoint};
+use crate::engine::{Engine, EngineParts, Post, RemoteTarget};
 use crate::error::{Result, TransportError};
-use crate::msg::Msg;
+use crate::msg::{Msg, Payload};
 use crate::proto::HEADER_LEN;
-use crate::recv::{RecvRing, SharedRecv};
-use crate::worker::{new_wake, Cmd, Worker};
+use crate::recv::RecvRing;
 
 struct Node {
     device: SoftDevice,
-    srq: Option<SharedRecv<SoftDevice>>,
+    srq: Option<Arc<SoftSrq>>,
     pd: Arc<SoftPd>,
     pool: &'static Pool,
     cq: Arc<SoftCq>,
-    worker: Worker<SoftDevice>,
-    cmd_tx: Sender<Cmd>,
-    engine_tx: Sender<Engine<SoftDevice>>,
-    accept_tx: mpsc::UnboundedSender<Accepted>,
+    ep: Endpoint<SoftDevice>,
     accept_rx: mpsc::UnboundedReceiver<Accepted>,
     counters: Arc<Counters>,
     cfg: Arc<Config>,
     /// Which of its pool's devices this node's is.
     dev: usize,
-    /// Needs a turn whatever its CQ and timers say (commands sent, or busy last turn).
+    /// Needs a turn whatever its CQ and timers say (calls applied, or busy last turn).
     dirty: bool,
-    /// Its worker's next deadline after its last turn.
+    /// Its endpoint's next deadline after its last turn.
     deadline: Option<Instant>,
 }
 
@@ -107,7 +105,7 @@ impl SendTicket {
 pub enum SimTick {
     /// Something moved: there may be more to do at this instant.
     Worked,
-    /// Nothing to do now; `next` is when a worker timer or the fabric has something.
+    /// Nothing to do now; `next` is when an endpoint timer or the fabric has something.
     Idle {
         /// The next deadline (never, if `None`).
         next: Option<Instant>,
@@ -158,12 +156,12 @@ impl SimNet {
         self.fabric.now()
     }
 
-    /// Adds a node with its own device, pool and I/O worker.
+    /// Adds a node with its own device, pool and endpoint.
     pub fn add_node(&mut self, cfg: Config) -> Result<usize> {
         Ok(self.add_nodes(vec![cfg])?[0])
     }
 
-    /// Adds nodes with a device and I/O worker each and one pool registered on all their
+    /// Adds nodes with a device and endpoint each and one pool registered on all their
     /// devices (a host with two NICs, say), so a message from the pool can leave by any.
     pub fn add_nodes(&mut self, cfgs: Vec<Config>) -> Result<Vec<usize>> {
         let mut made = Vec::with_capacity(cfgs.len());
@@ -194,7 +192,7 @@ impl SimNet {
         cfg: Config,
     ) -> Result<usize> {
         let cq = Arc::new(device.create_cq(cfg.cq_depth)?);
-        let srq = if cfg.srq {
+        let shared = if cfg.srq {
             let srq = Arc::new(device.create_srq(&pd, cfg.srq_depth, 1)?);
             let ring = RecvRing::new(pool, dev, cfg.srq_depth, HEADER_LEN + cfg.eager_max)?;
             srq.post_recv(&ring.all())?;
@@ -202,30 +200,22 @@ impl SimNet {
         } else {
             None
         };
-        let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
-        let (engine_tx, engine_rx) = std::sync::mpsc::channel();
-        let wake = new_wake()?;
-        let worker = Worker::new(
+        let srq = shared.as_ref().map(|(_, s)| s.clone());
+        let (accept_tx, accept_rx) = mpsc::unbounded_channel();
+        let ep = Endpoint::new(
             self.nodes.len(),
             cq.clone(),
-            cmd_rx,
-            engine_rx,
-            wake,
-            Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            Duration::ZERO,
+            shared,
+            Some(accept_tx),
             Arc::new(|_, _, _| {}),
         );
-        let (accept_tx, accept_rx) = mpsc::unbounded_channel();
         self.nodes.push(Node {
             device,
             srq,
             pd,
             pool,
             cq,
-            worker,
-            cmd_tx,
-            engine_tx,
-            accept_tx,
+            ep,
             accept_rx,
             counters: Arc::new(Counters::default()),
             cfg: Arc::new(cfg),
@@ -251,24 +241,18 @@ impl SimNet {
         self.nodes[node].counters.snapshot()
     }
 
-    fn engine_parts(
-        &self,
-        node: usize,
-        peer: usize,
-        peer_rq_depth: u32,
-    ) -> EngineParts<SoftDevice> {
+    fn engine_parts(&self, node: usize, qpn: u32, peer_rq_depth: u32) -> EngineParts {
         let n = &self.nodes[node];
         EngineParts {
             cfg: n.cfg.clone(),
             pool: n.pool,
             dev: n.dev,
             counters: n.counters.clone(),
-            worker: node,
-            peer_addr: self.nodes[peer].device.local_addr(),
+            qpn,
             peer_rq_depth,
-            accept: Some(n.accept_tx.clone()),
+            accepting: true,
             socket_ids: self.socket_ids.clone(),
-            shared_recv: n.srq.clone(),
+            shared_recv: n.ep.shared_ring(),
         }
     }
 
@@ -283,7 +267,7 @@ impl SimNet {
                 max_send_sge: 2,
                 max_recv_sge: 1,
             };
-            let srq = n.srq.as_ref().map(|(_, s)| &**s);
+            let srq = n.srq.as_deref();
             let qp = n.device.create_qp(
                 &n.pd,
                 &QpInit { send_cq: &n.cq, recv_cq: &n.cq, srq, thread_domain: None, caps },
@@ -296,25 +280,30 @@ impl SimNet {
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
         // A node on an SRQ announces depth 0: no credits towards it.
         let depth = |n: &Node| if n.cfg.srq { 0 } else { n.cfg.rq_depth };
-        let parts_a = self.engine_parts(a, b, depth(&self.nodes[b]));
-        let parts_b = self.engine_parts(b, a, depth(&self.nodes[a]));
-        let engine_a = Engine::<SoftDevice>::new(qa, parts_a, now)?;
-        let engine_b = Engine::<SoftDevice>::new(qb, parts_b, now)?;
-        for (e, remote, cfg) in
-            [(&engine_a, eb, &self.nodes[a].cfg), (&engine_b, ea, &self.nodes[b].cfg)]
-        {
-            e.qp().to_rtr(&RtrAttrs { remote, path_mtu: cfg.path_mtu, min_rnr_timer: 12 })?;
-            e.qp().to_rts(&RtsAttrs {
-                sq_psn: e.qp().endpoint().psn,
+        let parts_a = self.engine_parts(a, qa.qpn(), depth(&self.nodes[b]));
+        let parts_b = self.engine_parts(b, qb.qpn(), depth(&self.nodes[a]));
+        let mut engine_a = Engine::<Done>::new(parts_a, now)?;
+        let mut engine_b = Engine::<Done>::new(parts_b, now)?;
+        for (e, qp, remote, cfg) in [
+            (&mut engine_a, &qa, eb, &self.nodes[a].cfg),
+            (&mut engine_b, &qb, ea, &self.nodes[b].cfg),
+        ] {
+            if let Some(Post::Recv(wrs)) = e.poll_post() {
+                qp.post_recv(wrs)?;
+            }
+            qp.to_rtr(&RtrAttrs { remote, path_mtu: cfg.path_mtu, min_rnr_timer: 12 })?;
+            qp.to_rts(&RtsAttrs {
+                sq_psn: qp.endpoint().psn,
                 timeout: cfg.qp_timeout,
                 retry_cnt: cfg.qp_retry_cnt,
                 rnr_retry: cfg.qp_rnr_retry,
             })?;
         }
         let qpn = engine_a.qpn;
-        let gone = || TransportError::Shutdown;
-        self.nodes[a].engine_tx.send(engine_a).map_err(|_| gone())?;
-        self.nodes[b].engine_tx.send(engine_b).map_err(|_| gone())?;
+        let (addr_a, addr_b) =
+            (self.nodes[a].device.local_addr(), self.nodes[b].device.local_addr());
+        self.nodes[a].ep.add_engine(engine_a, qa, addr_b);
+        self.nodes[b].ep.add_engine(engine_b, qb, addr_a);
         self.nodes[a].dirty = true;
         self.nodes[b].dirty = true;
         Counters::add(&self.nodes[a].counters.engines_up, 1);
@@ -377,15 +366,27 @@ impl SimNet {
 
     fn send_cmd(&mut self, s: &SimSocket, msg: Msg, target: Option<RemoteTarget>) -> SendTicket {
         let (done, rx) = oneshot::channel();
-        // A closed channel shows as a failed ticket.
-        let _ = self.nodes[s.node].cmd_tx.send(Cmd::Send {
-            socket: s.id,
-            msg,
-            target,
-            done: done.into(),
-        });
-        self.nodes[s.node].dirty = true;
+        self.send_payload(s.node, s.id, msg.into(), target, Done::Notify(done));
         SendTicket(rx)
+    }
+
+    fn send_payload(
+        &mut self,
+        node: usize,
+        id: u32,
+        payload: Payload,
+        target: Option<RemoteTarget>,
+        done: Done,
+    ) {
+        self.nodes[node].ep.send(id, payload, target, done, true);
+        self.applied(node);
+    }
+
+    /// A call was applied on node `n`: it may have posted work (the switched fabric polls
+    /// only devices it was told about) and needs a turn.
+    fn applied(&mut self, n: usize) {
+        self.nodes[n].dirty = true;
+        self.fabric.touch(n);
     }
 
     /// Asks node `a` to open a socket on `engine`.
@@ -393,36 +394,34 @@ impl SimNet {
         let id = self.socket_ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, inbox) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
-        self.nodes[a]
-            .cmd_tx
-            .send(Cmd::Open { engine, socket: id, inbox: tx, reply })
-            .map_err(|_| TransportError::Shutdown)?;
-        self.nodes[a].dirty = true;
+        self.nodes[a].ep.open(engine, id, tx, reply);
+        self.applied(a);
         Ok(Opening { id, inbox, answered: rx })
     }
 
-    /// Queues a message on socket `id` of node `node` (for [`crate::simio`]).
+    /// Queues a message on socket `id` of node `node` (for [`crate::simio`]); with
+    /// `notify` the receiver says when the NIC is done with it.
     pub(crate) fn send_cmd_raw(
         &mut self,
         node: usize,
         id: u32,
-        msg: Msg,
-    ) -> oneshot::Receiver<Result<()>> {
-        let (done, rx) = oneshot::channel();
-        let _ = self.nodes[node].cmd_tx.send(Cmd::Send {
-            socket: id,
-            msg,
-            target: None,
-            done: done.into(),
-        });
-        self.nodes[node].dirty = true;
-        rx
+        payload: Payload,
+        notify: bool,
+    ) -> Option<oneshot::Receiver<Result<()>>> {
+        if notify {
+            let (done, rx) = oneshot::channel();
+            self.send_payload(node, id, payload, None, Done::Notify(done));
+            Some(rx)
+        } else {
+            self.send_payload(node, id, payload, None, Done::Forget);
+            None
+        }
     }
 
     /// Closes socket `id` of node `node` (for [`crate::simio`]).
     pub(crate) fn close_cmd(&mut self, node: usize, id: u32) {
-        let _ = self.nodes[node].cmd_tx.send(Cmd::Close { socket: id });
-        self.nodes[node].dirty = true;
+        self.nodes[node].ep.close(id);
+        self.applied(node);
     }
 
     /// Hands node `n`'s stream of sockets peers opened to an async owner ([`crate::simio`]);
@@ -434,31 +433,40 @@ impl SimNet {
 
     /// Whether node `n` was frozen.
     pub fn is_frozen(&self, n: usize) -> bool {
-        self.nodes[n].worker.frozen
+        self.nodes[n].ep.frozen
     }
 
     /// Fails the engine under `s` as a QP error would.
     pub fn fail_engine(&mut self, s: &SimSocket, why: &str) {
-        let _ = self.nodes[s.node].cmd_tx.send(Cmd::FailEngine { socket: s.id, why: why.into() });
-        self.nodes[s.node].dirty = true;
+        self.nodes[s.node].ep.fail_engine(s.id, why);
+        self.applied(s.node);
     }
 
-    /// Stops node `n` answering anything (its worker stops; the fabric still carries its
+    /// Stops node `n` answering anything (its endpoint stops; the fabric still carries its
     /// packets to a device nobody drives, like a hung host).
     pub fn freeze(&mut self, n: usize) {
-        self.nodes[n].worker.frozen = true;
+        self.nodes[n].ep.frozen = true;
     }
 
-    /// One round: every worker takes a turn at the current time, then the fabric steps (its
-    /// clock stops at the earliest worker deadline). False when nothing at all is pending.
+    /// One round: every endpoint takes a turn at the current time, then the fabric steps (its
+    /// clock stops at the earliest endpoint deadline). False when nothing at all is pending.
     pub fn step(&mut self) -> bool {
+        self.step_capped(None)
+    }
+
+    /// [`SimNet::step`] whose clock jump stops at `cap` as well.
+    fn step_capped(&mut self, cap: Option<Instant>) -> bool {
         let now = self.fabric.now();
-        let busy = self.turn_workers(now);
-        // A worker that did something may have more to do at this same instant: the clock
-        // only moves when every worker is idle.
-        let horizon = if busy { Some(now) } else { self.next_worker_deadline() };
+        let busy = self.turn_endpoints(now);
+        // An endpoint that did something may have more to do at this same instant: the clock
+        // only moves when every endpoint is idle.
+        let horizon = if busy { Some(now) } else { self.next_endpoint_deadline() };
+        let horizon = match (horizon, cap) {
+            (Some(h), Some(c)) => Some(h.min(c)),
+            (h, c) => h.or(c),
+        };
         let fab = self.fabric.step_within(horizon);
-        busy || fab || horizon.is_some()
+        busy || fab || horizon.is_some_and(|h| h > now || busy)
     }
 
     /// Does everything due at the current time without moving the clock: for a driver that
@@ -466,12 +474,12 @@ impl SimNet {
     /// with [`SimNet::advance_to`].
     pub fn step_at_now(&mut self) -> SimTick {
         let now = self.fabric.now();
-        let busy = self.turn_workers(now);
+        let busy = self.turn_endpoints(now);
         match self.fabric.step_at_now() {
             FabricTick::Worked => SimTick::Worked,
             _ if busy => SimTick::Worked,
             FabricTick::Idle { next } => {
-                let next = [next, self.next_worker_deadline()].into_iter().flatten().min();
+                let next = [next, self.next_endpoint_deadline()].into_iter().flatten().min();
                 SimTick::Idle { next }
             }
         }
@@ -482,25 +490,25 @@ impl SimNet {
         self.fabric.advance_to(t);
     }
 
-    fn next_worker_deadline(&self) -> Option<Instant> {
-        self.nodes.iter().filter(|n| !n.worker.frozen).filter_map(|n| n.deadline).min()
+    fn next_endpoint_deadline(&self) -> Option<Instant> {
+        self.nodes.iter().filter(|n| !n.ep.frozen).filter_map(|n| n.deadline).min()
     }
 
-    /// Every worker with something pending takes a turn at `now`; true if any did work.
-    fn turn_workers(&mut self, now: Instant) -> bool {
+    /// Every endpoint with something pending takes a turn at `now`; true if any did work.
+    fn turn_endpoints(&mut self, now: Instant) -> bool {
         let mut busy = false;
         for (i, n) in self.nodes.iter_mut().enumerate() {
-            if n.worker.frozen {
+            if n.ep.frozen {
                 continue;
             }
-            // A worker's inputs are its commands, its CQ and its timers: one with none of
-            // them pending would do nothing (large simulations are mostly such workers).
+            // An endpoint's inputs are the calls applied to it, its CQ and its timers: one
+            // with none of them pending would do nothing (large simulations are mostly such).
             if !(n.dirty || n.cq.pending() || n.deadline.is_some_and(|t| t <= now)) {
                 continue;
             }
-            let b = n.worker.turn(now);
+            let b = n.ep.turn(now);
             n.dirty = b;
-            n.deadline = n.worker.next_deadline();
+            n.deadline = n.ep.poll_timeout();
             if b {
                 self.fabric.touch(i);
             }
@@ -520,7 +528,9 @@ impl SimNet {
             if done(self) {
                 return true;
             }
-            if self.now() > deadline || !self.step() {
+            // The clock never jumps past the deadline (to a far timer, say): a caller that
+            // runs the network "for 100 µs" gets 100 µs.
+            if self.now() >= deadline || !self.step_capped(Some(deadline)) {
                 return done(self);
             }
         }

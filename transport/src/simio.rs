@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::any::TransportKind;
 use crate::config::{Config, CounterSnapshot};
-use crate::engine::Accepted;
+use crate::endpoint::Accepted;
 use crate::error::{Result, TransportError};
-use crate::msg::Msg;
+use crate::msg::{Msg, Payload};
 use crate::sim::{SimNet, SimTick};
 
 /// Driver yields at one instant before it lets the clock move, so that chains of tasks woken
@@ -347,19 +347,25 @@ impl SimTransportSocket {
 
     /// Sends a message; resolves when the simulated NIC is done with it.
     pub async fn send(&self, msg: Msg) -> Result<()> {
-        self.queue(msg).await.map_err(|_| TransportError::Shutdown)?
+        let done = self.queue(msg.into(), true).expect("a notified send has a receiver");
+        done.await.map_err(|_| TransportError::Shutdown)?
     }
 
     /// Queues a message without waiting for the simulated NIC to finish with it.
-    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
-        drop(self.queue(msg));
+    pub async fn send_detached(&self, msg: impl Into<Payload>) -> Result<()> {
+        self.queue(msg.into(), false);
         Ok(())
     }
 
-    /// Hands a message to the simulated NIC; the receiver says when it is done with it.
-    fn queue(&self, msg: Msg) -> tokio::sync::oneshot::Receiver<Result<()>> {
+    /// Hands a message to the simulated NIC; with `notify` the receiver says when it is done
+    /// with it.
+    fn queue(
+        &self,
+        payload: Payload,
+        notify: bool,
+    ) -> Option<tokio::sync::oneshot::Receiver<Result<()>>> {
         let t = &self.transport;
-        let done = t.hub.state.lock().net.send_cmd_raw(t.node, self.id, msg);
+        let done = t.hub.state.lock().net.send_cmd_raw(t.node, self.id, payload, notify);
         t.hub.wake();
         done
     }

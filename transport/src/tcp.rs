@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::error::{Result, TransportError};
-use crate::msg::Msg;
+use crate::msg::{Msg, Payload, SharedMsg};
 use wire::{Frame, Hello, Role, HEADER_LEN, HELLO_LEN, PROOF_LEN};
 
 /// Most messages the writer takes from its queue before flushing.
@@ -149,8 +149,36 @@ impl Drop for Core {
 
 /// A message to write and who waits for it.
 struct Out {
-    msg: Msg,
+    msg: Payload,
     done: oneshot::Sender<Result<()>>,
+}
+
+/// The read half, counting the reader's wake-ups: each time a read resumes after the
+/// socket had nothing (the reader task waited for the network).
+struct CountWakes {
+    inner: OwnedReadHalf,
+    waiting: bool,
+    shared: Arc<Shared>,
+}
+
+impl tokio::io::AsyncRead for CountWakes {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let me = &mut *self;
+        let r = std::pin::Pin::new(&mut me.inner).poll_read(cx, buf);
+        match (&r, me.waiting) {
+            (std::task::Poll::Pending, _) => me.waiting = true,
+            (std::task::Poll::Ready(_), true) => {
+                me.waiting = false;
+                Counters::add(&me.shared.counters.wakeups, 1);
+            }
+            _ => {}
+        }
+        r
+    }
 }
 
 /// Starts the reader and writer of an authenticated stream.
@@ -160,6 +188,7 @@ fn start_conn(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> Core
     let queue = shared.cfg.max_queued_sends;
     let (out, out_rx) = mpsc::channel(queue);
     let (inbox_tx, inbox) = mpsc::channel(queue);
+    let r = CountWakes { inner: r, waiting: false, shared: shared.clone() };
     let reader = tokio::spawn(read_loop(
         BufReader::with_capacity(IO_BUF_BYTES, r),
         inbox_tx,
@@ -190,7 +219,7 @@ enum ReadError {
 
 /// Reads one frame: `Some(msg)` for data, `None` for a close.
 async fn read_frame(
-    r: &mut BufReader<OwnedReadHalf>,
+    r: &mut BufReader<CountWakes>,
     pool: &'static Pool,
     max_message: u64,
 ) -> std::result::Result<Option<Msg>, ReadError> {
@@ -212,7 +241,7 @@ async fn read_frame(
 }
 
 async fn read_loop(
-    mut r: BufReader<OwnedReadHalf>,
+    mut r: BufReader<CountWakes>,
     inbox: mpsc::Sender<Msg>,
     conn: Arc<Conn>,
     shared: Arc<Shared>,
@@ -622,19 +651,25 @@ impl TcpSocket {
     /// are written in the order they were queued; beyond `max_queued_sends` this waits
     /// (backpressure).
     pub async fn send(&self, msg: Msg) -> Result<()> {
-        let written = self.queue(msg).await?;
+        let written = self.queue(msg.into()).await?;
         written.await.map_err(|_| self.core.conn.send_err_or_lost())?
     }
 
     /// Queues a message for the writer without waiting for the write (see
     /// [`crate::RdmaSocket::send_detached`]); waits only for room in the queue. A failed
     /// write ends the connection, and so this socket's `recv`.
-    pub async fn send_detached(&self, msg: Msg) -> Result<()> {
-        self.queue(msg).await.map(drop)
+    pub async fn send_detached(&self, msg: impl Into<Payload>) -> Result<()> {
+        self.queue(msg.into()).await.map(drop)
+    }
+
+    /// Sends a shared message (one more use of its buffer, no copy); resolves when it is in
+    /// the kernel.
+    pub async fn send_shared(&self, msg: &SharedMsg) -> Result<()> {
+        self.queue(msg.into()).await?.await.map_err(|_| self.core.conn.send_err_or_lost())?
     }
 
     /// Hands a message to the writer (waiting for room); the receiver says when it was written.
-    async fn queue(&self, msg: Msg) -> Result<oneshot::Receiver<Result<()>>> {
+    async fn queue(&self, msg: Payload) -> Result<oneshot::Receiver<Result<()>>> {
         let conn = &self.core.conn;
         if let Some(e) = conn.send_err() {
             return Err(e);

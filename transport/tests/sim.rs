@@ -214,16 +214,22 @@ fn small_flow_latency(large: usize, fragment: usize) -> Vec<f64> {
     let (small, mut small_rx) = open_pair(&mut net, a, b, e);
     let bigs: Vec<_> = (0..large).map(|_| open_pair(&mut net, a, b, e)).collect();
     let pool = net.pool(a);
-    let mut tickets = Vec::new();
-    for (s, _) in &bigs {
-        for k in 0..4 {
-            tickets.push(net.send(s, pattern(pool, 1 << 20, k)));
-        }
-    }
+    // Each large flow keeps 4 messages queued for the whole measurement: a sent one is
+    // replaced as soon as the NIC is done with it.
+    let mut tickets: Vec<Vec<_>> = bigs
+        .iter()
+        .map(|(s, _)| (0..4).map(|k| net.send(s, pattern(pool, 1 << 20, k))).collect())
+        .collect();
     let mut lat = Vec::new();
     for k in 0..20u64 {
         // Let the large flows get going, then time one small message.
         net.run_until(|_| false, Duration::from_micros(100));
+        for ((s, _), flow) in bigs.iter().zip(tickets.iter_mut()) {
+            flow.retain_mut(|t| t.poll().is_none());
+            while flow.len() < 4 {
+                flow.push(net.send(s, pattern(pool, 1 << 20, k)));
+            }
+        }
         let t0 = net.now();
         let _t = net.send(&small, pattern(pool, 64, k));
         let ok = net.run_until(|_| small_rx.try_recv().is_some(), Duration::from_secs(1));

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig};
 use bex_ps_core::Config;
 use bex_ps_server::client::PsClient;
-use bex_ps_server::node::{client_config, cluster_secret, transport_config, Node};
+use bex_ps_server::node::{client_config, cluster_secret, transport_config, ClientRole, Node};
+use bex_ps_server::process::{context_switches, CpuTimes};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
@@ -54,7 +55,7 @@ options:
   --server PATH           the ps-server executable (default: next to this one)
   --base-port P           ports P..P+2 for the server (default: free ports below 32000)
   --transport-set K=N     override [transport] K (eager_max, fragment_bytes, path_mtu,
-                          spin_us, io_threads, sq_depth, rq_depth, cwnd_bytes) for the
+                          spin_us, endpoints, sq_depth, rq_depth, cwnd_bytes) for the
                           server and the client; repeatable (default: the config defaults)
   --quiet                 no per-cell progress on stderr
   -h, --help              this text";
@@ -308,7 +309,7 @@ fn apply_transport_set(cfg: &mut Config, set: &[(String, u64)]) -> Result<(), St
             "fragment_bytes" => t.fragment_bytes = n as usize,
             "path_mtu" => t.path_mtu = small()?,
             "spin_us" => t.spin_us = n,
-            "io_threads" => t.io_threads = n as usize,
+            "endpoints" => t.endpoints = n as usize,
             "sq_depth" => t.sq_depth = small()?,
             "rq_depth" => t.rq_depth = small()?,
             "cwnd_bytes" => t.cwnd_bytes = n,
@@ -405,6 +406,80 @@ struct CellResult {
     first_error: Option<String>,
     elapsed: Duration,
     stopped_by: &'static str,
+    /// What the cell cost both processes, from its start to its end (warm-up included).
+    usage: CellUsage,
+}
+
+/// Costs of a cell: CPU and context switches of client and server, and the client
+/// transport's own counts (wake-ups, doorbells, messages).
+#[derive(Debug, Default, Clone, Copy)]
+struct CellUsage {
+    /// Requests completed in the cell (warm-up included), the denominator.
+    requests: u64,
+    client_cpu_s: f64,
+    server_cpu_s: f64,
+    client_context_switches: u64,
+    server_context_switches: u64,
+    client_wakeups: u64,
+    client_doorbells: u64,
+    client_messages: u64,
+}
+
+/// Snapshot of what [`CellUsage`] subtracts.
+struct UsageMark {
+    client_cpu: CpuTimes,
+    server_cpu: CpuTimes,
+    client_csw: u64,
+    server_csw: u64,
+    transport: bex_transport::CounterSnapshot,
+}
+
+impl UsageMark {
+    fn take(server_pid: u32, transport: bex_transport::CounterSnapshot) -> UsageMark {
+        UsageMark {
+            client_cpu: CpuTimes::of_self().unwrap_or_default(),
+            server_cpu: CpuTimes::of_pid(server_pid).unwrap_or_default(),
+            client_csw: context_switches(std::process::id()).unwrap_or(0),
+            server_csw: context_switches(server_pid).unwrap_or(0),
+            transport,
+        }
+    }
+
+    fn since(&self, e: &UsageMark, requests: u64) -> CellUsage {
+        let cpu = |a: &CpuTimes, b: &CpuTimes| {
+            let d = a.since(b);
+            d.user_s + d.sys_s
+        };
+        CellUsage {
+            requests,
+            client_cpu_s: cpu(&self.client_cpu, &e.client_cpu),
+            server_cpu_s: cpu(&self.server_cpu, &e.server_cpu),
+            client_context_switches: self.client_csw.saturating_sub(e.client_csw),
+            server_context_switches: self.server_csw.saturating_sub(e.server_csw),
+            client_wakeups: self.transport.wakeups.saturating_sub(e.transport.wakeups),
+            client_doorbells: self.transport.doorbells.saturating_sub(e.transport.doorbells),
+            client_messages: self
+                .transport
+                .messages_received
+                .saturating_sub(e.transport.messages_received),
+        }
+    }
+
+    fn to_json(u: &CellUsage) -> Value {
+        let per = |x: f64| num(x / (u.requests.max(1) as f64));
+        json!({
+            "requests": u.requests,
+            "client_cpu_s": num(u.client_cpu_s), "server_cpu_s": num(u.server_cpu_s),
+            "cpu_us_per_request": per((u.client_cpu_s + u.server_cpu_s) * 1e6),
+            "client_context_switches": u.client_context_switches,
+            "server_context_switches": u.server_context_switches,
+            "context_switches_per_request":
+                per((u.client_context_switches + u.server_context_switches) as f64),
+            "client_wakeups_per_request": per(u.client_wakeups as f64),
+            "client_doorbells_per_request": per(u.client_doorbells as f64),
+            "client_messages_received": u.client_messages,
+        })
+    }
 }
 
 impl CellResult {
@@ -438,6 +513,7 @@ impl CellResult {
             "max_us": num(self.q_us(1.0)),
             "requests_per_s": num(self.rps()), "keys_per_s": num(self.rps() * s.keys as f64),
             "payload_mb_per_s": num(self.rps() * payload / 1e6),
+            "usage": UsageMark::to_json(&self.usage),
         })
     }
 }
@@ -583,7 +659,15 @@ async fn run_cell(
     }
     let elapsed = last.saturating_duration_since(measure_from);
     let stopped_by = if capped.load(Ordering::Relaxed) { "insert_cap" } else { "time" };
-    Ok(CellResult { spec, hist, errors, first_error, elapsed, stopped_by })
+    Ok(CellResult {
+        spec,
+        hist,
+        errors,
+        first_error,
+        elapsed,
+        stopped_by,
+        usage: CellUsage::default(),
+    })
 }
 
 fn cells(args: &Args) -> Vec<CellSpec> {
@@ -775,7 +859,7 @@ async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Resul
     let node = Node::start(any, any, tcfg).await.map_err(|e| format!("client node: {e}"))?;
     let (rdma, tcp) = node.transports();
     let topo = cfg.topology().map_err(|e| e.to_string())?;
-    let ccfg = client_config(&cfg.rpc, 0, 7);
+    let ccfg = client_config(&cfg.rpc, 0, 7, ClientRole::Serving);
     let clients = Clients {
         rdma: Arc::new(PsClient::new(Some(rdma), tcp.clone(), topo.clone(), ccfg.clone(), 1)),
         tcp: Arc::new(PsClient::new(None, tcp, topo, ccfg, 2)),
@@ -791,7 +875,15 @@ async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Resul
     let specs = cells(args);
     let mut results = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        let r = run_cell(clients.get(spec.kind).clone(), *spec, args, i as u64).await?;
+        let transport_counters = || match spec.kind {
+            Kind::Rdma => node.rdma.counters(),
+            Kind::Tcp => node.tcp.counters(),
+        };
+        let done0 = clients.get(spec.kind).rpc().stats().snapshot().calls;
+        let mark = UsageMark::take(server_pid, transport_counters());
+        let mut r = run_cell(clients.get(spec.kind).clone(), *spec, args, i as u64).await?;
+        let done = clients.get(spec.kind).rpc().stats().snapshot().calls - done0;
+        r.usage = UsageMark::take(server_pid, transport_counters()).since(&mark, done);
         if !args.quiet {
             eprintln!(
                 "[{}/{}] {} {} {}x{} out={} {}: n={} err={} p50 {} µs p99 {} µs p999 {} µs {:.0} req/s",

@@ -32,7 +32,7 @@ use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig};
 use bex_ps_core::topology::Topology;
 use bex_ps_core::{Config, TableSet};
 use bex_ps_server::client::PsClient;
-use bex_ps_server::node::{client_config, transport_config};
+use bex_ps_server::node::{client_config, transport_config, ClientRole};
 use bex_ps_server::shard::{start_shard, RunningShard, ShardStart};
 use bex_rnic::soft::{FaultRates, LinkModel};
 use bex_transport::sim::SimNet;
@@ -318,7 +318,12 @@ impl Cluster {
             std::net::Ipv4Addr::new(10, 9, (self.next_client >> 8) as u8, self.next_client as u8);
         let (rdma, tcp) = self.host((ip, 1).into(), (ip, 2).into());
         // The retry decisions depend on the run's seed too.
-        let ccfg = client_config(&self.cfg.rpc, pod, self.seed ^ id.wrapping_mul(0x9e37_79b9));
+        let ccfg = client_config(
+            &self.cfg.rpc,
+            pod,
+            self.seed ^ id.wrapping_mul(0x9e37_79b9),
+            ClientRole::Serving,
+        );
         Arc::new(PsClient::new(
             Some(Transport::Sim(rdma)),
             Transport::Sim(tcp),

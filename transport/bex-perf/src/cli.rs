@@ -30,7 +30,7 @@ transport in the same run:
   tput     Fig. 9   1 MB messages with a 32 B response each, 1 ... 32 outstanding, one engine
   frag     Fig. 10  1 MB throughput vs fragment size, 1 KB ... 1 MB, 16 outstanding
   frag-sim Fig. 10  the same on the in-memory fabric: 25 and 100 Gb/s links, virtual time
-  rate     Fig. 11  512 B request rate vs engines (1 ... 128) with 1 and 2 I/O threads
+  rate     Fig. 11  512 B request rate vs engines (1 ... 128) with 1 and 2 endpoints
   hol      Fig. 13  64 B ping-pong RTT under 0 ... 8 competing 1 MB flows on one engine,
                     4 KB fragments vs none (fragment = message size), on loopback
   hol-sim  Fig. 13  the same on the in-memory fabric: 25 Gb/s link, virtual time, exact
@@ -144,6 +144,13 @@ pub struct BenchArgs {
     /// Seed of the simulated fabric (hol-sim).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub seed: u64,
+    /// Run only the jobs of these series, as the tables name them (e.g. `rdma,tcp`): for
+    /// profiling one transport at a time.
+    #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
+    pub series: Vec<String>,
+    /// Message sizes of `lat` in bytes instead of its defaults (e.g. `32,16384`).
+    #[arg(long, value_name = "BYTES[,BYTES...]", value_delimiter = ',')]
+    pub sizes: Vec<u64>,
     /// Application (tokio) threads of the client (and of `run`'s server child).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub app_threads: u16,
@@ -232,6 +239,8 @@ impl BenchArgs {
         }
         s.spin_us = self.spin_us;
         s.seed = self.seed;
+        s.series = self.series.clone();
+        s.sizes = self.sizes.clone();
         Plan::new(&self.tests(), s)
     }
 }
@@ -332,7 +341,7 @@ pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
         n.push(
             "Loopback: client and server are two processes on one host; the software RNIC \
              carries RoCEv2 packets over UDP, so its 'link' is CPU-bound and shares the CPUs \
-             with the application and the transport's I/O threads."
+             with the application and the transport's drivers."
                 .into(),
         );
     }
@@ -341,8 +350,8 @@ pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
             "Fig. 11: the software RNIC has no thread domains (DeviceCaps::thread_domains = \
              false), so the paper's with/without-TD comparison cannot be made; every curve is \
              the shared-provider case. A transport keeps one engine per peer address, so the \
-             server runs one transport (one I/O thread) per engine; the client's engines share \
-             1 or 2 I/O threads."
+             server runs one transport (one endpoint) per engine; the client's engines share \
+             1 or 2 endpoints."
                 .into(),
         );
     }

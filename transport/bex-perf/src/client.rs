@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{counter_map, cpu_us, host_busy_us, Node, Socket, Transport};
+use crate::net::{context_switches, counter_map, cpu_us, host_busy_us, Node, Socket, Transport};
 use crate::report::{Outcome, Point};
 use crate::sim::{frag_sim, hol_sim};
 use crate::spec::{Job, Plan, ServerSetup, Work};
@@ -231,11 +231,12 @@ async fn client_side(
         *node = Some(Node::open(ip)?);
     }
     let node = node.as_ref().expect("opened above");
-    let cpu0 = cpu_us();
+    let (cpu0, csw0) = (cpu_us(), context_switches());
     let t = node.start(job.kind, ip, job.knobs.config()?).await?;
     let r = tokio::time::timeout(JOB_LIMIT, work(&t, node, job, setup, addrs)).await;
     let mut counters = counter_map(&t.counters());
     counters.insert("cpu_us".into(), cpu_us().saturating_sub(cpu0));
+    counters.insert("context_switches".into(), context_switches().saturating_sub(csw0));
     t.shutdown();
     let (outcome, extra) = r.map_err(|_| BenchError::Timeout {
         what: format!("{} {} x={}", job.test, job.series, job.x),

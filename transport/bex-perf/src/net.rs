@@ -84,6 +84,8 @@ pub fn counter_map(c: &CounterSnapshot) -> std::collections::BTreeMap<String, u6
         ("doorbells", c.doorbells),
         ("work_requests", c.work_requests),
         ("engines_up", c.engines_up),
+        ("wakeups", c.wakeups),
+        ("driver_turns", c.driver_turns),
         ("engines_failed", c.engines_failed),
         ("malformed", c.malformed),
     ]
@@ -108,6 +110,15 @@ pub fn cpu_us() -> u64 {
     use nix::sys::time::TimeValLike;
     getrusage(UsageWho::RUSAGE_SELF)
         .map(|u| (u.user_time().num_microseconds() + u.system_time().num_microseconds()) as u64)
+        .unwrap_or(0)
+}
+
+/// Context switches (voluntary + involuntary) of this process so far: each is a thread
+/// that stopped running, to wait or because it was preempted; 0 if the OS will not say.
+pub fn context_switches() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| (u.voluntary_context_switches() + u.involuntary_context_switches()) as u64)
         .unwrap_or(0)
 }
 

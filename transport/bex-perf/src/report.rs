@@ -196,7 +196,7 @@ fn layout(t: Test) -> Layout {
     match t {
         Test::Lat => Layout {
             title: "Fig. 8  lat: round-trip time (µs) with one message outstanding (\"rdma \
-                    spin\": I/O threads busy-poll 20 µs before blocking); ratio = RDMA / TCP \
+                    spin\": endpoint drivers poll 20 µs before waiting); ratio = RDMA / TCP \
                     (lower is better)",
             cols: vec![
                 col("rdma", Mean),
@@ -248,16 +248,16 @@ fn layout(t: Test) -> Layout {
                     M requests/s vs engines, and CPU µs (client + server) per request; \
                     ratio = RDMA / TCP",
             cols: vec![
-                col("rdma 1 I/O thread", Mreqs),
-                col("rdma 2 I/O threads", Mreqs),
+                col("rdma 1 endpoint", Mreqs),
+                col("rdma 2 endpoints", Mreqs),
                 col("tcp", Mreqs),
-                col("rdma 1 I/O thread", CpuPerMsg),
-                col("rdma 2 I/O threads", CpuPerMsg),
+                col("rdma 1 endpoint", CpuPerMsg),
+                col("rdma 2 endpoints", CpuPerMsg),
                 col("tcp", CpuPerMsg),
             ],
             ratios: vec![
-                rat("rdma 1 I/O thread", "tcp", Mreqs),
-                rat("rdma 2 I/O threads", "tcp", Mreqs),
+                rat("rdma 1 endpoint", "tcp", Mreqs),
+                rat("rdma 2 endpoints", "tcp", Mreqs),
             ],
         },
         Test::Hol | Test::HolSim => Layout {
@@ -281,7 +281,7 @@ fn layout(t: Test) -> Layout {
         },
         Test::Eager => Layout {
             title: "paper/002  eager: zero-copy eager sends vs copy mode (eager_max 64 KB), RTT \
-                    (µs) of a ping-pong with blocking and with spinning (20 µs) I/O threads, and \
+                    (µs) of a ping-pong with blocking and with spinning (20 µs) endpoint drivers, and \
                     of a broadcast to 8 sockets; ratio = copy / zero-copy (above 1: zero-copy \
                     faster)",
             cols: vec![
@@ -431,10 +431,10 @@ pub struct Target {
 /// The brief's three targets, from the points.
 pub fn targets(points: &[Point]) -> Vec<Target> {
     let mut out = Vec::new();
-    // 1. RDMA RTT <= TCP RTT, 32 B - 16 KB (median), with blocking and spinning I/O threads.
+    // 1. RDMA RTT <= TCP RTT, 32 B - 16 KB (median), with waiting and spinning drivers.
     for (name, series) in [
         ("RDMA round trip <= TCP round trip, 32 B-16 KB (p50)", "rdma"),
-        ("RDMA (I/O threads spin 20 µs) round trip <= TCP round trip (p50)", "rdma spin"),
+        ("RDMA (drivers spin 20 µs) round trip <= TCP round trip (p50)", "rdma spin"),
     ] {
         let lat: Vec<(u64, Option<f64>, Option<f64>)> = xs_of(points, Test::Lat)
             .into_iter()
@@ -480,7 +480,7 @@ pub fn targets(points: &[Point]) -> Vec<Target> {
     for (name, zc, cp) in [
         ("zero-copy eager faster than copy mode (p50 ping-pong RTT)", "zero-copy", "copy"),
         (
-            "zero-copy eager faster than copy mode, I/O threads spinning (p50 RTT)",
+            "zero-copy eager faster than copy mode, drivers spinning (p50 RTT)",
             "zero-copy spin",
             "copy spin",
         ),

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{add_counters, counter_map, cpu_us, Node, Socket, Transport};
+use crate::net::{add_counters, context_switches, counter_map, cpu_us, Node, Socket, Transport};
 use crate::spec::ServerSetup;
 
 /// The line (followed by the control address) the server prints on stdout once listening.
@@ -107,6 +107,8 @@ struct Active {
     accepting: Vec<JoinHandle<()>>,
     /// Process CPU time when the job was set up.
     cpu_us_at_start: u64,
+    /// Context switches of the process when the job was set up.
+    csw_at_start: u64,
 }
 
 impl Active {
@@ -122,6 +124,7 @@ impl Active {
             add_counters(&mut sum, &counter_map(&t.counters()));
         }
         sum.insert("cpu_us".into(), cpu_us().saturating_sub(self.cpu_us_at_start));
+        sum.insert("context_switches".into(), context_switches().saturating_sub(self.csw_at_start));
         for t in &self.transports {
             t.shutdown();
         }
@@ -187,8 +190,12 @@ async fn start(node: &mut Option<Node>, ip: IpAddr, setup: &ServerSetup) -> Resu
     }
     let node = node.as_ref().expect("opened above");
     let cfg = setup.knobs.config()?;
-    let mut active =
-        Active { transports: Vec::new(), accepting: Vec::new(), cpu_us_at_start: cpu_us() };
+    let mut active = Active {
+        transports: Vec::new(),
+        accepting: Vec::new(),
+        cpu_us_at_start: cpu_us(),
+        csw_at_start: context_switches(),
+    };
     for _ in 0..setup.transports.max(1) {
         let t = match node.start(setup.kind, ip, cfg.clone()).await {
             Ok(t) => t,

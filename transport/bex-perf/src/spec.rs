@@ -35,7 +35,7 @@ pub enum Test {
     Frag,
     /// Fig. 10 on the in-memory fabric: 25 and 100 Gb/s links, virtual time, deterministic.
     FragSim,
-    /// Fig. 11: 512 B request rate vs engines (QPs), 1 and 2 I/O threads.
+    /// Fig. 11: 512 B request rate vs engines (QPs), 1 and 2 endpoints.
     Rate,
     /// Fig. 13 on loopback: small-flow latency under competing large flows on one engine.
     Hol,
@@ -106,8 +106,8 @@ impl fmt::Display for Kind {
 /// The transport settings a job changes (the rest are [`Config`]'s defaults).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Knobs {
-    /// I/O threads of the transport.
-    pub io_threads: usize,
+    /// Endpoints (CQ + driver task) of the transport.
+    pub endpoints: usize,
     /// Largest eager message.
     pub eager_max: usize,
     /// Fragment size of large messages.
@@ -118,7 +118,7 @@ pub struct Knobs {
     pub mtu: u32,
     /// I/O-thread busy-poll time before blocking, µs.
     pub spin_us: u64,
-    /// Completion-queue depth of each I/O thread.
+    /// Completion-queue depth of each endpoint.
     pub cq_depth: u32,
 }
 
@@ -126,7 +126,7 @@ impl Default for Knobs {
     fn default() -> Self {
         let c = Config::default();
         Knobs {
-            io_threads: c.io_threads,
+            endpoints: c.endpoints,
             eager_max: c.eager_max,
             fragment_bytes: c.fragment_bytes,
             eager_copy: c.eager_copy,
@@ -143,7 +143,7 @@ impl Knobs {
         let path_mtu = Mtu::from_bytes(self.mtu)
             .ok_or_else(|| BenchError::Usage(format!("MTU {} is not a valid MTU", self.mtu)))?;
         let cfg = Config {
-            io_threads: self.io_threads,
+            endpoints: self.endpoints,
             eager_max: self.eager_max,
             fragment_bytes: self.fragment_bytes,
             eager_copy: self.eager_copy,
@@ -165,7 +165,7 @@ pub struct ServerSetup {
     /// Transports to start, each on its own bootstrap address (a transport keeps one engine
     /// per peer address, so N engines between two processes need N transports on one side).
     pub transports: u32,
-    /// Settings of each (its `io_threads` is 1).
+    /// Settings of each (its `endpoints` is 1).
     pub knobs: Knobs,
     /// Messages up to this length are echoed back unchanged (the same buffer).
     pub echo_max: u64,
@@ -263,7 +263,7 @@ pub enum Work {
 pub struct Job {
     /// The figure.
     pub test: Test,
-    /// The line it belongs to (`rdma`, `tcp`, `rdma 2 I/O threads`, `4K fragments`, …).
+    /// The line it belongs to (`rdma`, `tcp`, `rdma 2 endpoints`, `4K fragments`, …).
     pub series: String,
     /// The x value (size, outstanding messages, fragment, engines or large flows).
     pub x: u64,
@@ -290,6 +290,10 @@ pub struct Settings {
     pub spin_us: u64,
     /// Seed of the simulated fabric.
     pub seed: u64,
+    /// Only the jobs of these series (`rdma`, `tcp`, …); empty: every series.
+    pub series: Vec<String>,
+    /// Message sizes of `lat` instead of its defaults.
+    pub sizes: Vec<u64>,
 }
 
 impl Settings {
@@ -301,6 +305,8 @@ impl Settings {
             reps: if quick { 1 } else { 3 },
             spin_us: 0,
             seed: 1,
+            series: Vec::new(),
+            sizes: Vec::new(),
         }
     }
 }
@@ -321,7 +327,7 @@ fn pow2(lo: u32, hi: u32) -> Vec<u64> {
     (lo..=hi).map(|e| 1u64 << e).collect()
 }
 
-/// An I/O thread CQ holds completions of all its engines (`sq + rq` each, twice over for
+/// An endpoint's CQ holds completions of all its engines (`sq + rq` each, twice over for
 /// slack): sized for `engines` at default depths.
 fn cq_for(engines: u32) -> u32 {
     let c = Config::default();
@@ -357,16 +363,20 @@ impl Plan {
         let server = |kind, knobs: Knobs, transports, echo_max| ServerSetup {
             kind,
             transports,
-            knobs: Knobs { io_threads: 1, ..knobs },
+            knobs: Knobs { endpoints: 1, ..knobs },
             echo_max,
             ack_bytes: ACK_BYTES,
         };
         for &t in &sel {
             match t {
                 Test::Lat => {
-                    let sizes = if q { vec![32, KB, 16 * KB] } else { pow2(5, 14) };
-                    // With blocking I/O threads (the default) and, unless spinning was asked
-                    // for everywhere, with I/O threads that busy-poll LAT_SPIN_US first.
+                    let sizes = match () {
+                        _ if !s.sizes.is_empty() => s.sizes.clone(),
+                        _ if q => vec![32, KB, 16 * KB],
+                        _ => pow2(5, 14),
+                    };
+                    // With waiting drivers (the default) and, unless spinning was asked
+                    // for everywhere, with drivers that poll LAT_SPIN_US first.
                     let spin = Knobs { spin_us: LAT_SPIN_US, ..base };
                     let mut series = vec![("rdma", Kind::Rdma, base)];
                     if base.spin_us == 0 {
@@ -474,14 +484,14 @@ impl Plan {
                     let engines: Vec<u64> = if q { vec![1, 8] } else { pow2(0, 7) };
                     let msgs = if q { 4000 } else { 20_000 };
                     let series = [
-                        ("rdma 1 I/O thread", Kind::Rdma, 1),
-                        ("rdma 2 I/O threads", Kind::Rdma, 2),
+                        ("rdma 1 endpoint", Kind::Rdma, 1),
+                        ("rdma 2 endpoints", Kind::Rdma, 2),
                         ("tcp", Kind::Tcp, 1),
                     ];
                     for &n in &engines {
                         for (name, kind, io) in series {
                             let n32 = n as u32;
-                            let knobs = Knobs { io_threads: io, cq_depth: cq_for(n32), ..base };
+                            let knobs = Knobs { endpoints: io, cq_depth: cq_for(n32), ..base };
                             // RDMA: one server transport per engine; TCP: N connections to one.
                             let transports = if kind == Kind::Rdma { n32 } else { 1 };
                             jobs.push(Job {
@@ -610,6 +620,15 @@ impl Plan {
                 }
             }
         }
+        if !s.series.is_empty() {
+            jobs.retain(|j| s.series.contains(&j.series));
+            if jobs.is_empty() {
+                return Err(BenchError::Usage(format!(
+                    "no job of the selected tests is in series {:?}",
+                    s.series
+                )));
+            }
+        }
         for j in &jobs {
             j.knobs.config()?;
             if let Some(sv) = &j.server {
@@ -640,7 +659,7 @@ mod tests {
             for j in &plan.jobs {
                 assert_eq!(j.server.is_none(), !j.test.needs_server(), "{j:?}");
                 if let Some(s) = &j.server {
-                    assert_eq!(s.knobs.io_threads, 1);
+                    assert_eq!(s.knobs.endpoints, 1);
                     assert_eq!(s.knobs.eager_max, j.knobs.eager_max, "receivers size buffers");
                 }
             }
@@ -659,7 +678,7 @@ mod tests {
         let spin = plan.jobs.iter().find(|j| j.series == "rdma spin").unwrap();
         assert_eq!((spin.knobs.spin_us, spin.server.unwrap().knobs.spin_us), (20, 20));
         assert_eq!(xs(Test::Frag, "rdma"), pow2(10, 20), "1 KB ... 1 MB fragments");
-        assert_eq!(*xs(Test::Rate, "rdma 2 I/O threads").last().unwrap(), 128);
+        assert_eq!(*xs(Test::Rate, "rdma 2 endpoints").last().unwrap(), 128);
         assert_eq!(xs(Test::Hol, "4K fragments"), vec![0, 1, 2, 4, 8]);
         for j in plan.jobs.iter().filter(|j| j.test == Test::Tput) {
             assert!(matches!(j.work, Work::Window { size: MB, engines: 1, .. }), "{j:?}");

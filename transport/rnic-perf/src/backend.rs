@@ -23,6 +23,10 @@ pub trait DeviceUser {
 ///
 /// This is the software RNIC over UDP (`bind`'s port is `--rnic-port`, 0 for any).
 pub fn with_device<U: DeviceUser>(bind: SocketAddr, user: U) -> Result<U::Output> {
-    let dev = bex_rnic::soft::SoftDevice::open_udp(bex_rnic::soft::UdpConfig::new(bind))?;
+    let mut cfg = bex_rnic::soft::UdpConfig::new(bind);
+    // This tool's threads poll or block with microsecond timers, and its streams wait for
+    // their last message's ACK: a short delay, as before the event-loop default.
+    cfg.nic.ack_delay = std::time::Duration::from_micros(20);
+    let dev = bex_rnic::soft::SoftDevice::open_udp(cfg)?;
     Ok(user.use_device(&dev))
 }

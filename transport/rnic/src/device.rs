@@ -3,7 +3,7 @@
 //! alive and are destroyed when dropped.
 
 use std::os::fd::BorrowedFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::verbs::{
     Access, ConnectAttrs, InitAttrs, MrKeys, QpCaps, QpEndpoint, QpState, RecvWr, RtrAttrs,
@@ -118,10 +118,25 @@ pub trait CompletionQueue: Send + Sync {
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
     /// Requests an event on the fd for the next completion (`ibv_req_notify_cq`).
     fn arm(&self) -> Result<()>;
-    /// A file descriptor that becomes readable after an armed queue gets a completion.
+    /// A file descriptor that becomes readable after an armed queue gets a completion; the
+    /// same descriptor for the queue's whole life (event loops register it once).
     fn fd(&self) -> BorrowedFd<'_>;
     /// Consumes the pending event(s) on the fd (`ibv_get_cq_event` + `ibv_ack_cq_events`).
     fn ack_events(&self) -> Result<()>;
+
+    /// When the queue must be polled again even if its fd stays quiet. A software NIC runs
+    /// its protocol timers (retransmission, delayed ACKs) in the thread that polls it;
+    /// hardware runs its own, so the default is never.
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Declares that, from now on and for as long as this queue lives, its owner drives the
+    /// NIC from an event loop: it watches [`CompletionQueue::fd`] (after
+    /// [`CompletionQueue::arm`]) and polls on readiness and at
+    /// [`CompletionQueue::poll_timeout`]. A software NIC's own progress thread then stands
+    /// back instead of waking for the same packets. Hardware needs nothing.
+    fn drive_from_event_loop(&self) {}
 
     /// Polls; if nothing is there, arms, polls again, and blocks on the fd for at most
     /// `timeout`. Returns how many completions were written. One thread waits on a queue at

@@ -46,10 +46,18 @@ pub struct NicConfig {
     pub max_msg_size: u64,
     /// Seed for QP numbers, PSNs and keys.
     pub seed: u64,
-    /// How long a positive ACK may wait for data going to the same QP to leave with it
-    /// (NAKs never wait). Saves a packet and a wake-up per message in request/response
-    /// traffic; 0 sends every ACK at once.
+    /// How long the positive ACK of the last packet of a message the application receives
+    /// (SEND, WRITE with immediate) may wait for data going to the same QP to leave with
+    /// it: in request/response traffic the reply carries it, which saves the peer a wake-up
+    /// per message for a lone ACK. NAKs, ACKs requested inside a message or at the end of a
+    /// plain WRITE (the sender's window needs them) and every `ack_coalesce_max`-th
+    /// message's ACK go at once. 0 sends every ACK at once. It must stay well below the peer's
+    /// retransmit timeout.
     pub ack_delay: Duration,
+    /// Most message ends one delayed ACK may cover before it goes at once (bounds how much
+    /// of the sender's send queue waits for it); a quarter of `max_unacked_psns` packets
+    /// received unacknowledged also sends it at once.
+    pub ack_coalesce_max: u32,
 }
 
 impl Default for NicConfig {
@@ -62,7 +70,10 @@ impl Default for NicConfig {
             max_qps: 64 * 1024,
             max_msg_size: 1 << 31,
             seed: 0x5eed_b0a7,
-            ack_delay: Duration::from_micros(20),
+            // An event loop's timers have millisecond resolution; a reply, not the timer,
+            // usually takes the ACK.
+            ack_delay: Duration::from_millis(1),
+            ack_coalesce_max: 8,
         }
     }
 }
@@ -154,6 +165,8 @@ struct PendingAck {
     psn: u32,
     /// When it must leave at the latest.
     due: Instant,
+    /// Message ends it acknowledges (delayed ACKs coalesce).
+    covers: u32,
 }
 
 #[derive(Debug)]
@@ -199,6 +212,8 @@ struct Qp {
     write_cur: Option<WriteInProgress>,
     nak_sent: bool,
     pending_ack: Option<PendingAck>,
+    /// Packets executed since the last ACK left: the sender's window waits on them.
+    rx_unacked: u32,
     in_ctrl_queue: bool,
     in_data_queue: bool,
 }
@@ -550,6 +565,7 @@ impl NicCore {
             recv_cur: None,
             write_cur: None,
             nak_sent: false,
+            rx_unacked: 0,
             pending_ack: None,
             in_ctrl_queue: false,
             in_data_queue: false,
@@ -890,14 +906,24 @@ impl NicCore {
             if !qp.nak_sent {
                 qp.nak_sent = true;
                 c.seq_naks_sent += 1;
-                let ack = PendingAck { syndrome: Syndrome::NakSequence, psn: qp.epsn, due: now };
+                let ack = PendingAck {
+                    syndrome: Syndrome::NakSequence,
+                    psn: qp.epsn,
+                    due: now,
+                    covers: 0,
+                };
                 qp.queue_ack(ack, &mut self.ctrl_queue);
             }
             return;
         }
         if d < 0 {
             c.rx_duplicates += 1;
-            let ack = PendingAck { syndrome: Syndrome::Ack, psn: psn::sub(qp.epsn, 1), due: now };
+            let ack = PendingAck {
+                syndrome: Syndrome::Ack,
+                psn: psn::sub(qp.epsn, 1),
+                due: now,
+                covers: 0,
+            };
             qp.queue_ack(ack, &mut self.ctrl_queue);
             return;
         }
@@ -914,19 +940,37 @@ impl NicCore {
                 if op.is_last() {
                     qp.msn = psn::add(qp.msn, 1);
                 }
-                if h.ack_req {
-                    let ack = PendingAck { syndrome: Syndrome::Ack, psn: h.psn, due: ack_due };
+                qp.rx_unacked += 1;
+                // The sender's window (`max_unacked_psns`) must not wait for a delayed ACK.
+                let window_wants = qp.rx_unacked >= self.cfg.max_unacked_psns / 4;
+                if h.ack_req || window_wants {
+                    // Only the end of a message the application receives (a SEND, or a
+                    // WRITE with immediate) may wait, for the reply that usually follows; a
+                    // plain WRITE's end or an AckReq inside a message is the sender's window
+                    // asking, and nobody here answers it.
+                    let delivers = op.is_last() && (op.is_send() || op.has_imm());
+                    let covers = qp.pending_ack.map_or(0, |a| a.covers) + u32::from(delivers);
+                    let wait = h.ack_req
+                        && delivers
+                        && covers < self.cfg.ack_coalesce_max
+                        && !window_wants;
+                    let due = if wait { ack_due } else { now };
+                    let ack = PendingAck { syndrome: Syndrome::Ack, psn: h.psn, due, covers };
                     qp.queue_ack(ack, &mut self.ctrl_queue);
                 }
             }
             Err(Syndrome::RnrNak(t)) => {
                 c.rnr_naks_sent += 1;
-                let ack = PendingAck { syndrome: Syndrome::RnrNak(t), psn: h.psn, due: now };
+                let ack =
+                    PendingAck { syndrome: Syndrome::RnrNak(t), psn: h.psn, due: now, covers: 0 };
                 qp.queue_ack(ack, &mut self.ctrl_queue);
             }
             Err(syndrome) => {
                 c.error_naks_sent += 1;
-                qp.queue_ack(PendingAck { syndrome, psn: h.psn, due: now }, &mut self.ctrl_queue);
+                qp.queue_ack(
+                    PendingAck { syndrome, psn: h.psn, due: now, covers: 0 },
+                    &mut self.ctrl_queue,
+                );
                 qp.enter_error();
             }
         }
@@ -1090,6 +1134,7 @@ impl NicCore {
             self.ctrl_queue.remove(i);
             qp.in_ctrl_queue = false;
             qp.pending_ack = None;
+            qp.rx_unacked = 0;
             let Some(dest) = qp.remote_addr else { continue };
             let mut h = Header::new(Opcode::Acknowledge, qp.remote_qpn, ack.psn);
             h.aeth = Some(Aeth { syndrome: ack.syndrome, msn: qp.msn });

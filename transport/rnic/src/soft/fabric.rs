@@ -597,6 +597,7 @@ impl State {
         }
         let mut next: Option<Instant> = self.events.peek().map(|Reverse((t, _))| *t);
         let mut earliest = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        let paused_until = self.switch.as_ref().map(|s| &s.paused_until);
         for (i, node) in self.nodes.iter().enumerate() {
             let mut core = node.core.lock();
             if let Some(t) = core.poll_timeout() {
@@ -604,9 +605,12 @@ impl State {
                     self.tx_ready[i] = true;
                     core.handle_timeout(now);
                     // A due ACK waits for its busy or paused uplink (woken below), not for
-                    // the clock: only a timer that moved counts as work.
+                    // the clock: only a timer that moved counts as work, or a due ACK on an
+                    // uplink free to send it now (else the clock would jump past it).
+                    let uplink_free =
+                        self.egress_free_at[i] <= now && paused_until.is_none_or(|p| p[i] <= now);
                     match core.poll_timeout() {
-                        Some(t2) if t2 <= now => {}
+                        Some(t2) if t2 <= now && !uplink_free => {}
                         _ => busy = true,
                     }
                 } else {
@@ -616,12 +620,11 @@ impl State {
         }
         // A busy or paused uplink may hold packets: wake when it frees (at most one idle
         // wake-up per transmission when it holds none).
-        let sw = self.switch.as_ref().map(|s| &s.paused_until);
         for (i, &free) in self.egress_free_at.iter().enumerate() {
             if !self.tx_ready[i] {
                 continue;
             }
-            let t = sw.map_or(free, |p| free.max(p[i]));
+            let t = paused_until.map_or(free, |p| free.max(p[i]));
             if t > now {
                 earliest(t);
             }

@@ -61,10 +61,16 @@ impl DevInner {
         }
     }
 
-    /// Receives and processes what is waiting, without blocking (UDP wire).
-    fn progress(&self) {
+    /// Receives and processes what is waiting, without blocking (UDP wire); an event loop's
+    /// poll skips receiving once the socket was found empty until its fd fires.
+    fn progress(&self, event_loop: bool) {
         if let Wire::Udp(w) = &self.wire {
-            w.progress(self, crate::clock::wall_now());
+            let now = crate::clock::wall_now();
+            if event_loop {
+                w.progress_event_loop(self, now);
+            } else {
+                w.progress(self, now);
+            }
         }
     }
 }
@@ -198,6 +204,18 @@ pub struct SoftCq {
     shared: Arc<CqShared>,
     dev: Arc<DevInner>,
     epoll: Option<nix::sys::epoll::Epoll>,
+    /// An event loop drives the NIC through this queue (see `drive_from_event_loop`).
+    event_loop: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for SoftCq {
+    fn drop(&mut self) {
+        if self.event_loop.load(std::sync::atomic::Ordering::Acquire) {
+            if let Wire::Udp(w) = &self.dev.wire {
+                w.event_loop_gone();
+            }
+        }
+    }
 }
 
 impl CompletionQueue for SoftCq {
@@ -207,7 +225,7 @@ impl CompletionQueue for SoftCq {
             return Ok(n);
         }
         // Nothing yet: drive the NIC from this thread, as a busy-polling consumer would.
-        self.dev.progress();
+        self.dev.progress(self.event_loop.load(std::sync::atomic::Ordering::Relaxed));
         self.shared.pop_into(out)
     }
     fn arm(&self) -> Result<()> {
@@ -222,8 +240,35 @@ impl CompletionQueue for SoftCq {
         }
     }
     fn ack_events(&self) -> Result<()> {
+        // Whoever acknowledges events is awake and about to poll: the completions it now
+        // produces itself need no event (an arm left over would cost an eventfd write and a
+        // spurious wake-up).
+        self.shared.disarm();
         self.shared.ack_events();
+        if self.event_loop.load(std::sync::atomic::Ordering::Relaxed) {
+            // An event loop acknowledges after its fd fired: the socket may have data.
+            if let Wire::Udp(w) = &self.dev.wire {
+                w.rx_fired();
+            }
+        }
         Ok(())
+    }
+
+    fn poll_timeout(&self) -> Option<std::time::Instant> {
+        match &self.dev.wire {
+            Wire::Udp(_) => self.dev.core.lock().poll_timeout(),
+            // The fabric runs its devices' timers itself.
+            Wire::Sim => None,
+        }
+    }
+
+    fn drive_from_event_loop(&self) {
+        use std::sync::atomic::Ordering;
+        if let Wire::Udp(w) = &self.dev.wire {
+            if !self.event_loop.swap(true, Ordering::AcqRel) {
+                w.event_loop_attached();
+            }
+        }
     }
 
     fn wait(&self, out: &mut [WorkCompletion], timeout: std::time::Duration) -> Result<usize> {
@@ -284,8 +329,7 @@ impl SoftCq {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
         }
-        self.shared.disarm();
-        self.shared.ack_events();
+        self.ack_events()?;
         self.poll(out)
     }
 }
@@ -438,7 +482,12 @@ impl Device for SoftDevice {
             Wire::Udp(w) => Some(udp::wait_set(shared.fd(), w.socket_fd())?),
             Wire::Sim => None,
         };
-        Ok(SoftCq { shared, dev: self.inner.clone(), epoll })
+        Ok(SoftCq {
+            shared,
+            dev: self.inner.clone(),
+            epoll,
+            event_loop: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     fn create_srq(&self, pd: &SoftPd, depth: u32, _max_sge: u32) -> Result<SoftSrq> {

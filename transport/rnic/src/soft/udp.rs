@@ -92,8 +92,6 @@ struct RxState {
 struct TxState {
     batch: Vec<(Vec<u8>, SocketAddr)>,
     pool: Vec<Vec<u8>>,
-    /// Consecutive same-size packets to one peer, concatenated for one GSO send.
-    gso: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -113,6 +111,14 @@ struct Shared {
     /// Threads blocked in `SoftCq::wait` on a set that includes the socket (they receive and
     /// run timers themselves).
     waiters: AtomicU64,
+    /// Completion queues whose owners drive the NIC from an event loop for as long as they
+    /// live (`CompletionQueue::drive_from_event_loop`): they watch the socket and run the
+    /// timers, so the progress thread sleeps.
+    event_loops: AtomicU64,
+    /// Event-loop mode: the last receive found the socket empty, so polls skip the
+    /// `recvmmsg` until the loop reports that the socket fired again (`rx_fired`). Saves
+    /// the empty receives (a syscall each) of every poll between two packets.
+    rx_drained: AtomicBool,
     /// When an application thread last drove the NIC by polling, ns after `epoch`.
     last_inline_ns: AtomicU64,
     epoch: Instant,
@@ -170,6 +176,8 @@ impl UdpWire {
             stats: WireStats::default(),
             thread_wake_ns: AtomicU64::new(u64::MAX),
             waiters: AtomicU64::new(0),
+            event_loops: AtomicU64::new(0),
+            rx_drained: AtomicBool::new(false),
             last_inline_ns: AtomicU64::new(0),
             epoch: wall_now(),
         });
@@ -218,6 +226,19 @@ impl UdpWire {
         WaiterGuard { wire: self }
     }
 
+    /// An event loop drives the NIC until [`UdpWire::event_loop_gone`].
+    pub(crate) fn event_loop_attached(&self) {
+        self.shared.event_loops.fetch_add(1, Ordering::AcqRel);
+        // The progress thread may be blocked on the socket: let it see the change.
+        let _ = self.shared.waker.write(1);
+    }
+
+    /// An event loop stopped driving the NIC.
+    pub(crate) fn event_loop_gone(&self) {
+        self.shared.event_loops.fetch_sub(1, Ordering::AcqRel);
+        let _ = self.shared.waker.write(1);
+    }
+
     /// The socket, for wait sets.
     pub(crate) fn socket_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.shared.socket.as_fd()
@@ -228,7 +249,20 @@ impl UdpWire {
     pub(crate) fn progress(&self, dev: &DevInner, now: Instant) -> bool {
         let ns = self.shared.ns(now);
         self.shared.last_inline_ns.fetch_max(ns, Ordering::AcqRel);
-        self.shared.progress(dev, now)
+        self.shared.progress(dev, now, false)
+    }
+
+    /// [`UdpWire::progress`] for an event loop: once a receive found the socket empty, the
+    /// next ones are skipped (timers and transmission still run) until
+    /// [`UdpWire::rx_fired`]. Sound because the loop clears its readiness before it polls,
+    /// so a datagram that lands after the last receive raises a new event.
+    pub(crate) fn progress_event_loop(&self, dev: &DevInner, now: Instant) -> bool {
+        self.shared.progress(dev, now, true)
+    }
+
+    /// The event loop saw the socket (or a CQ) fire: receive again.
+    pub(crate) fn rx_fired(&self) {
+        self.shared.rx_drained.store(false, Ordering::Release);
     }
 
     /// Transmits whatever the core has ready.
@@ -244,23 +278,30 @@ impl Shared {
 
     /// True while application threads drive the NIC themselves.
     fn drivers_active(&self, now: Instant) -> bool {
-        self.waiters.load(Ordering::Acquire) > 0
+        self.event_loops.load(Ordering::Acquire) > 0
+            || self.waiters.load(Ordering::Acquire) > 0
             || self.ns(now)
                 < self.last_inline_ns.load(Ordering::Acquire) + DRIVER_RECHECK.as_nanos() as u64
     }
 
-    fn progress(&self, dev: &DevInner, now: Instant) -> bool {
+    fn progress(&self, dev: &DevInner, now: Instant, event_loop: bool) -> bool {
         let mut received = 0;
+        let skip_rx = event_loop && self.rx_drained.load(Ordering::Acquire);
         if let Some(mut rx) = self.rx.try_lock() {
             let rx = &mut *rx;
             let mut core = None;
-            for _ in 0..RX_CALLS {
+            for _ in 0..if skip_rx { 0 } else { RX_CALLS } {
                 let n = {
                     let mut iovs: Vec<std::io::IoSliceMut<'_>> =
                         rx.bufs.iter_mut().map(|b| std::io::IoSliceMut::new(b)).collect();
                     match self.udp.recv((&self.socket).into(), &mut iovs, &mut rx.meta) {
                         Ok(n) => n,
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            if event_loop {
+                                self.rx_drained.store(true, Ordering::Release);
+                            }
+                            break;
+                        }
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                         Err(_) => {
                             // ICMP errors surface here on Linux (peer port closed): count.
@@ -279,6 +320,10 @@ impl Shared {
                     }
                 }
                 if n < rx.bufs.len() {
+                    // A short batch emptied the socket as of this call.
+                    if event_loop {
+                        self.rx_drained.store(true, Ordering::Release);
+                    }
                     break;
                 }
             }
@@ -350,11 +395,7 @@ impl Shared {
                     self.send_one(local, buf, *dest);
                 }
             } else {
-                tx.gso.clear();
-                for (buf, _) in &tx.batch[i..j] {
-                    tx.gso.extend_from_slice(buf);
-                }
-                self.transmit(&tx.gso, dest, Some(seg));
+                self.transmit_run(&tx.batch[i..j], dest, seg);
             }
             i = j;
         }
@@ -393,6 +434,35 @@ impl Shared {
         }
         for _ in 0..copies {
             self.transmit(buf, dest, None);
+        }
+    }
+
+    /// One GSO send of a run of packets to one peer, gathered from their own buffers (no
+    /// concatenation copy): every packet `segment` bytes but the last, which may be shorter.
+    fn transmit_run(&self, run: &[(Vec<u8>, SocketAddr)], destination: SocketAddr, segment: usize) {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+        use std::os::fd::AsRawFd;
+        let iovs: Vec<std::io::IoSlice<'_>> =
+            run.iter().map(|(b, _)| std::io::IoSlice::new(b)).collect();
+        let addr = SockaddrStorage::from(destination);
+        let seg = segment as u16;
+        let cmsgs = [ControlMessage::UdpGsoSegments(&seg)];
+        loop {
+            let r = sendmsg(self.socket.as_raw_fd(), &iovs, &cmsgs, MsgFlags::empty(), Some(&addr));
+            match r {
+                Ok(_) => return,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => {
+                    // Socket buffer full: wait for room (a drop costs an ACK timeout).
+                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+                }
+                Err(_) => {
+                    // As in `transmit`: lost; the protocol recovers or fails the QP.
+                    self.stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
         }
     }
 
@@ -456,9 +526,18 @@ fn progress_thread(dev: Weak<DevInner>, shared: Arc<Shared>, spin: Duration) {
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
+        if shared.event_loops.load(Ordering::Acquire) > 0 {
+            // Event loops watch the socket and run the timers for as long as they live; this
+            // thread only waits to be told they are gone (or the device is).
+            let mut fds = [PollFd::new(shared.waker.as_fd(), PollFlags::POLLIN)];
+            let _ = nix::poll::ppoll(&mut fds, Some(TimeSpec::from_duration(MAX_BLOCK)), None);
+            let _ = shared.waker.read();
+            idle_since = None;
+            continue;
+        }
         let Some(inner) = dev.upgrade() else { return };
         let now = wall_now();
-        let did = shared.progress(&inner, now);
+        let did = shared.progress(&inner, now, false);
         let next = inner.core.lock().poll_timeout();
         drop(inner);
         if did {

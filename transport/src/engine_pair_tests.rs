@@ -1,0 +1,321 @@
+//! The engine alone: two engines on two software NICs of one in-memory fabric, driven by
+//! hand on its virtual clock — no thread, no runtime, no endpoint. Each test is exact for
+//! its seed.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bemalloc::Pool;
+use bex_rnic::soft::{
+    Fabric, FaultRates, LinkModel, NicConfig, SoftCq, SoftDevice, SoftPd, SoftQp,
+};
+use bex_rnic::verbs::{InitAttrs, QpCaps, RtrAttrs, RtsAttrs, WorkCompletion};
+use bex_rnic::{CompletionQueue, Device, QpInit, QueuePair};
+
+use super::{Engine, EngineParts, Event, Post};
+use crate::config::{Config, Counters};
+use crate::error::TransportError;
+use crate::msg::{Msg, SharedMsg};
+
+/// One side: a NIC, its CQ and QP, and the engine over them.
+struct Side {
+    cq: SoftCq,
+    qp: SoftQp,
+    engine: Engine<u64>,
+    /// Events the engine produced, in order.
+    events: Vec<Event<u64>>,
+    /// A frozen side is not driven (a hung host: its NIC still ACKs).
+    frozen: bool,
+}
+
+struct Pair {
+    fabric: Fabric,
+    pool: &'static Pool,
+    a: Side,
+    b: Side,
+}
+
+impl Side {
+    /// Posts what the engine has and takes its events.
+    fn settle(&mut self) {
+        while let Some(post) = self.engine.poll_post() {
+            let r = match post {
+                Post::Recv(wrs) => self.qp.post_recv(wrs),
+                Post::Send(wrs) => self.qp.post_send(wrs),
+            };
+            if let Err(e) = r {
+                self.engine.fail(format!("post: {e}"));
+            }
+        }
+        while let Some(ev) = self.engine.poll_event() {
+            self.events.push(ev);
+        }
+    }
+
+    /// Completions, timers, posts.
+    fn drive(&mut self, now: Instant) {
+        if self.frozen {
+            return;
+        }
+        let mut wcs = [WorkCompletion::default(); 32];
+        loop {
+            let n = self.cq.poll(&mut wcs).expect("poll");
+            for wc in &wcs[..n] {
+                self.engine.handle_completion(now, wc);
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+        self.settle();
+    }
+
+    fn received(&self, socket: u32) -> Vec<&Msg> {
+        let got = self.events.iter().filter_map(|e| match e {
+            Event::Received { socket: s, msg } if *s == socket => Some(msg),
+            _ => None,
+        });
+        got.collect()
+    }
+
+    fn sent(&self, token: u64) -> Option<&Result<(), TransportError>> {
+        self.events.iter().find_map(|e| match e {
+            Event::Sent { done, result } if *done == token => Some(result),
+            _ => None,
+        })
+    }
+}
+
+fn side(
+    dev: &SoftDevice,
+    pd: &SoftPd,
+    pool: &'static Pool,
+    dev_index: usize,
+    cfg: &Arc<Config>,
+    now: Instant,
+) -> Side {
+    let cq = dev.create_cq(cfg.cq_depth).expect("cq");
+    let caps = QpCaps {
+        max_send_wr: cfg.sq_depth,
+        max_recv_wr: cfg.rq_depth,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+    };
+    let qp = dev
+        .create_qp(pd, &QpInit { send_cq: &cq, recv_cq: &cq, srq: None, thread_domain: None, caps })
+        .expect("qp");
+    qp.to_init(&InitAttrs::default()).expect("init");
+    let parts = EngineParts {
+        cfg: cfg.clone(),
+        pool,
+        dev: dev_index,
+        counters: Arc::new(Counters::default()),
+        qpn: qp.qpn(),
+        peer_rq_depth: cfg.rq_depth,
+        accepting: true,
+        socket_ids: Arc::new(AtomicU32::new(100 * (dev_index as u32 + 1))),
+        shared_recv: None,
+    };
+    let mut engine = Engine::new(parts, now).expect("engine");
+    // Own receives first, in INIT: the first `poll_post` hands them out.
+    match engine.poll_post() {
+        Some(Post::Recv(wrs)) => qp.post_recv(wrs).expect("post receives"),
+        other => panic!("expected the initial receives, got {other:?}"),
+    }
+    Side { cq, qp, engine, events: Vec::new(), frozen: false }
+}
+
+impl Pair {
+    fn new(seed: u64, cfg: Config) -> Pair {
+        let fabric = Fabric::new(seed, LinkModel::default());
+        let (da, db) =
+            (fabric.add_device(NicConfig::default()), fabric.add_device(NicConfig::default()));
+        let (pa, pb) = (da.alloc_pd().expect("pd"), db.alloc_pd().expect("pd"));
+        let regs =
+            vec![Arc::new(da.registrar(&pa)) as Arc<_>, Arc::new(db.registrar(&pb)) as Arc<_>];
+        let pool = Pool::new(regs).expect("pool").leak();
+        let cfg = Arc::new(cfg);
+        let (mut a, mut b) = (
+            side(&da, &pa, pool, 0, &cfg, fabric.now()),
+            side(&db, &pb, pool, 1, &cfg, fabric.now()),
+        );
+        let (ea, eb) = (a.qp.endpoint(), b.qp.endpoint());
+        for (s, peer) in [(&mut a, eb), (&mut b, ea)] {
+            s.qp.to_rtr(&RtrAttrs { remote: peer, path_mtu: cfg.path_mtu, min_rnr_timer: 12 })
+                .expect("rtr");
+            s.qp.to_rts(&RtsAttrs {
+                sq_psn: s.qp.endpoint().psn,
+                timeout: cfg.qp_timeout,
+                retry_cnt: cfg.qp_retry_cnt,
+                rnr_retry: cfg.qp_rnr_retry,
+            })
+            .expect("rts");
+        }
+        Pair { fabric, pool, a, b }
+    }
+
+    /// Steps until `done` or `limit` of virtual time; the clock stops at engine timers.
+    fn run(&mut self, limit: Duration, mut done: impl FnMut(&Pair) -> bool) -> bool {
+        let end = self.fabric.now() + limit;
+        while !done(self) {
+            let now = self.fabric.now();
+            if now > end {
+                return false;
+            }
+            self.a.drive(now);
+            self.b.drive(now);
+            let horizon = [&self.a, &self.b]
+                .iter()
+                .filter(|s| !s.frozen)
+                .filter_map(|s| s.engine.poll_timeout())
+                .min();
+            if !self.fabric.step_within(horizon) && horizon.is_none() {
+                return done(self);
+            }
+        }
+        true
+    }
+
+    /// Opens a socket from a; returns (a's id, b's id).
+    fn open(&mut self) -> (u32, u32) {
+        let id = 7;
+        self.a.engine.open_socket(id);
+        self.a.settle();
+        let ok = self.run(Duration::from_millis(50), |p| {
+            p.a.events.iter().any(|e| matches!(e, Event::Opened { socket: 7, result: Ok(()) }))
+        });
+        assert!(ok, "open answered: {:?}", self.a.events);
+        let peer = self.b.events.iter().find_map(|e| match e {
+            Event::Accepted { socket } => Some(*socket),
+            _ => None,
+        });
+        (id, peer.expect("b accepted"))
+    }
+
+    fn msg(&self, len: usize, seed: u8) -> Msg {
+        let mut m = Msg::alloc(self.pool, len).expect("alloc");
+        for (i, b) in m.as_mut_slice().iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
+        }
+        m
+    }
+}
+
+fn intact(m: &Msg, len: usize, seed: u8) -> bool {
+    m.len() == len
+        && m.as_slice()
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == (i as u8).wrapping_mul(31).wrapping_add(seed))
+}
+
+#[test]
+fn eager_and_large_messages_arrive_intact_in_order_and_report_their_sends() {
+    let mut p = Pair::new(1, Config::default());
+    let (sa, sb) = p.open();
+    // Around the eager limit, several large ones queued back to back (RTS ahead), a 0-byte.
+    let sizes = [0usize, 1, 8192, 8193, 300_000, 64, 1 << 20, 2 << 20, 5];
+    for (i, &len) in sizes.iter().enumerate() {
+        let m = p.msg(len, i as u8);
+        p.a.engine.enqueue(sa, m.into(), None, i as u64);
+    }
+    p.a.settle();
+    let n = sizes.len();
+    assert!(p.run(Duration::from_secs(2), |p| p.b.received(sb).len() == n));
+    for (i, (m, &len)) in p.b.received(sb).iter().zip(&sizes).enumerate() {
+        assert!(intact(m, len, i as u8), "message {i} ({len} B)");
+    }
+    assert!(p.run(Duration::from_secs(1), |p| (0..n as u64).all(|t| p.a.sent(t).is_some())));
+    for t in 0..n as u64 {
+        assert!(matches!(p.a.sent(t), Some(Ok(()))), "send {t}: {:?}", p.a.sent(t));
+    }
+}
+
+#[test]
+fn one_shared_buffer_goes_out_many_times_and_is_freed_after_the_last() {
+    let mut p = Pair::new(2, Config::default());
+    let (sa, sb) = p.open();
+    for len in [100usize, 100_000] {
+        let shared = SharedMsg::new(p.msg(len, 9));
+        let before = p.b.received(sb).len();
+        for t in 0..5 {
+            p.a.engine.enqueue(sa, (&shared).into(), None, t);
+        }
+        p.a.settle();
+        assert!(shared.holders() > 1, "the sends hold the buffer");
+        assert!(p.run(Duration::from_secs(1), |p| p.b.received(sb).len() == before + 5));
+        assert!(p.b.received(sb)[before..].iter().all(|m| intact(m, len, 9)));
+        assert!(p.run(Duration::from_secs(1), |_| shared.holders() == 1), "released at the end");
+        p.a.events.clear();
+    }
+}
+
+#[test]
+fn messages_survive_loss_duplication_and_reordering() {
+    let mut p = Pair::new(3, Config::default());
+    let (sa, sb) = p.open();
+    p.fabric.with_faults(|f| {
+        f.set_rates(FaultRates { drop: 0.02, duplicate: 0.02, corrupt: 0.01, reorder: 0.02 })
+    });
+    let sizes: Vec<usize> = (0..60).map(|i| [10, 5000, 40_000][i % 3]).collect();
+    for (i, &len) in sizes.iter().enumerate() {
+        let m = p.msg(len, i as u8);
+        p.a.engine.enqueue(sa, m.into(), None, i as u64);
+    }
+    p.a.settle();
+    assert!(p.run(Duration::from_secs(10), |p| p.b.received(sb).len() == sizes.len()));
+    for (i, (m, &len)) in p.b.received(sb).iter().zip(&sizes).enumerate() {
+        assert!(intact(m, len, i as u8), "message {i}");
+    }
+}
+
+#[test]
+fn a_silent_peer_fails_the_engine_by_keepalive_and_every_socket_and_send_learns_it() {
+    let cfg = Config {
+        keepalive_interval: Duration::from_millis(10),
+        keepalive_timeout: Duration::from_millis(50),
+        ..Config::default()
+    };
+    let mut p = Pair::new(4, cfg);
+    let (sa, _) = p.open();
+    p.b.frozen = true;
+    // Queued behind a large message that can never get its CTS.
+    p.a.engine.enqueue(sa, p.msg(100_000, 1).into(), None, 1);
+    p.a.engine.enqueue(sa, p.msg(10, 2).into(), None, 2);
+    p.a.settle();
+    let t0 = p.fabric.now();
+    assert!(p.run(Duration::from_secs(1), |p| p.a.engine.is_failed()));
+    let took = p.fabric.now() - t0;
+    assert!(took >= Duration::from_millis(40) && took <= Duration::from_millis(70), "{took:?}");
+    assert!(matches!(p.a.sent(1), Some(Err(TransportError::ConnectionLost(_)))));
+    assert!(matches!(p.a.sent(2), Some(Err(TransportError::ConnectionLost(_)))));
+    assert!(p.a.events.iter().any(|e| matches!(e, Event::Ended { socket, .. } if *socket == sa)));
+    // Nothing goes out of a failed engine, and new sends fail at once.
+    assert!(p.a.engine.poll_post().is_none());
+    p.a.engine.enqueue(sa, p.msg(10, 3).into(), None, 3);
+    p.a.settle();
+    assert!(matches!(p.a.sent(3), Some(Err(TransportError::ConnectionLost(_)))));
+}
+
+#[test]
+fn a_closed_socket_refuses_sends_and_the_peer_learns_it() {
+    let mut p = Pair::new(5, Config::default());
+    let (sa, sb) = p.open();
+    p.b.engine.close_socket(sb);
+    p.b.settle();
+    assert!(p.run(Duration::from_millis(50), |p| {
+        p.a.events.iter().any(|e| matches!(e, Event::Ended { socket, error: TransportError::Closed } if *socket == sa))
+    }));
+    p.a.engine.enqueue(sa, p.msg(10, 1).into(), None, 1);
+    p.a.settle();
+    assert!(matches!(p.a.sent(1), Some(Err(TransportError::Closed))));
+    // A message larger than a remote target is the caller's error, refused without a post.
+    let t = crate::engine::RemoteTarget { addr: 0, rkey: 0, slot: 1, len: 4 };
+    p.a.engine.enqueue(sa, p.msg(5, 1).into(), Some(t), 2);
+    p.a.settle();
+    assert!(matches!(p.a.sent(2), Some(Err(TransportError::Invalid(_)))));
+}
