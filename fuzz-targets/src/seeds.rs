@@ -91,15 +91,24 @@ fn transport() -> Vec<Vec<u8>> {
 }
 
 fn rpc() -> Vec<Vec<u8>> {
-    use bex_rpc::frame::{Header, Kind};
-    [(Kind::Request, 1, 0), (Kind::Response, 6, 0), (Kind::Error, 2, 5)]
-        .into_iter()
-        .map(|(kind, method, status)| {
-            let mut b = vec![0u8; bex_rpc::HEADER_LEN + 4];
-            Header { kind, method, status, id: 0x1234_5678 }.encode(&mut b);
-            b
-        })
-        .collect()
+    use bex_rpc::frame::{Header, Kind, ReplyTarget};
+    let target = ReplyTarget { addr: 0x7f00_0000_1000, rkey: 0x1234, slot: 7, capacity: 4096 };
+    let placed = Header { target: Some(target), ..Header::request(1, 0x1234_5678) };
+    [
+        Header::request(1, 0x1234_5678),
+        placed,
+        Header::reply(Kind::Response, 6, 0, 0x1234_5678, 4),
+        Header::reply(Kind::Error, 2, 5, 0x1234_5678, 4),
+        Header::reply(Kind::Placed, 6, 0, 0x1234_5678, 4),
+        Header::reply(Kind::Elsewhere, 6, 0, 0x1234_5678, 0),
+    ]
+    .into_iter()
+    .map(|h| {
+        let mut b = vec![0u8; bex_rpc::HEADER_LEN + 4];
+        h.encode(&mut b);
+        b
+    })
+    .collect()
 }
 
 /// Valid requests (with the op as the RPC method) against the local tables.

@@ -130,8 +130,9 @@ impl PsClient {
         replicas: &[usize],
         op: Op,
         frame: bex_transport::Msg,
+        reply_capacity: Option<usize>,
     ) -> Result<bex_transport::Msg, PsError> {
-        let m = self.rpc.call_frame(replicas, op as u16, frame).await?;
+        let m = self.rpc.call_frame(replicas, op as u16, frame, reply_capacity).await?;
         let r = wire::decode_response(m.as_slice(), &self.limits)
             .map_err(|e| PsError::Protocol(e.to_string()))?;
         if !r.header.status.is_success() {
@@ -181,7 +182,10 @@ impl PsClient {
             let mut frame = self.frame(wire::fetch_request_len(part.keys.len()))?;
             wire::encode_fetch_into(&mut frame.as_mut_slice()[HEADER_LEN..], &h, &part.keys)
                 .map_err(|e| PsError::Protocol(e.to_string()))?;
-            self.call_frame(&self.replicas(part.shard), Op::Fetch, frame).await
+            // The reply is written straight into a buffer of its exact size (over RDMA).
+            let rows = part.keys.len() * dim as usize * 4;
+            let reply = HEADER_LEN + wire::RESPONSE_HEADER_LEN + rows;
+            self.call_frame(&self.replicas(part.shard), Op::Fetch, frame, Some(reply)).await
         }))
         .await
         .into_iter()
@@ -220,7 +224,7 @@ impl PsClient {
                     let body = &mut frame.as_mut_slice()[HEADER_LEN..];
                     wire::encode_push_into(body, &h, &part.keys, &g)
                         .map_err(|e| PsError::Protocol(e.to_string()))?;
-                    let e = match self.call_frame(&target, Op::Push, frame).await {
+                    let e = match self.call_frame(&target, Op::Push, frame, None).await {
                         Ok(_) => return Ok(()),
                         // A retry whose first attempt got through.
                         Err(PsError::Server { status: Status::Duplicate, .. }) => return Ok(()),
@@ -257,7 +261,7 @@ impl PsClient {
     ) -> Result<bex_transport::Msg, PsError> {
         let mut m = self.frame(frame.len())?;
         m.as_mut_slice()[HEADER_LEN..].copy_from_slice(frame);
-        self.call_frame(&[index(&self.topo, pod, shard)], op, m).await
+        self.call_frame(&[index(&self.topo, pod, shard)], op, m, None).await
     }
 }
 

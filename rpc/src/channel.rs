@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::RpcError;
-use crate::frame::{Header, Kind, Status, HEADER_LEN};
+use crate::frame::{Header, Kind, ReplyTarget, Status, HEADER_LEN};
 
 type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Msg, RpcError>>>>;
 
@@ -70,18 +70,36 @@ impl Channel {
                             tracing::warn!("malformed RPC reply dropped");
                             continue;
                         };
+                        // The reply went as a message; the exposed buffer is just freed.
+                        if h.kind == Kind::Elsewhere {
+                            continue;
+                        }
+                        let body = (m.len() - HEADER_LEN) as u64;
+                        // A placed reply fills the start of a larger buffer.
+                        let fits = if h.kind == Kind::Placed {
+                            h.body_len <= body
+                        } else {
+                            h.body_len == body
+                        };
+                        if !fits {
+                            tracing::warn!(id = h.id, "RPC reply with a wrong body length dropped");
+                            continue;
+                        }
                         let Some(tx) = sh2.pending.lock().remove(&h.id) else {
                             // A reply after its deadline: the caller has gone.
                             continue;
                         };
                         m.advance(HEADER_LEN);
+                        m.truncate(h.body_len as usize);
+                        let failed = |m: &Msg| RpcError::Remote {
+                            status: Status::from_u16(h.status),
+                            message: String::from_utf8_lossy(m.as_slice()).into_owned(),
+                        };
                         let r = match h.kind {
                             Kind::Response => Ok(m),
-                            Kind::Error => Err(RpcError::Remote {
-                                status: Status::from_u16(h.status),
-                                message: String::from_utf8_lossy(m.as_slice()).into_owned(),
-                            }),
-                            Kind::Request => {
+                            Kind::Placed if h.status == 0 => Ok(m),
+                            Kind::Error | Kind::Placed => Err(failed(&m)),
+                            Kind::Request | Kind::Elsewhere => {
                                 Err(RpcError::Protocol("request on a client channel".into()))
                             }
                         };
@@ -120,8 +138,21 @@ impl Channel {
         deadline: Duration,
     ) -> Result<Msg, RpcError> {
         let id = next_request_id();
-        Header { kind: Kind::Request, method, status: 0, id }.encode(request.as_mut_slice());
+        Header::request(method, id).encode(request.as_mut_slice());
         self.call_shared(&SharedMsg::new(request), id, deadline).await
+    }
+
+    /// Exposes a registered buffer of `capacity` bytes for a reply to be written into
+    /// (RDMA; `None` on a transport that cannot place). The buffer arrives on this channel
+    /// when the server writes it; it is never freed before (a late write must land in
+    /// memory nobody else uses).
+    pub async fn expose_reply(&self, capacity: usize) -> Result<Option<ReplyTarget>, RpcError> {
+        if !self.socket.can_place() {
+            return Ok(None);
+        }
+        let buf = Msg::alloc(self.pool, capacity).map_err(RpcError::Transport)?;
+        let t = self.socket.expose(buf).await.map_err(RpcError::Transport)?;
+        Ok(Some(ReplyTarget { addr: t.addr, rkey: t.rkey, slot: t.slot, capacity: t.len }))
     }
 
     /// Sends a request frame whose header (request `id`, from [`next_request_id`]) is

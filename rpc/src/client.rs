@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use crate::channel::{alloc_frame, next_request_id, Channel};
 use crate::clock;
 use crate::error::RpcError;
-use crate::frame::{Header, Kind, HEADER_LEN};
+use crate::frame::{Header, HEADER_LEN};
 use crate::policy::{order_replicas, Fallback, Quarantine, Replica, RetryPolicy};
 
 /// One replica's addresses.
@@ -163,6 +163,13 @@ impl ClientCounts {
     }
 }
 
+/// What every attempt of one call shares.
+struct Call {
+    method: u16,
+    id: u64,
+    reply_capacity: Option<usize>,
+}
+
 struct Dest {
     ep: Endpoint,
     rdma: Option<Arc<Channel>>,
@@ -269,25 +276,29 @@ impl Client {
     ) -> Result<Msg, RpcError> {
         let mut frame = alloc_frame(self.pool, body.len())?;
         frame.as_mut_slice()[HEADER_LEN..].copy_from_slice(body);
-        self.call_frame(replicas, method, frame).await
+        self.call_frame(replicas, method, frame, None).await
     }
 
     /// Calls `method` on one of `replicas` with `frame` (from [`alloc_frame`], the body
-    /// encoded at `[HEADER_LEN..]` by the caller): the frame is written once and every
-    /// attempt sends the same registered buffer, none copies it.
+    /// encoded at `[HEADER_LEN..]` by the caller). Every attempt sends the same registered
+    /// buffer (its header rewritten in place once the previous send let go of it, copied
+    /// only if one still holds it). With `reply_capacity` (the largest reply frame
+    /// expected, header included), an RDMA attempt exposes a buffer that size and the
+    /// server writes the reply into it: no RTS/CTS round trip, no copy.
     pub async fn call_frame(
         &self,
         replicas: &[usize],
         method: u16,
-        mut frame: Msg,
+        frame: Msg,
+        reply_capacity: Option<usize>,
     ) -> Result<Msg, RpcError> {
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         if frame.len() < HEADER_LEN {
             return Err(RpcError::Protocol("a request frame has room for its header".into()));
         }
         let id = next_request_id();
-        Header { kind: Kind::Request, method, status: 0, id }.encode(frame.as_mut_slice());
-        let frame = SharedMsg::new(frame);
+        let mut frame = SharedMsg::new(frame);
+        let call = Call { method, id, reply_capacity };
         if replicas.is_empty() {
             return Err(RpcError::NoReplica);
         }
@@ -308,7 +319,7 @@ impl Client {
         let mut i = 0usize;
         let last = loop {
             let r = order[i % order.len()];
-            match self.call_dest(r.id, &frame, id).await {
+            match self.call_dest(r.id, &mut frame, &call).await {
                 Ok(m) => {
                     if r.pod != self.cfg.local_pod {
                         self.stats.remote_pod_calls.fetch_add(1, Ordering::Relaxed);
@@ -449,15 +460,34 @@ impl Client {
         }
     }
 
+    /// Writes this attempt's header into the frame: in place once no earlier send holds
+    /// it, else into a copy (an attempt whose send is still queued).
+    fn stamp(&self, frame: &mut SharedMsg, header: &Header) -> Result<(), RpcError> {
+        if let Some(m) = frame.get_mut() {
+            header.encode(m.as_mut_slice());
+            return Ok(());
+        }
+        let mut copy = Msg::copy_from(self.pool, frame.as_slice()).map_err(RpcError::Transport)?;
+        header.encode(copy.as_mut_slice());
+        *frame = SharedMsg::new(copy);
+        Ok(())
+    }
+
     async fn call_dest(
         &self,
         id: usize,
-        frame: &SharedMsg,
-        request_id: u64,
+        frame: &mut SharedMsg,
+        call: &Call,
     ) -> Result<Msg, RpcError> {
         let ch = self.channel(id).await?;
         let kind = ch.kind();
-        let r = ch.call_shared(frame, request_id, self.cfg.request_timeout).await;
+        let target = match call.reply_capacity {
+            Some(c) => ch.expose_reply(c.max(HEADER_LEN)).await?,
+            None => None,
+        };
+        let header = Header { target, ..Header::request(call.method, call.id) };
+        self.stamp(frame, &header)?;
+        let r = ch.call_shared(frame, call.id, self.cfg.request_timeout).await;
         let now = clock::now();
         match &r {
             Ok(_) => {

@@ -20,5 +20,5 @@ pub mod server;
 pub use channel::{alloc_frame, next_request_id, Channel};
 pub use client::{Client, ClientConfig, ClientCounts, ClientStats, Endpoint};
 pub use error::RpcError;
-pub use frame::{Status, HEADER_LEN};
+pub use frame::{ReplyTarget, Status, HEADER_LEN};
 pub use server::{serve, Handler, ServerStats};

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bemalloc::Pool;
-use bex_transport::{Msg, Socket, Transport};
+use bex_transport::{Msg, RemoteTarget, Socket, Transport};
 
 use crate::error::RpcError;
 use crate::frame::{Header, Kind, Status, HEADER_LEN};
@@ -40,9 +40,36 @@ fn error_frame(
     msg: &str,
 ) -> Option<Msg> {
     let mut m = Msg::alloc(pool, HEADER_LEN + msg.len()).ok()?;
-    Header { kind: Kind::Error, method, status: status as u16, id }.encode(m.as_mut_slice());
+    Header::reply(Kind::Error, method, status as u16, id, msg.len()).encode(m.as_mut_slice());
     m.as_mut_slice()[HEADER_LEN..].copy_from_slice(msg.as_bytes());
     Some(m)
+}
+
+/// Sends a reply frame (header written): into the caller's exposed buffer when it asked
+/// for that and the frame fits, else as a message — after a bare `Elsewhere` header into
+/// the buffer, so the caller can free it.
+async fn send_reply(socket: &Socket, mut reply: Msg, h: &Header, pool: &'static Pool) {
+    // A failed send means the socket broke; the reader loop ends by itself.
+    let Some(t) = h.target else {
+        let _ = socket.send_detached(reply).await;
+        return;
+    };
+    let to = RemoteTarget { addr: t.addr, rkey: t.rkey, slot: t.slot, len: t.capacity };
+    if reply.len() as u64 <= t.capacity {
+        let mut placed = Header::decode(reply.as_slice()).expect("the server wrote this header");
+        let body_len = reply.len() - HEADER_LEN;
+        placed = Header::reply(Kind::Placed, placed.method, placed.status, placed.id, body_len);
+        placed.encode(reply.as_mut_slice());
+        // On a socket that cannot place (TCP: a confused or hostile caller) this fails and
+        // the reply is lost: the caller times out and retries.
+        let _ = socket.send_to_detached(reply, to).await;
+        return;
+    }
+    if let Ok(mut bare) = Msg::alloc(pool, HEADER_LEN) {
+        Header::reply(Kind::Elsewhere, h.method, 0, h.id, 0).encode(bare.as_mut_slice());
+        let _ = socket.send_to_detached(bare, to).await;
+    }
+    let _ = socket.send_detached(reply).await;
 }
 
 /// Serves `transport` until it shuts down: every accepted socket gets a task; every request
@@ -79,8 +106,8 @@ async fn serve_socket<H: Handler>(
             stats.requests.fetch_add(1, Ordering::Relaxed);
             let reply = match handler.handle(h.method, m).await {
                 Ok(mut r) if r.len() >= HEADER_LEN => {
-                    Header { kind: Kind::Response, method: h.method, status: 0, id: h.id }
-                        .encode(r.as_mut_slice());
+                    let body = r.len() - HEADER_LEN;
+                    Header::reply(Kind::Response, h.method, 0, h.id, body).encode(r.as_mut_slice());
                     Some(r)
                 }
                 Ok(_) => {
@@ -96,8 +123,7 @@ async fn serve_socket<H: Handler>(
                 }
             };
             if let Some(r) = reply {
-                // A failed reply means the socket broke; the reader loop ends by itself.
-                let _ = socket.send_detached(r).await;
+                send_reply(&socket, r, &h, pool).await;
             }
         });
     }

@@ -227,6 +227,22 @@ impl Socket {
         }
     }
 
+    /// [`Socket::send_to`] without waiting for the transport to finish with the message.
+    /// RDMA only: on TCP the message is dropped and this fails with `Invalid`.
+    pub async fn send_to_detached(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
+        match self {
+            Socket::Rdma(s) => s.send_to_detached(msg, target).await,
+            Socket::Tcp(_) | Socket::Sim(_) => {
+                Err(TransportError::Invalid("send_to needs RDMA".into()))
+            }
+        }
+    }
+
+    /// True when the socket can place messages in exposed buffers ([`Socket::send_to`]).
+    pub fn can_place(&self) -> bool {
+        matches!(self, Socket::Rdma(_))
+    }
+
     /// Exposes a buffer for the peer's [`Socket::send_to`] ([`RdmaSocket::expose`]). RDMA
     /// only: on TCP this fails with `Invalid`.
     pub async fn expose(&self, buf: Msg) -> Result<RemoteTarget> {

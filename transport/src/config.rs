@@ -190,6 +190,8 @@ pub struct Counters {
     pub wakeups: AtomicU64,
     /// Passes of RDMA endpoint drivers over their engines.
     pub driver_turns: AtomicU64,
+    /// Of `wakeups`, those an RDMA driver's timer caused (NIC or keepalive timers).
+    pub timer_wakeups: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -215,6 +217,7 @@ pub struct CounterSnapshot {
     pub bootstrap_refused: u64,
     pub wakeups: u64,
     pub driver_turns: u64,
+    pub timer_wakeups: u64,
 }
 
 impl Counters {
@@ -246,6 +249,7 @@ impl Counters {
             bootstrap_refused: g(&self.bootstrap_refused),
             wakeups: g(&self.wakeups),
             driver_turns: g(&self.driver_turns),
+            timer_wakeups: g(&self.timer_wakeups),
         }
     }
 }

@@ -131,6 +131,13 @@ impl<D: Device + 'static> Driven<D> {
     }
 
     async fn run(self: Arc<Self>, fd: AsyncFd<CqFd<D::Cq>>) {
+        // On a current-thread runtime a yield only requeues this task behind the ones it
+        // woke; on a multi-thread one it also wakes a parked sibling worker to steal it (a
+        // thread wake-up per yield), so there the driver yields only to stay fair.
+        let yields_are_cheap = matches!(
+            tokio::runtime::Handle::current().runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread
+        );
         let mut idle_since: Option<Instant> = None;
         let mut busy_turns = 0;
         let mut yielded = false;
@@ -147,7 +154,7 @@ impl<D: Device + 'static> Driven<D> {
                 // The tasks this turn woke run first: a reply made now leaves at once and
                 // takes the NIC's delayed ACK along. Then look for more (the NIC receives in
                 // bounded batches), yielding again only now and then under sustained load.
-                if !yielded || busy_turns >= BUSY_TURNS_BEFORE_YIELD {
+                if (yields_are_cheap && !yielded) || busy_turns >= BUSY_TURNS_BEFORE_YIELD {
                     yielded = true;
                     busy_turns = 0;
                     tokio::task::yield_now().await;
@@ -181,7 +188,7 @@ impl<D: Device + 'static> Driven<D> {
             // run first: a timer earlier than the runtime's next one costs it a self-wake
             // (an eventfd write and an empty epoll round) for nothing.
             let soon = deadline.is_some_and(|t| t.saturating_duration_since(now) < YIELD_BEFORE);
-            if soon && !yielded {
+            if soon && !yielded && yields_are_cheap {
                 yielded = true;
                 tokio::task::yield_now().await;
                 continue;
@@ -223,6 +230,7 @@ impl<D: Device + 'static> Driven<D> {
                 () = self.notify.notified() => false,
                 () = &mut timer => {
                     timer_fired = true;
+                    Counters::add(&self.counters.timer_wakeups, 1);
                     true
                 }
             };

@@ -141,6 +141,12 @@ impl SharedMsg {
         self.0.is_empty()
     }
 
+    /// The message for writing, if no clone and no send holds it any more (a retry may then
+    /// rewrite its header in place instead of copying it).
+    pub fn get_mut(&mut self) -> Option<&mut Msg> {
+        Arc::get_mut(&mut self.0)
+    }
+
     /// Holders of the buffer: clones plus sends still gathering from it (tests, metrics).
     pub fn holders(&self) -> usize {
         Arc::strong_count(&self.0)

@@ -678,6 +678,19 @@ impl RdmaSocket {
         self.submit(msg.into(), Some(target)).await
     }
 
+    /// [`RdmaSocket::send_to`] without waiting for the NIC (as [`RdmaSocket::send_detached`]).
+    pub async fn send_to_detached(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
+        let permit =
+            self.slots.clone().acquire_owned().await.map_err(|_| TransportError::Shutdown)?;
+        let done = Done::Detached(permit);
+        self.ctl.apply(Cmd::Send {
+            socket: self.id,
+            payload: msg.into(),
+            target: Some(target),
+            done,
+        })
+    }
+
     /// Exposes `buf` so the peer can [`RdmaSocket::send_to`] into it; when the peer's write
     /// completes, the whole buffer arrives on this socket's `recv` (the peer's message fills
     /// its start; the length travels in the application's own protocol).

@@ -421,6 +421,7 @@ struct CellUsage {
     client_context_switches: u64,
     server_context_switches: u64,
     client_wakeups: u64,
+    client_timer_wakeups: u64,
     client_doorbells: u64,
     client_messages: u64,
 }
@@ -457,6 +458,10 @@ impl UsageMark {
             client_context_switches: self.client_csw.saturating_sub(e.client_csw),
             server_context_switches: self.server_csw.saturating_sub(e.server_csw),
             client_wakeups: self.transport.wakeups.saturating_sub(e.transport.wakeups),
+            client_timer_wakeups: self
+                .transport
+                .timer_wakeups
+                .saturating_sub(e.transport.timer_wakeups),
             client_doorbells: self.transport.doorbells.saturating_sub(e.transport.doorbells),
             client_messages: self
                 .transport
@@ -476,6 +481,7 @@ impl UsageMark {
             "context_switches_per_request":
                 per((u.client_context_switches + u.server_context_switches) as f64),
             "client_wakeups_per_request": per(u.client_wakeups as f64),
+            "client_timer_wakeups_per_request": per(u.client_timer_wakeups as f64),
             "client_doorbells_per_request": per(u.client_doorbells as f64),
             "client_messages_received": u.client_messages,
         })

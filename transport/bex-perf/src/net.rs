@@ -86,6 +86,7 @@ pub fn counter_map(c: &CounterSnapshot) -> std::collections::BTreeMap<String, u6
         ("engines_up", c.engines_up),
         ("wakeups", c.wakeups),
         ("driver_turns", c.driver_turns),
+        ("timer_wakeups", c.timer_wakeups),
         ("engines_failed", c.engines_failed),
         ("malformed", c.malformed),
     ]

@@ -941,23 +941,23 @@ impl NicCore {
                     qp.msn = psn::add(qp.msn, 1);
                 }
                 qp.rx_unacked += 1;
-                // The sender's window (`max_unacked_psns`) must not wait for a delayed ACK.
+                // Every executed packet is acknowledged, cumulatively, within the ACK delay
+                // (sooner if data leaves for the peer, which takes the ACK along). At once:
+                // - when the sender's PSN window (`max_unacked_psns`) would otherwise wait;
+                // - for an AckReq nobody here will answer (a signaled plain WRITE, or the
+                //   sender's window asking inside a message): the sender waits for it;
+                // - for every `ack_coalesce_max`-th delivered message.
+                // The end of a message the application receives (a SEND, a WRITE with
+                // immediate) waits: the reply that usually follows carries its ACK, which
+                // saves the peer a wake-up for a lone ACK.
                 let window_wants = qp.rx_unacked >= self.cfg.max_unacked_psns / 4;
-                if h.ack_req || window_wants {
-                    // Only the end of a message the application receives (a SEND, or a
-                    // WRITE with immediate) may wait, for the reply that usually follows; a
-                    // plain WRITE's end or an AckReq inside a message is the sender's window
-                    // asking, and nobody here answers it.
-                    let delivers = op.is_last() && (op.is_send() || op.has_imm());
-                    let covers = qp.pending_ack.map_or(0, |a| a.covers) + u32::from(delivers);
-                    let wait = h.ack_req
-                        && delivers
-                        && covers < self.cfg.ack_coalesce_max
-                        && !window_wants;
-                    let due = if wait { ack_due } else { now };
-                    let ack = PendingAck { syndrome: Syndrome::Ack, psn: h.psn, due, covers };
-                    qp.queue_ack(ack, &mut self.ctrl_queue);
-                }
+                let delivers = op.is_last() && (op.is_send() || op.has_imm());
+                let covers = qp.pending_ack.map_or(0, |a| a.covers) + u32::from(delivers);
+                let prompt =
+                    window_wants || (h.ack_req && !delivers) || covers >= self.cfg.ack_coalesce_max;
+                let due = if prompt { now } else { ack_due };
+                let ack = PendingAck { syndrome: Syndrome::Ack, psn: h.psn, due, covers };
+                qp.queue_ack(ack, &mut self.ctrl_queue);
             }
             Err(Syndrome::RnrNak(t)) => {
                 c.rnr_naks_sent += 1;
@@ -1227,7 +1227,11 @@ impl NicCore {
         h.reth = reth;
         h.imm = imm;
         qp.pkts_since_ack_req += 1;
-        if last || qp.pkts_since_ack_req >= cfg.ack_req_every {
+        // AckReq where this side waits for the ACK: the end of a signaled request (the
+        // application wants its completion), and every `ack_req_every` packets (the window).
+        // An unsignaled request is retired by a later signaled one; the responder ACKs it
+        // within its ACK delay all the same.
+        if (last && wqe.wr.signaled) || qp.pkts_since_ack_req >= cfg.ack_req_every {
             h.ack_req = true;
             qp.pkts_since_ack_req = 0;
         }
