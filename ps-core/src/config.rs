@@ -516,6 +516,9 @@ pub struct RpcConfig {
     pub tcp_fallback: bool,
     /// How often a TCP-fallback destination re-probes RDMA.
     pub rdma_reprobe_s: u64,
+    /// Calls whose request or expected reply is larger than this many bytes use a second
+    /// connection per destination, so large replies do not hold small ones back; 0: one.
+    pub bulk_lane_bytes: usize,
 }
 
 impl Default for RpcConfig {
@@ -534,6 +537,7 @@ impl Default for RpcConfig {
             quarantine_s: 300,
             tcp_fallback: true,
             rdma_reprobe_s: 30,
+            bulk_lane_bytes: 64 << 10,
         }
     }
 }

@@ -80,6 +80,7 @@ pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64, role: ClientRole)
         },
         local_pod: if r.prefer_local_pod { local_pod } else { u32::MAX },
         seed,
+        bulk_lane_bytes: r.bulk_lane_bytes,
     }
 }
 

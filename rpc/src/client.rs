@@ -59,6 +59,11 @@ pub struct ClientConfig {
     pub local_pod: u32,
     /// Seed of the retry decisions.
     pub seed: u64,
+    /// Calls whose request or expected reply frame is larger than this go on a second
+    /// connection to the destination (the bulk lane), so the transport interleaves their
+    /// fragments with small calls instead of queueing small replies behind them on one
+    /// socket; 0: one connection per destination.
+    pub bulk_lane_bytes: usize,
 }
 
 impl Default for ClientConfig {
@@ -76,6 +81,7 @@ impl Default for ClientConfig {
             rdma_failures_before_fallback: 2,
             local_pod: 0,
             seed: 1,
+            bulk_lane_bytes: 64 << 10,
         }
     }
 }
@@ -168,12 +174,21 @@ struct Call {
     method: u16,
     id: u64,
     reply_capacity: Option<usize>,
+    lane: Lane,
+}
+
+/// Which connection to a destination a call uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    Small = 0,
+    Bulk = 1,
 }
 
 struct Dest {
     ep: Endpoint,
-    rdma: Option<Arc<Channel>>,
-    tcp: Option<Arc<Channel>>,
+    /// Per lane.
+    rdma: [Option<Arc<Channel>>; 2],
+    tcp: [Option<Arc<Channel>>; 2],
     quarantine: Quarantine,
     fallback: Fallback,
     rdma_failures: u32,
@@ -219,8 +234,8 @@ impl Client {
                 }
                 Mutex::new(Dest {
                     ep,
-                    rdma: None,
-                    tcp: None,
+                    rdma: [None, None],
+                    tcp: [None, None],
                     quarantine: Quarantine::new(
                         cfg.quarantine_connection_failures,
                         cfg.quarantine_request_failures,
@@ -298,7 +313,13 @@ impl Client {
         }
         let id = next_request_id();
         let mut frame = SharedMsg::new(frame);
-        let call = Call { method, id, reply_capacity };
+        let big = |n: usize| self.cfg.bulk_lane_bytes > 0 && n > self.cfg.bulk_lane_bytes;
+        let lane = if big(frame.len()) || reply_capacity.is_some_and(big) {
+            Lane::Bulk
+        } else {
+            Lane::Small
+        };
+        let call = Call { method, id, reply_capacity, lane };
         if replicas.is_empty() {
             return Err(RpcError::NoReplica);
         }
@@ -368,29 +389,30 @@ impl Client {
         }
     }
 
-    /// The channel to use for `id` now, connecting (with the ladder) if needed.
-    async fn channel(&self, id: usize) -> Result<Arc<Channel>, RpcError> {
-        if let Some(c) = self.live_channel(id) {
+    /// The channel to use for `id` and `lane` now, connecting (with the ladder) if needed.
+    async fn channel(&self, id: usize, lane: Lane) -> Result<Arc<Channel>, RpcError> {
+        if let Some(c) = self.live_channel(id, lane) {
             return Ok(c);
         }
         let _one_at_a_time = self.connecting[id].lock().await;
-        self.channel_locked(id).await
+        self.channel_locked(id, lane).await
     }
 
     /// The live channel of the path `id` uses now, if there is one.
-    fn live_channel(&self, id: usize) -> Option<Arc<Channel>> {
+    fn live_channel(&self, id: usize, lane: Lane) -> Option<Arc<Channel>> {
         let now = clock::now();
         let d = self.dests[id].lock();
         let c = if self.rdma.is_some() && d.fallback.use_rdma(now) { &d.rdma } else { &d.tcp };
-        c.clone().filter(|c| c.broken().is_none())
+        c[lane as usize].clone().filter(|c| c.broken().is_none())
     }
 
-    async fn channel_locked(&self, id: usize) -> Result<Arc<Channel>, RpcError> {
+    async fn channel_locked(&self, id: usize, lane: Lane) -> Result<Arc<Channel>, RpcError> {
         let now = clock::now();
+        let l = lane as usize;
         let (use_rdma, rdma, tcp) = {
             let d = self.dests[id].lock();
             let live = |c: &Option<Arc<Channel>>| c.clone().filter(|c| c.broken().is_none());
-            (self.rdma.is_some() && d.fallback.use_rdma(now), live(&d.rdma), live(&d.tcp))
+            (self.rdma.is_some() && d.fallback.use_rdma(now), live(&d.rdma[l]), live(&d.tcp[l]))
         };
         if use_rdma {
             if let Some(c) = rdma {
@@ -406,7 +428,7 @@ impl Client {
                         }
                         d.fallback.rdma_ok();
                         d.rdma_failures = 0;
-                        d.rdma = Some(c.clone());
+                        d.rdma[l] = Some(c.clone());
                         return Ok(c);
                     }
                     Err(_) => self.note_rdma_failure(id),
@@ -421,7 +443,7 @@ impl Client {
         }
         match self.connect(id, TransportKind::Tcp).await {
             Ok(c) => {
-                self.dests[id].lock().tcp = Some(c.clone());
+                self.dests[id].lock().tcp[l] = Some(c.clone());
                 Ok(c)
             }
             Err(e) => {
@@ -448,7 +470,8 @@ impl Client {
         self.note_connection_failure(id);
         let now = clock::now();
         let mut d = self.dests[id].lock();
-        d.rdma = None;
+        // Both lanes ride on the destination's one engine.
+        d.rdma = [None, None];
         d.rdma_failures += 1;
         if d.rdma_failures >= self.cfg.rdma_failures_before_fallback {
             if !d.fallback.on_tcp() {
@@ -479,7 +502,7 @@ impl Client {
         frame: &mut SharedMsg,
         call: &Call,
     ) -> Result<Msg, RpcError> {
-        let ch = self.channel(id).await?;
+        let ch = self.channel(id, call.lane).await?;
         let kind = ch.kind();
         let target = match call.reply_capacity {
             Some(c) => ch.expose_reply(c.max(HEADER_LEN)).await?,
@@ -515,7 +538,7 @@ impl Client {
                 if kind == TransportKind::Rdma {
                     self.note_rdma_failure(id);
                 } else {
-                    self.dests[id].lock().tcp = None;
+                    self.dests[id].lock().tcp[call.lane as usize] = None;
                     self.note_connection_failure(id);
                 }
             }

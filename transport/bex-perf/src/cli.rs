@@ -33,6 +33,9 @@ transport in the same run:
   rate     Fig. 11  512 B request rate vs engines (1 ... 128) with 1 and 2 endpoints
   hol      Fig. 13  64 B ping-pong RTT under 0 ... 8 competing 1 MB flows on one engine,
                     4 KB fragments vs none (fragment = message size), on loopback
+  hol-rpc  Fig. 13  on the RPC path: a 64 B call's RTT under 0 ... 4 flows of calls with 1 MB
+                    replies to one server; 4 KB fragments vs none, two connections per
+                    destination (large calls on the bulk lane) vs one, RDMA vs TCP
   hol-sim  Fig. 13  the same on the in-memory fabric: 25 Gb/s link, virtual time, exact
   eager    paper/002: zero-copy eager sends vs copy mode (1 ... 16 KB), and a broadcast of one
                     buffer to 8 sockets
@@ -108,6 +111,8 @@ pub enum TestSel {
     Rate,
     /// Fig. 13, loopback.
     Hol,
+    /// Fig. 13 on the RPC path, loopback.
+    HolRpc,
     /// Fig. 13, simulated fabric.
     HolSim,
     /// paper/002.
@@ -221,6 +226,7 @@ impl BenchArgs {
                 TestSel::FragSim => out.push(Test::FragSim),
                 TestSel::Rate => out.push(Test::Rate),
                 TestSel::Hol => out.push(Test::Hol),
+                TestSel::HolRpc => out.push(Test::HolRpc),
                 TestSel::HolSim => out.push(Test::HolSim),
                 TestSel::Eager => out.push(Test::Eager),
             }
@@ -367,9 +373,9 @@ pub fn notes(plan: &Plan, session: &Session) -> Vec<String> {
         n.push(
             "eager: the seed paper's 14% (MVAPICH2, InfiniBand hardware) removes a copy that \
              costs real time next to a ~µs network; here both modes also pay the software \
-             RNIC's own copies. A socket's send consumes its Msg, so a broadcast needs one copy \
-             of the buffer per destination in both modes (copy mode adds a second copy into the \
-             bounce buffer)."
+             RNIC's own copies. A broadcast sends one SharedMsg to every socket (\"shared\": no \
+             copy at all), or a copy per destination (a Msg is consumed by its send), sent in \
+             place (\"zero-copy\") or copied again into the bounce buffer (\"copy\")."
                 .into(),
         );
     }

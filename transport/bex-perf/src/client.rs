@@ -306,9 +306,27 @@ async fn work(
             extra.insert("large_gbps".into(), r.large_gbps);
             latency(&r.small)?
         }
-        Work::Broadcast { size, fanout, warmup, iters } => {
+        Work::RpcHol { small, large, flows, window, warmup, iters, lanes } => {
+            let r = crate::workload::rpc_hol(
+                t,
+                addrs[0],
+                pool,
+                small as usize,
+                large as usize,
+                flows,
+                window,
+                warmup,
+                iters,
+                lanes,
+                clock,
+            )
+            .await?;
+            extra.insert("large_gbps".into(), r.large_gbps);
+            latency(&r.small)?
+        }
+        Work::Broadcast { size, shared, fanout, warmup, iters } => {
             let socks = connect_all(t, &addrs[..1], fanout).await?;
-            latency(&broadcast(&socks, pool, size as usize, warmup, iters, clock).await?)?
+            latency(&broadcast(&socks, pool, size as usize, shared, warmup, iters, clock).await?)?
         }
         Work::Sim { .. } | Work::SimTput { .. } => {
             return Err(BenchError::Usage("a simulation job has no server side".into()))

@@ -18,7 +18,7 @@ use crate::error::{io, BenchError, Result};
 use crate::spec::ServerSetup;
 
 /// Version of this protocol; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest control frame accepted.
 const MAX_FRAME_BYTES: u32 = 1 << 20;
@@ -160,6 +160,7 @@ mod tests {
             knobs: Knobs::default(),
             echo_max: u64::MAX,
             ack_bytes: 32,
+            rpc: false,
         };
         let msgs = vec![
             Ctl::Hello { version: PROTOCOL_VERSION },

@@ -154,6 +154,7 @@ pub fn x_name(t: Test) -> &'static str {
         Test::Frag | Test::FragSim => "fragment",
         Test::Rate => "engines",
         Test::Hol | Test::HolSim => "large flows",
+        Test::HolRpc => "large-reply flows",
     }
 }
 
@@ -279,16 +280,42 @@ fn layout(t: Test) -> Layout {
             ],
             ratios: vec![rat("no fragmentation", "4K fragments", P99)],
         },
+        Test::HolRpc => Layout {
+            title: "Fig. 13  hol-rpc (loopback, RPC path): RTT (µs) of a call with a 64 B reply \
+                    under flows of calls with 1 MB replies (2 outstanding each) to the same \
+                    server; over RDMA replies are written into the caller's buffer; \"one \
+                    lane\": one connection per destination; ratios: one lane / two, RDMA / TCP \
+                    (p99)",
+            cols: vec![
+                col("rdma 4K fragments", P50),
+                col("rdma 4K fragments", P99),
+                col("rdma 4K fragments", LargeGbps),
+                col("rdma no fragmentation", P99),
+                col("rdma 4K fragments one lane", P99),
+                col("tcp", P50),
+                col("tcp", P99),
+                col("tcp", LargeGbps),
+                col("tcp one lane", P99),
+            ],
+            ratios: vec![
+                rat("rdma no fragmentation", "rdma 4K fragments", P99),
+                rat("rdma 4K fragments one lane", "rdma 4K fragments", P99),
+                rat("tcp one lane", "tcp", P99),
+                rat("rdma 4K fragments", "tcp", P99),
+            ],
+        },
         Test::Eager => Layout {
             title: "paper/002  eager: zero-copy eager sends vs copy mode (eager_max 64 KB), RTT \
                     (µs) of a ping-pong with blocking and with spinning (20 µs) endpoint drivers, and \
-                    of a broadcast to 8 sockets; ratio = copy / zero-copy (above 1: zero-copy \
-                    faster)",
+                    of a broadcast to 8 sockets (shared: one registered buffer sent 8 times; \
+                    zero-copy: a copy per socket, each sent in place; copy: a copy per socket \
+                    and the bounce copy); ratios above 1: the second is faster",
             cols: vec![
                 col("zero-copy", P50),
                 col("copy", P50),
                 col("zero-copy spin", P50),
                 col("copy spin", P50),
+                col("broadcast shared", P50),
                 col("broadcast zero-copy", P50),
                 col("broadcast copy", P50),
             ],
@@ -296,6 +323,7 @@ fn layout(t: Test) -> Layout {
                 rat("copy", "zero-copy", P50),
                 rat("copy spin", "zero-copy spin", P50),
                 rat("broadcast copy", "broadcast zero-copy", P50),
+                rat("broadcast zero-copy", "broadcast shared", P50),
             ],
         },
     }

@@ -206,14 +206,50 @@ async fn start(node: &mut Option<Node>, ip: IpAddr, setup: &ServerSetup) -> Resu
         };
         let (pool, echo_max, ack) = (node.pool(), setup.echo_max, setup.ack_bytes);
         let t2 = t.clone();
-        active.accepting.push(tokio::spawn(async move {
-            while let Ok(s) = t2.accept().await {
-                tokio::spawn(respond(Arc::new(s), pool, echo_max, ack as usize));
-            }
-        }));
+        if setup.rpc {
+            let stats = Arc::new(bex_rpc::ServerStats::default());
+            let handler = Arc::new(SizedReplies { pool });
+            active.accepting.push(tokio::spawn(bex_rpc::serve(t2, handler, stats)));
+        } else {
+            active.accepting.push(tokio::spawn(async move {
+                while let Ok(s) = t2.accept().await {
+                    tokio::spawn(respond(Arc::new(s), pool, echo_max, ack as usize));
+                }
+            }));
+        }
         active.transports.push(t);
     }
     Ok(active)
+}
+
+/// `hol-rpc`'s server: a request body is the reply size (u64) and a sequence number (u64);
+/// the reply is that many bytes, starting with the sequence number.
+struct SizedReplies {
+    pool: &'static Pool,
+}
+
+impl bex_rpc::Handler for SizedReplies {
+    async fn handle(&self, _method: u16, body: Msg) -> std::result::Result<Msg, bex_rpc::RpcError> {
+        let b = body.as_slice();
+        let bad = || bex_rpc::RpcError::Remote {
+            status: bex_rpc::Status::BadRequest,
+            message: "want a 16-byte body: reply size, sequence number".into(),
+        };
+        let (size, seq) = match (b.get(..8), b.get(8..16)) {
+            (Some(n), Some(q)) => (
+                u64::from_le_bytes(n.try_into().map_err(|_| bad())?),
+                u64::from_le_bytes(q.try_into().map_err(|_| bad())?),
+            ),
+            _ => return Err(bad()),
+        };
+        if !(8..=64 << 20).contains(&size) {
+            return Err(bad());
+        }
+        let mut r = bex_rpc::alloc_frame(self.pool, size as usize)?;
+        r.as_mut_slice()[bex_rpc::HEADER_LEN..bex_rpc::HEADER_LEN + 8]
+            .copy_from_slice(&seq.to_le_bytes());
+        Ok(r)
+    }
 }
 
 /// Answers every message of `sock` until it fails or closes. Each answer is sent from its

@@ -39,6 +39,8 @@ pub enum Test {
     Rate,
     /// Fig. 13 on loopback: small-flow latency under competing large flows on one engine.
     Hol,
+    /// Fig. 13 on the RPC path: a 64 B call's RTT under concurrent calls with 1 MB replies.
+    HolRpc,
     /// Fig. 13 on the in-memory fabric: 25 Gb/s link, virtual time, deterministic.
     HolSim,
     /// `paper/002`: zero-copy eager sends vs copy mode; one-to-many broadcast.
@@ -47,13 +49,14 @@ pub enum Test {
 
 impl Test {
     /// Every test, in run order.
-    pub const ALL: [Test; 8] = [
+    pub const ALL: [Test; 9] = [
         Test::Lat,
         Test::Tput,
         Test::Frag,
         Test::FragSim,
         Test::Rate,
         Test::Hol,
+        Test::HolRpc,
         Test::HolSim,
         Test::Eager,
     ];
@@ -67,6 +70,7 @@ impl Test {
             Test::FragSim => "frag-sim",
             Test::Rate => "rate",
             Test::Hol => "hol",
+            Test::HolRpc => "hol-rpc",
             Test::HolSim => "hol-sim",
             Test::Eager => "eager",
         }
@@ -171,6 +175,8 @@ pub struct ServerSetup {
     pub echo_max: u64,
     /// Longer messages are answered with a response of this many bytes.
     pub ack_bytes: u32,
+    /// Serve RPC (`hol-rpc`) instead of answering messages.
+    pub rpc: bool,
 }
 
 /// The client's side of a job.
@@ -217,11 +223,32 @@ pub enum Work {
         /// Recorded small round trips.
         iters: u32,
     },
+    /// RPC calls with `small`-byte replies, one at a time, while `flows` tasks each keep
+    /// `window` calls with `large`-byte replies outstanding to the same server; `lanes`
+    /// lets the RPC client put the large calls on their own connection.
+    RpcHol {
+        /// Small reply size.
+        small: u64,
+        /// Large reply size.
+        large: u64,
+        /// Competing large-reply flows.
+        flows: u32,
+        /// Large calls outstanding per flow.
+        window: u32,
+        /// Unrecorded small calls.
+        warmup: u32,
+        /// Recorded small calls.
+        iters: u32,
+        /// Two connections per destination (the bulk lane) rather than one.
+        lanes: bool,
+    },
     /// One buffer sent to `fanout` sockets (one engine), every copy answered; timed until
     /// the last answer.
     Broadcast {
         /// Buffer size.
         size: u64,
+        /// One shared buffer for every socket (else a copy each, as `send` consumes it).
+        shared: bool,
         /// Destination sockets.
         fanout: u32,
         /// Unrecorded broadcasts.
@@ -366,6 +393,7 @@ impl Plan {
             knobs: Knobs { endpoints: 1, ..knobs },
             echo_max,
             ack_bytes: ACK_BYTES,
+            rpc: false,
         };
         for &t in &sel {
             match t {
@@ -543,6 +571,44 @@ impl Plan {
                         }
                     }
                 }
+                Test::HolRpc => {
+                    let flows: Vec<u64> = if q { vec![0, 2] } else { vec![0, 1, 2, 4] };
+                    let iters = (s.iters / 4).max(20);
+                    let series = [
+                        ("rdma 4K fragments", Kind::Rdma, 4 * KB, true),
+                        ("rdma no fragmentation", Kind::Rdma, 2 * MB, true),
+                        ("rdma 4K fragments one lane", Kind::Rdma, 4 * KB, false),
+                        ("tcp", Kind::Tcp, 4 * KB, true),
+                        ("tcp one lane", Kind::Tcp, 4 * KB, false),
+                    ];
+                    for &k in &flows {
+                        for (name, kind, frag, lanes) in series {
+                            if q && !lanes {
+                                continue;
+                            }
+                            let knobs = Knobs { fragment_bytes: frag as usize, ..base };
+                            let mut srv = server(kind, knobs, 1, 0);
+                            srv.rpc = true;
+                            jobs.push(Job {
+                                test: t,
+                                series: name.into(),
+                                x: k,
+                                kind,
+                                knobs,
+                                server: Some(srv),
+                                work: Work::RpcHol {
+                                    small: HOL_SMALL,
+                                    large: MB,
+                                    flows: k as u32,
+                                    window: 2,
+                                    warmup: 10,
+                                    iters,
+                                    lanes,
+                                },
+                            });
+                        }
+                    }
+                }
                 Test::HolSim => {
                     let flows: Vec<u64> = if q { vec![0, 4] } else { vec![0, 1, 2, 4, 8] };
                     let samples = if q { 40 } else { 300 };
@@ -597,9 +663,14 @@ impl Plan {
                     }
                     let bsizes = if q { vec![4 * KB] } else { vec![KB, 4 * KB, 16 * KB, 64 * KB] };
                     for &size in &bsizes {
-                        for (name, copy) in
-                            [("broadcast zero-copy", false), ("broadcast copy", true)]
-                        {
+                        // One shared registered buffer sent to every socket (paper/002's
+                        // reusable buffers), a copy per socket sent zero-copy, and a copy per
+                        // socket copied again into the bounce buffer.
+                        for (name, copy, shared) in [
+                            ("broadcast shared", false, true),
+                            ("broadcast zero-copy", false, false),
+                            ("broadcast copy", true, false),
+                        ] {
                             let knobs = Knobs { eager_max, eager_copy: copy, ..base };
                             jobs.push(Job {
                                 test: t,
@@ -610,6 +681,7 @@ impl Plan {
                                 server: Some(server(Kind::Rdma, knobs, 1, 0)),
                                 work: Work::Broadcast {
                                     size,
+                                    shared,
                                     fanout: 8,
                                     warmup: warm / 2,
                                     iters: (s.iters / 4).max(20),

@@ -316,13 +316,110 @@ pub async fn hol(
     }
 }
 
+/// One `hol-rpc` call: asks for a `size`-byte reply (written into a buffer of exactly that
+/// size over RDMA) and checks it names call `seq`.
+async fn sized_call(
+    client: &bex_rpc::Client,
+    pool: &'static Pool,
+    size: usize,
+    seq: u64,
+) -> Result<()> {
+    let mut frame = bex_rpc::alloc_frame(pool, 16).map_err(rpc_error)?;
+    let body = &mut frame.as_mut_slice()[bex_rpc::HEADER_LEN..];
+    body[..8].copy_from_slice(&(size as u64).to_le_bytes());
+    body[8..16].copy_from_slice(&seq.to_le_bytes());
+    let reply = client
+        .call_frame(&[0], 1, frame, Some(bex_rpc::HEADER_LEN + size))
+        .await
+        .map_err(rpc_error)?;
+    check(&reply.as_slice()[..8.min(reply.len())], 8.min(size), seq)?;
+    if reply.len() != size {
+        return Err(BenchError::Check(format!("reply {seq}: {} bytes, asked {size}", reply.len())));
+    }
+    Ok(())
+}
+
+fn rpc_error(e: bex_rpc::RpcError) -> BenchError {
+    BenchError::Protocol(format!("rpc: {e}"))
+}
+
+/// `hol` on the RPC path: `flows` tasks each keep `window` calls with `large`-byte replies
+/// outstanding to the server at `addr` while calls with `small`-byte replies run one at a
+/// time; with `lanes` the client puts the large calls on their own connection (the bulk
+/// lane). Over RDMA every reply is written straight into the caller's buffer.
+#[allow(clippy::too_many_arguments)] // one job's parameters
+pub async fn rpc_hol(
+    transport: &crate::net::Transport,
+    addr: std::net::SocketAddr,
+    pool: &'static Pool,
+    small: usize,
+    large: usize,
+    flows: u32,
+    window: u32,
+    warmup: u32,
+    iters: u32,
+    lanes: bool,
+    clock: Clock,
+) -> Result<HolResult> {
+    let cfg = bex_rpc::ClientConfig {
+        connect_timeout: std::time::Duration::from_secs(3),
+        request_timeout: std::time::Duration::from_secs(30),
+        max_retries: 0,
+        retry_probability: 0.0,
+        bulk_lane_bytes: if lanes { 64 << 10 } else { 0 },
+        ..bex_rpc::ClientConfig::default()
+    };
+    // The job's one transport serves as the client's only path (`rdma: None`: no ladder).
+    let ep = bex_rpc::Endpoint { pod: 0, rdma: addr, tcp: addr };
+    let client = Arc::new(bex_rpc::Client::new(None, transport.clone(), vec![ep], cfg));
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for f in 0..flows * window {
+        let (client, stop, answered) = (client.clone(), stop.clone(), answered.clone());
+        tasks.spawn(async move {
+            let mut seq = u64::from(f) << 32;
+            while !stop.load(Ordering::Relaxed) {
+                sized_call(&client, pool, large, seq).await?;
+                answered.fetch_add(large as u64, Ordering::Relaxed);
+                seq += 1;
+            }
+            Ok::<(), BenchError>(())
+        });
+    }
+    let measure = async {
+        for i in 0..u64::from(warmup) {
+            sized_call(&client, pool, small, 1 << 60 | i).await?;
+        }
+        let mut rec = LatencyRecorder::new();
+        let (b0, t0) = (answered.load(Ordering::Relaxed), clock.now());
+        for i in 0..u64::from(iters) {
+            let t = clock.now();
+            sized_call(&client, pool, small, 1 << 61 | i).await?;
+            rec.record(clock.now() - t);
+        }
+        let (b1, t1) = (answered.load(Ordering::Relaxed), clock.now());
+        let ns = (t1 - t0).as_nanos().max(1) as f64;
+        Ok::<_, BenchError>(HolResult { small: rec, large_gbps: (b1 - b0) as f64 * 8.0 / ns })
+    };
+    let r = tokio::select! {
+        r = measure => r,
+        Some(Ok(Err(e))) = tasks.join_next(), if !tasks.is_empty() => Err(e),
+    };
+    stop.store(true, Ordering::Relaxed);
+    tasks.abort_all();
+    r
+}
+
 /// Sends one `size`-byte buffer to every socket and waits for every answer; records the
-/// time from the first copy to the last answer. A [`Msg`] is consumed by `send`, so each
-/// destination gets its own copy of the buffer, made here by the application.
+/// time from the first send to the last answer. `shared`: one registered buffer, shared by
+/// every send ([`bex_transport::SharedMsg`]); else each destination gets its own copy of
+/// the buffer, made here by the application (a `Msg` is consumed by its send).
 pub async fn broadcast(
     socks: &[Arc<Socket>],
     pool: &'static Pool,
     size: usize,
+    shared: bool,
     warmup: u32,
     iters: u32,
     clock: Clock,
@@ -334,11 +431,21 @@ pub async fn broadcast(
     for i in 0..u64::from(warmup + iters) {
         stamp(&mut src, i);
         let t0 = clock.now();
+        let one = if shared {
+            Some(bex_transport::SharedMsg::new(Msg::copy_from(pool, &src)?))
+        } else {
+            None
+        };
         for s in socks {
-            let m = Msg::copy_from(pool, &src)?;
-            let (s, fe) = (s.clone(), first_error.clone());
+            let (s, fe, one) = (s.clone(), first_error.clone(), one.clone());
+            let m = if one.is_none() { Some(Msg::copy_from(pool, &src)?) } else { None };
             tokio::spawn(async move {
-                if let Err(e) = s.send(m).await {
+                let r = match (one, m) {
+                    (Some(one), _) => s.send_shared(&one).await,
+                    (None, Some(m)) => s.send(m).await,
+                    (None, None) => Ok(()),
+                };
+                if let Err(e) = r {
                     fe.set(e);
                 }
             });
