@@ -10,10 +10,11 @@
 //! this task receives, runs the engines and wakes the waiting task, which runs on the same
 //! thread without an OS wake-up; its reply is posted inline by the task that makes it.
 //!
-//! Doorbell batching adapts to load: the first send after the driver last ran posts at once
-//! (an idle endpoint adds no delay), and sends made before the driver runs again — the rest
-//! of a fan-out, replies made in the same tick — queue and go out in one doorbell per engine
-//! when it does (it is woken for that and runs after the task that sent).
+//! Doorbell batching adapts to load: while the driver is parked (idle), the first send posts
+//! at once and adds no delay; while it is running (it just delivered a batch, whose replies
+//! are being made), sends queue and go out in one doorbell per engine, and one sendmsg per
+//! run of packets, at its next flush — which on the same thread comes right after the task
+//! that sent.
 //!
 //! With `spin > 0` the task keeps polling (yielding between polls, so woken tasks run) for
 //! that long after its last work before it waits: one wake-up less per message for machines
@@ -255,13 +256,14 @@ impl<D: Device + 'static> Control for Driven<D> {
         }
         match cmd {
             Cmd::Send { socket, payload, target, done } => {
-                // The first send since the driver last ran posts at once; the ones behind it
-                // wait for the flush it schedules.
-                let post_now = !self.flush_due.swap(true, Ordering::SeqCst);
-                self.ep.lock().send(socket, payload, target, done, post_now);
-                if post_now && self.waiting.load(Ordering::SeqCst) {
-                    // A parked driver must come back for the sends queued behind this one;
-                    // a running one flushes at the top of its next turn anyway.
+                // Idle (the driver is parked): the first send posts at once, and the driver
+                // is woken to flush whatever queues behind it. Busy (the driver is running
+                // or about to, having just delivered): sends queue for its next flush, so a
+                // tick's worth of them share one doorbell and one sendmsg.
+                let first = !self.flush_due.swap(true, Ordering::SeqCst);
+                let idle = self.waiting.load(Ordering::SeqCst);
+                self.ep.lock().send(socket, payload, target, done, first && idle);
+                if first && idle {
                     self.notify.notify_one();
                 }
             }

@@ -242,6 +242,9 @@ pub struct NicCore {
     /// ACKs owed by QPs destroyed before their delayed ACK left.
     orphan_acks: Vec<(SocketAddr, Header)>,
     counters: Counters,
+    /// `poll_timeout`'s answer, until a call that can move a timer clears it: drivers ask
+    /// before every wait and every receive pass, and the answer walks every QP.
+    timeout_cache: std::cell::Cell<Option<Option<Instant>>>,
 }
 
 fn recv_wc(wr_id: u64, qpn: u32, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
@@ -404,6 +407,7 @@ impl NicCore {
             ctrl_queue: VecDeque::new(),
             data_queue: VecDeque::new(),
             orphan_acks: Vec::new(),
+            timeout_cache: std::cell::Cell::new(None),
             counters: Counters::default(),
         }
     }
@@ -576,6 +580,7 @@ impl NicCore {
 
     /// Destroys a QP: outstanding requests vanish without completions, as `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) {
+        self.timeout_cache.set(None);
         let Some(qp) = self.qps.remove(&qpn) else { return };
         // What was received is still answered, as a hardware NIC would have already.
         if let (Some(ack), Some(dest)) = (qp.pending_ack, qp.remote_addr) {
@@ -632,6 +637,7 @@ impl NicCore {
 
     /// RTR→RTS.
     pub fn modify_to_rts(&mut self, qpn: u32, attrs: &RtsAttrs) -> Result<()> {
+        self.timeout_cache.set(None);
         let qp = self.qp_mut(qpn)?;
         if qp.state != QpState::ReadyToReceive {
             return Err(Error::InvalidState { qpn, state: qp.state, what: "to RTS" });
@@ -654,12 +660,14 @@ impl NicCore {
 
     /// Any state → ERROR, flushing outstanding work.
     pub fn modify_to_error(&mut self, qpn: u32) -> Result<()> {
+        self.timeout_cache.set(None);
         self.qp_mut(qpn)?.enter_error();
         Ok(())
     }
 
     /// Posts send requests (one doorbell).
     pub fn post_send(&mut self, qpn: u32, wrs: &[SendWr]) -> Result<()> {
+        self.timeout_cache.set(None);
         let max_msg = self.cfg.max_msg_size;
         let qp = self.qps.get_mut(&qpn).ok_or(Error::InvalidArgument("unknown qp".into()))?;
         match qp.state {
@@ -748,6 +756,7 @@ impl NicCore {
     /// Makes every delayed ACK due now (a device about to close answers what it received, as
     /// a hardware NIC would have already).
     pub fn expedite_acks(&mut self, now: Instant) {
+        self.timeout_cache.set(None);
         for qp in self.qps.values_mut() {
             if let Some(ack) = qp.pending_ack.as_mut() {
                 ack.due = ack.due.min(now);
@@ -757,6 +766,15 @@ impl NicCore {
 
     /// The earliest time [`NicCore::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if let Some(t) = self.timeout_cache.get() {
+            return t;
+        }
+        let t = self.compute_timeout();
+        self.timeout_cache.set(Some(t));
+        t
+    }
+
+    fn compute_timeout(&self) -> Option<Instant> {
         let mut best: Option<Instant> = None;
         for qp in self.qps.values() {
             let ack_due = qp.pending_ack.map(|a| a.due);
@@ -769,6 +787,7 @@ impl NicCore {
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.timeout_cache.set(None);
         for qp in self.qps.values_mut() {
             if qp.rnr_until.is_some_and(|t| t <= now) {
                 qp.rnr_until = None;
@@ -796,6 +815,7 @@ impl NicCore {
     /// Handles one datagram from `from`. Malformed or unexpected packets are counted and
     /// dropped; nothing here panics on network input.
     pub fn handle_packet(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
+        self.timeout_cache.set(None);
         let pkt = match packet::parse(bytes, self.cfg.check_icrc) {
             Ok(p) => p,
             Err(packet::ParseError::BadIcrc) => {
@@ -1107,6 +1127,7 @@ impl NicCore {
     /// nothing can be sent now. ACKs and NAKs go first, then data round-robin across QPs,
     /// one packet per QP per turn.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {
+        self.timeout_cache.set(None);
         if let Some((dest, h)) = self.orphan_acks.pop() {
             packet::encode_into(&h, 0, out, |_| {});
             self.counters.acks_sent += 1;

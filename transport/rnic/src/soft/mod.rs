@@ -203,16 +203,19 @@ impl Drop for SoftMr {
 pub struct SoftCq {
     shared: Arc<CqShared>,
     dev: Arc<DevInner>,
-    epoll: Option<nix::sys::epoll::Epoll>,
+    epoll: Option<Arc<nix::sys::epoll::Epoll>>,
     /// An event loop drives the NIC through this queue (see `drive_from_event_loop`).
     event_loop: std::sync::atomic::AtomicBool,
+    /// Its id with the wire (0: none yet).
+    loop_id: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for SoftCq {
     fn drop(&mut self) {
-        if self.event_loop.load(std::sync::atomic::Ordering::Acquire) {
+        let id = self.loop_id.load(std::sync::atomic::Ordering::Acquire);
+        if id != 0 {
             if let Wire::Udp(w) = &self.dev.wire {
-                w.event_loop_gone();
+                w.event_loop_gone(id);
             }
         }
     }
@@ -245,10 +248,14 @@ impl CompletionQueue for SoftCq {
         // spurious wake-up).
         self.shared.disarm();
         self.shared.ack_events();
-        if self.event_loop.load(std::sync::atomic::Ordering::Relaxed) {
-            // An event loop acknowledges after its fd fired: the socket may have data.
+        let id = self.loop_id.load(std::sync::atomic::Ordering::Relaxed);
+        if id != 0 {
+            // An event loop acknowledges after its fd fired: if its set holds the socket,
+            // the socket may have data.
             if let Wire::Udp(w) = &self.dev.wire {
-                w.rx_fired();
+                if w.watches_socket(id) {
+                    w.rx_fired();
+                }
             }
         }
         Ok(())
@@ -264,9 +271,13 @@ impl CompletionQueue for SoftCq {
 
     fn drive_from_event_loop(&self) {
         use std::sync::atomic::Ordering;
-        if let Wire::Udp(w) = &self.dev.wire {
+        if let (Wire::Udp(w), Some(set)) = (&self.dev.wire, &self.epoll) {
             if !self.event_loop.swap(true, Ordering::AcqRel) {
-                w.event_loop_attached();
+                match w.event_loop_attached(set.clone()) {
+                    Ok(id) => self.loop_id.store(id, Ordering::Release),
+                    // The set still holds the socket: a wake-up too many per packet, no more.
+                    Err(e) => tracing::warn!(%e, "an event loop could not leave the socket"),
+                }
             }
         }
     }
@@ -487,6 +498,7 @@ impl Device for SoftDevice {
             dev: self.inner.clone(),
             epoll,
             event_loop: std::sync::atomic::AtomicBool::new(false),
+            loop_id: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

@@ -112,9 +112,14 @@ struct Shared {
     /// run timers themselves).
     waiters: AtomicU64,
     /// Completion queues whose owners drive the NIC from an event loop for as long as they
-    /// live (`CompletionQueue::drive_from_event_loop`): they watch the socket and run the
-    /// timers, so the progress thread sleeps.
+    /// live (`CompletionQueue::drive_from_event_loop`): they run the timers, so the progress
+    /// thread sleeps.
     event_loops: AtomicU64,
+    /// Their wait sets, oldest first. Only the first holds the socket: a datagram wakes one
+    /// loop, whose poll receives for all of them and signals the others' queues, instead of
+    /// waking every loop of the device for the same packet.
+    loop_sets: Mutex<Vec<(u64, Arc<nix::sys::epoll::Epoll>)>>,
+    next_loop_id: AtomicU64,
     /// Event-loop mode: the last receive found the socket empty, so polls skip the
     /// `recvmmsg` until the loop reports that the socket fired again (`rx_fired`). Saves
     /// the empty receives (a syscall each) of every poll between two packets.
@@ -177,6 +182,8 @@ impl UdpWire {
             thread_wake_ns: AtomicU64::new(u64::MAX),
             waiters: AtomicU64::new(0),
             event_loops: AtomicU64::new(0),
+            loop_sets: Mutex::new(Vec::new()),
+            next_loop_id: AtomicU64::new(1),
             rx_drained: AtomicBool::new(false),
             last_inline_ns: AtomicU64::new(0),
             epoch: wall_now(),
@@ -226,17 +233,47 @@ impl UdpWire {
         WaiterGuard { wire: self }
     }
 
-    /// An event loop drives the NIC until [`UdpWire::event_loop_gone`].
-    pub(crate) fn event_loop_attached(&self) {
+    /// An event loop drives the NIC through the CQ whose wait set is `set` (holding the
+    /// socket) until [`UdpWire::event_loop_gone`] with the returned id. The first loop keeps
+    /// watching the socket; later ones drop it from their sets.
+    pub(crate) fn event_loop_attached(&self, set: Arc<nix::sys::epoll::Epoll>) -> Result<u64> {
+        let id = self.shared.next_loop_id.fetch_add(1, Ordering::Relaxed);
+        let mut sets = self.shared.loop_sets.lock();
+        if !sets.is_empty() {
+            set.delete(self.shared.socket.as_fd())
+                .map_err(|e| Error::Os { what: "epoll_ctl(DEL socket)", source: e.into() })?;
+        }
+        sets.push((id, set));
         self.shared.event_loops.fetch_add(1, Ordering::AcqRel);
         // The progress thread may be blocked on the socket: let it see the change.
         let _ = self.shared.waker.write(1);
+        Ok(id)
     }
 
-    /// An event loop stopped driving the NIC.
-    pub(crate) fn event_loop_gone(&self) {
+    /// Event loop `id` stopped driving the NIC; if it watched the socket, the next oldest
+    /// takes over.
+    pub(crate) fn event_loop_gone(&self, id: u64) {
+        use nix::sys::epoll::{EpollEvent, EpollFlags};
+        let mut sets = self.shared.loop_sets.lock();
+        let Some(i) = sets.iter().position(|(x, _)| *x == id) else { return };
+        sets.remove(i);
+        if i == 0 {
+            if let Some((_, next)) = sets.first() {
+                // Level-triggered: a datagram already waiting makes it readable at once.
+                let ev = EpollEvent::new(EpollFlags::EPOLLIN, 1);
+                if let Err(e) = next.add(self.shared.socket.as_fd(), ev) {
+                    tracing::error!(%e, "handing the socket to the next event loop failed");
+                }
+                self.shared.rx_drained.store(false, Ordering::Release);
+            }
+        }
         self.shared.event_loops.fetch_sub(1, Ordering::AcqRel);
         let _ = self.shared.waker.write(1);
+    }
+
+    /// True if event loop `id` watches the socket.
+    pub(crate) fn watches_socket(&self, id: u64) -> bool {
+        self.shared.loop_sets.lock().first().is_some_and(|(x, _)| *x == id)
     }
 
     /// The socket, for wait sets.
@@ -354,7 +391,9 @@ impl Shared {
                         }
                     }
                 }
-                next_timer = core.poll_timeout();
+                // Only a progress thread that may sleep through a new timer needs it (the
+                // look-up walks every QP; event loops ask for it when they wait).
+                next_timer = if self.drivers_active(now) { None } else { core.poll_timeout() };
             }
             self.maybe_wake_for(now, next_timer);
             if tx.batch.is_empty() {
@@ -511,13 +550,13 @@ impl Drop for WaiterGuard<'_> {
 pub(crate) fn wait_set(
     a: std::os::fd::BorrowedFd<'_>,
     b: std::os::fd::BorrowedFd<'_>,
-) -> Result<nix::sys::epoll::Epoll> {
+) -> Result<Arc<nix::sys::epoll::Epoll>> {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
     let err = |e: nix::errno::Errno| Error::Os { what: "epoll", source: e.into() };
     let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(err)?;
     ep.add(a, EpollEvent::new(EpollFlags::EPOLLIN, 0)).map_err(err)?;
     ep.add(b, EpollEvent::new(EpollFlags::EPOLLIN, 1)).map_err(err)?;
-    Ok(ep)
+    Ok(Arc::new(ep))
 }
 
 fn progress_thread(dev: Weak<DevInner>, shared: Arc<Shared>, spin: Duration) {
