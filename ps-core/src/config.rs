@@ -471,7 +471,7 @@ impl Default for TransportConfig {
             rq_depth: 64,
             cq_depth: 8192,
             eager_max: 8 * 1024,
-            fragment_bytes: 16 * 1024,
+            fragment_bytes: 64 * 1024,
             cwnd_bytes: 0,
             path_mtu: 4096,
             keepalive_interval_ms: 100,

@@ -10,11 +10,10 @@
 //! this task receives, runs the engines and wakes the waiting task, which runs on the same
 //! thread without an OS wake-up; its reply is posted inline by the task that makes it.
 //!
-//! Doorbell batching adapts to load: while the driver is parked (idle), the first send posts
-//! at once and adds no delay; while it is running (it just delivered a batch, whose replies
-//! are being made), sends queue and go out in one doorbell per engine, and one sendmsg per
-//! run of packets, at its next flush — which on the same thread comes right after the task
-//! that sent.
+//! Doorbell batching adapts to load: a send to an engine with nothing in flight posts at once
+//! and adds no delay; a send to a busy engine queues and goes out with the others of the
+//! same tick in one doorbell per engine, and one sendmsg per run of packets, at the driver's
+//! next flush — which on the same thread comes right after the task that sent.
 //!
 //! With `spin > 0` the task keeps polling (yielding between polls, so woken tasks run) for
 //! that long after its last work before it waits: one wake-up less per message for machines
@@ -256,14 +255,16 @@ impl<D: Device + 'static> Control for Driven<D> {
         }
         match cmd {
             Cmd::Send { socket, payload, target, done } => {
-                // Idle (the driver is parked): the first send posts at once, and the driver
-                // is woken to flush whatever queues behind it. Busy (the driver is running
-                // or about to, having just delivered): sends queue for its next flush, so a
-                // tick's worth of them share one doorbell and one sendmsg.
+                // Idle (the engine has nothing in flight): the send posts at once. Busy:
+                // it queues for the driver's next flush, so a tick's worth of sends share
+                // one doorbell and one sendmsg (the completions the engine waits for bring
+                // the driver round anyway). A parked driver is woken for the flush.
                 let first = !self.flush_due.swap(true, Ordering::SeqCst);
-                let idle = self.waiting.load(Ordering::SeqCst);
-                self.ep.lock().send(socket, payload, target, done, first && idle);
-                if first && idle {
+                let mut ep = self.ep.lock();
+                let idle = ep.is_idle(socket);
+                ep.send(socket, payload, target, done, idle);
+                drop(ep);
+                if first && self.waiting.load(Ordering::SeqCst) {
                     self.notify.notify_one();
                 }
             }

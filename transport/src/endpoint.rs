@@ -141,6 +141,12 @@ impl<D: Device> Endpoint<D> {
         self.settle(qpn);
     }
 
+    /// True if the engine under `socket` has nothing in flight (see `Engine::is_idle`).
+    pub fn is_idle(&self, socket: u32) -> bool {
+        let qpn = self.sockets.get(&socket).map(|e| e.qpn);
+        qpn.and_then(|q| self.engines.get(&q)).is_none_or(|h| h.engine.is_idle())
+    }
+
     /// Queues a message; with `post_now` false it waits for [`Endpoint::flush`] (or the next
     /// turn), so that sends issued together share one doorbell.
     pub fn send(

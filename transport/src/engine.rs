@@ -304,6 +304,12 @@ impl<T> Engine<T> {
         matches!(self.recv, Receives::Shared(_))
     }
 
+    /// True when nothing of this engine is posted or prepared: a send now would go out alone
+    /// (post it at once); otherwise the engine is busy and sends may as well batch.
+    pub fn is_idle(&self) -> bool {
+        self.chain.in_flight() == 0 && self.chain.pending() == 0
+    }
+
     /// True once failed: the owner moves the QP to ERROR and drops the engine after
     /// draining its events.
     pub fn is_failed(&self) -> bool {
