@@ -1,7 +1,7 @@
 //! `ps-bench`: latency and throughput of one `ps-server` shard (issue 5's targets).
 //!
 //! ```text
-//! ps-bench [--quick] [--json PATH] [--keys 100,1000,10000] [--outstanding 1,16]
+//! ps-bench [--quick] [--json PATH] [--svg PATH] [--keys 100,1000,10000] [--outstanding 1,16]
 //!          [--transports rdma,tcp] [--ops pull,push] [--modes warm,insert]
 //!          [--seconds S] [--warmup-seconds S] [--max-insert-rows N]
 //!          [--server PATH] [--base-port P]
@@ -42,6 +42,9 @@ outstanding requests, on a warm table and insert-heavy (fresh keys every request
 options:
   --quick                 CI smoke run (< 20 s): keys 100,1000, short cells
   --json PATH             write the results (with the command line) as JSON
+  --svg PATH              write charts: p50 and p99 latency against keys per request for
+                          each op, mode and outstanding count, and CPU per request (client
+                          + server), RDMA against TCP
   --keys LIST             keys per request (default 100,1000,10000)
   --outstanding LIST      requests in flight (default 1,16)
   --transports LIST       rdma,tcp (default both)
@@ -79,6 +82,7 @@ fn now() -> Instant {
 struct Args {
     quick: bool,
     json: Option<PathBuf>,
+    svg: Option<PathBuf>,
     keys: Vec<usize>,
     outstanding: Vec<usize>,
     transports: Vec<Kind>,
@@ -150,6 +154,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
     let mut a = Args {
         quick,
         json: None,
+        svg: None,
         keys: if quick { vec![100, 1000] } else { vec![100, 1000, 10_000] },
         outstanding: vec![1, 16],
         transports: vec![Kind::Rdma, Kind::Tcp],
@@ -174,8 +179,9 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => {}
         }
-        const VALUED: [&str; 12] = [
+        const VALUED: [&str; 13] = [
             "--json",
+            "--svg",
             "--keys",
             "--outstanding",
             "--transports",
@@ -195,6 +201,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         let num = |what: &str| v.parse::<f64>().map_err(|_| format!("{what}: not a number: {v}"));
         match k.as_str() {
             "--json" => a.json = Some(PathBuf::from(v)),
+            "--svg" => a.svg = Some(PathBuf::from(v)),
             "--keys" => a.keys = list(v, |s| s.parse().ok().filter(|&n| n > 0), "--keys")?,
             "--outstanding" => {
                 a.outstanding = list(v, |s| s.parse().ok().filter(|&n| n > 0), "--outstanding")?
@@ -522,6 +529,77 @@ impl CellResult {
             "usage": UsageMark::to_json(&self.usage),
         })
     }
+}
+
+/// The results as SVG panels: latency (p50 solid, p99 dashed) against keys per request for
+/// every (mode, op, outstanding), then CPU per request for every (mode, op, outstanding).
+fn charts(results: &[CellResult]) -> String {
+    use bex_plot::{Chart, Series, COLORS};
+    let mut groups: Vec<(Mode, OpKind, usize)> = Vec::new();
+    for r in results {
+        let g = (r.spec.mode, r.spec.op, r.spec.outstanding);
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    let mut keys: Vec<usize> = results.iter().map(|r| r.spec.keys).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    // Keys on a log10 axis: 100, 1000, 10000 evenly spaced.
+    let x = |k: usize| (k as f64).log10();
+    let ticks: Vec<(f64, String)> = keys.iter().map(|&k| (x(k), k.to_string())).collect();
+    let points = |g: (Mode, OpKind, usize), kind: Kind, f: &dyn Fn(&CellResult) -> f64| {
+        let mut p: Vec<(f64, f64)> = results
+            .iter()
+            .filter(|r| (r.spec.mode, r.spec.op, r.spec.outstanding) == g && r.spec.kind == kind)
+            .map(|r| (x(r.spec.keys), f(r)))
+            .filter(|(_, y)| y.is_finite())
+            .collect();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        p
+    };
+    let cpu = |r: &CellResult| {
+        let u = &r.usage;
+        (u.client_cpu_s + u.server_cpu_s) * 1e6 / u.requests.max(1) as f64
+    };
+    let title =
+        |(m, o, n): (Mode, OpKind, usize)| format!("{} {} ×{DIM}, {n} out", o.name(), m.name());
+    let mut panels = Vec::new();
+    for &g in &groups {
+        let mut series = Vec::new();
+        for (i, kind) in [Kind::Rdma, Kind::Tcp].into_iter().enumerate() {
+            let c = COLORS[i];
+            series.push(Series::new(
+                format!("{} p50", kind.name()),
+                c,
+                points(g, kind, &|r| r.q_us(0.5)),
+            ));
+            series.push(
+                Series::new(format!("{} p99", kind.name()), c, points(g, kind, &|r| r.q_us(0.99)))
+                    .dashed(),
+            );
+        }
+        panels.push(
+            Chart::new(title(g), "keys per request", "µs", series).with_x_ticks(ticks.clone()),
+        );
+    }
+    for &g in &groups {
+        let series = [Kind::Rdma, Kind::Tcp]
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| Series::new(kind.name(), COLORS[i], points(g, kind, &cpu)))
+            .collect();
+        panels.push(
+            Chart::new(
+                format!("CPU: {}", title(g)),
+                "keys per request",
+                "µs CPU / request",
+                series,
+            )
+            .with_x_ticks(ticks.clone()),
+        );
+    }
+    bex_plot::grid(&panels, 4, 360.0, 260.0)
 }
 
 fn num(x: f64) -> Value {
@@ -918,6 +996,9 @@ async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Resul
     let (targets, ratios) = evaluate(&results);
     let text = table(&results, &targets, &ratios);
     print!("{text}");
+    if let Some(p) = &args.svg {
+        std::fs::write(p, charts(&results)).map_err(|e| format!("writing {}: {e}", p.display()))?;
+    }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     Ok(json!({
         "tool": "ps-bench",
