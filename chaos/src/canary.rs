@@ -60,7 +60,7 @@ pub async fn run(
 ) -> CanaryReport {
     let start = tokio::time::Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
-    let client = ps.client_id();
+    let client = ps.push_id();
     let grads = vec![-1.0f32; dim as usize];
     let mut tasks = Vec::new();
     // Worker w owns keys w, w + in_flight, ...: no key has two pushes outstanding.

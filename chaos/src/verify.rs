@@ -57,7 +57,7 @@ async fn rows_of(ps: &PsClient, pod: u32, set: &KeySet) -> Result<BTreeMap<u64, 
     let mut out = BTreeMap::new();
     for (shard, keys) in by_shard {
         let h =
-            DataHeader { table: set.table, dim: set.dim, client: ps.client_id(), seq: 0, flags: 0 };
+            DataHeader { table: set.table, dim: set.dim, client: ps.push_id(), seq: 0, flags: 0 };
         let mut frame = vec![0u8; wire::fetch_request_len(keys.len())];
         wire::encode_fetch_into(&mut frame, &h, &keys).map_err(|e| e.to_string())?;
         let m = ps

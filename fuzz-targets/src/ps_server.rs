@@ -115,6 +115,8 @@ fn server(pod: u32) -> Arc<PsServer> {
             // Under a file: checkpoints fail (an Internal reply) instead of writing to disk.
             checkpoint_path: PathBuf::from("/dev/null/bex-fuzz/shard.ckpt"),
             update_seq: 0,
+            dedupe_windows: Vec::new(),
+            replication_id: 1,
         },
         &topo,
         None,

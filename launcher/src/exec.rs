@@ -56,6 +56,14 @@ impl Running {
     }
 }
 
+/// Renames `p` to `p.<tag>` (a stopped process's logs and report, kept next to its
+/// successor's). Rejected: `with_extension`, which gave `x.out` and `x.err` one name.
+fn set_aside(p: &Path, tag: &str) {
+    let mut name = p.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".{tag}"));
+    let _ = std::fs::rename(p, p.with_file_name(name));
+}
+
 fn fmt_status(s: Option<ExitStatus>) -> String {
     s.map_or_else(|| "still running".into(), |s| s.to_string())
 }
@@ -130,6 +138,8 @@ pub struct Executor {
     /// Servers the schedule restarted, and when: a replica may still be copying its shard
     /// from the training pod when the phase ends.
     restarted: BTreeMap<String, Instant>,
+    /// Clients the schedule restarted (a restarted trainer must fail no step).
+    restarted_clients: BTreeSet<String>,
 }
 
 impl Drop for Executor {
@@ -196,6 +206,7 @@ impl Executor {
             chaos_log: Vec::new(),
             down: BTreeSet::new(),
             restarted: BTreeMap::new(),
+            restarted_clients: BTreeSet::new(),
         })
     }
 
@@ -404,6 +415,70 @@ impl Executor {
                 self.down.insert(ev.target.clone());
                 Ok(format!("SIGKILL pid {}", s.pid))
             }
+            "term" => {
+                // A graceful stop: the server drains (refuses pushes, flushes replication),
+                // checkpoints and must exit 0 within its grace.
+                let i = self.server_index(&ev.target)?;
+                let s = &mut self.servers[i];
+                if s.poll().is_some() {
+                    return Err("already not running".into());
+                }
+                s.signal(Signal::SIGTERM);
+                let t0 = now();
+                while s.poll().is_none() && now() < t0 + SERVER_STOP_GRACE {
+                    wait_then_now(Duration::from_millis(5));
+                }
+                self.down.insert(ev.target.clone());
+                match s.status {
+                    Some(st) if st.success() => Ok(format!(
+                        "SIGTERM pid {}: exited 0 after {:.2} s",
+                        s.pid,
+                        secs(now() - t0)
+                    )),
+                    Some(st) => Err(format!("SIGTERM pid {}: exited with {st}", s.pid)),
+                    None => {
+                        s.signal(Signal::SIGKILL);
+                        s.status = s.child.wait().ok();
+                        Err(format!("SIGTERM pid {}: not gone after {SERVER_STOP_GRACE:?}", s.pid))
+                    }
+                }
+            }
+            "restart-client" => {
+                let i = self
+                    .clients
+                    .iter_mut()
+                    .position(|c| c.spec.name == ev.target && c.poll().is_none())
+                    .ok_or_else(|| format!("no running client {}", ev.target))?;
+                let c = &mut self.clients[i];
+                c.signal(Signal::SIGTERM);
+                let t0 = now();
+                while c.poll().is_none() && now() < t0 + STOP_GRACE {
+                    wait_then_now(Duration::from_millis(5));
+                }
+                let (old_pid, status) = (c.pid, c.status);
+                if status.is_none() {
+                    c.signal(Signal::SIGKILL);
+                    c.status = c.child.wait().ok();
+                    return Err(format!("SIGTERM pid {old_pid}: not gone after {STOP_GRACE:?}"));
+                }
+                if !status.is_some_and(|s| s.success()) {
+                    return Err(format!(
+                        "SIGTERM pid {old_pid}: exited with {}",
+                        fmt_status(status)
+                    ));
+                }
+                // The first life's report and logs stay, renamed; the phase reports the second.
+                let spec = c.spec.clone();
+                let (out, err) = log_paths(&self.out, &spec.name);
+                for p in [Some(out), Some(err), spec.json.clone()].into_iter().flatten() {
+                    set_aside(&p, &format!("{old_pid}.stopped"));
+                }
+                let r = self.spawn(&spec)?;
+                let pid = r.pid;
+                self.clients[i] = r;
+                self.restarted_clients.insert(spec.name.clone());
+                Ok(format!("pid {old_pid} exited 0 on SIGTERM; started again as pid {pid}"))
+            }
             "restart" => {
                 let i = self.server_index(&ev.target)?;
                 if self.servers[i].poll().is_none() {
@@ -411,11 +486,9 @@ impl Executor {
                 }
                 let spec = self.servers[i].spec.clone();
                 // Keep the killed process's logs next to the new one's.
-                for p in [log_paths(&self.out, &spec.name).0, log_paths(&self.out, &spec.name).1] {
-                    let _ = std::fs::rename(
-                        &p,
-                        p.with_extension(format!("{}.killed", self.servers[i].pid)),
-                    );
+                let (out, err) = log_paths(&self.out, &spec.name);
+                for p in [out, err] {
+                    set_aside(&p, &format!("{}.killed", self.servers[i].pid));
                 }
                 let r = self.spawn(&spec)?;
                 let pid = r.pid;
@@ -666,6 +739,18 @@ impl Executor {
                 ));
             } else if report.is_none() {
                 self.reasons.push(format!("{}: no JSON report", c.spec.name));
+            }
+            // Issue 13: a trainer restarted under its old id had its pushes answered
+            // Duplicate or TooOld; now each start pushes under a fresh identity.
+            let failed_steps = report.as_ref().and_then(|r| r["errors"].as_u64()).unwrap_or(0);
+            if matches!(c.spec.role, Role::Trainer { .. })
+                && self.restarted_clients.contains(&c.spec.name)
+                && failed_steps > 0
+            {
+                self.reasons.push(format!(
+                    "{} (restarted with the same id) failed {failed_steps} steps",
+                    c.spec.name
+                ));
             }
             let (kind, pod, id) = match c.spec.role {
                 Role::Ranker { pod, id } => ("ranker", pod, id),

@@ -119,13 +119,17 @@ pub struct Phase {
 pub struct ChaosEvent {
     /// Seconds after the first phase started.
     pub at_s: f64,
-    /// `kill` (SIGKILL a server), `restart` (start a killed server again), `loss` (drop
+    /// `kill` (SIGKILL a server), `term` (SIGTERM a server: it drains, checkpoints and must
+    /// exit 0), `restart` (start a stopped server again), `restart-client` (SIGTERM a running
+    /// client such as `trainer-2`, which must exit 0, and start it again with the same id;
+    /// a restarted trainer must then fail no step), `loss` (drop
     /// `probability` of the packets a host receives, iptables; netns), `partition` (cut every
     /// server of `pod<N>` off the network; netns), `rdma-blackhole` (drop a server's UDP, i.e.
     /// the software RNIC's packets, while TCP still works: clients must fall back; netns),
     /// `heal` (remove every loss, partition and blackhole).
     pub action: String,
-    /// A server (`ps-p1-s0`) for kill, restart and loss; `pod1` for partition.
+    /// A server (`ps-p1-s0`) for kill, term, restart and loss; `pod1` for partition; a client
+    /// (`trainer-2`) for restart-client.
     #[serde(default)]
     pub target: String,
     /// Drop probability for loss.
@@ -151,7 +155,7 @@ impl ChaosEvent {
             return bad(format!("{} needs mode = \"netns\" (iptables per host)", self.action));
         }
         match self.action.as_str() {
-            "kill" | "restart" if !server(&self.target) => {
+            "kill" | "term" | "restart" if !server(&self.target) => {
                 bad(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
             }
             "loss" | "rdma-blackhole" if !server(&self.target) => {
@@ -165,9 +169,18 @@ impl ChaosEvent {
             {
                 bad("partition: target must be a pod like \"pod1\"".into())
             }
-            "kill" | "restart" | "loss" | "partition" | "heal" | "rdma-blackhole" => None,
+            "restart-client"
+                if !["ranker-", "trainer-", "canary-"].iter().any(|k| {
+                    self.target.strip_prefix(k).is_some_and(|n| n.parse::<u32>().is_ok())
+                }) =>
+            {
+                bad("restart-client: target must be a client like \"trainer-2\"".into())
+            }
+            "kill" | "term" | "restart" | "restart-client" | "loss" | "partition" | "heal"
+            | "rdma-blackhole" => None,
             other => bad(format!(
-                "unknown action {other:?} (kill, restart, loss, partition, rdma-blackhole, heal)"
+                "unknown action {other:?} (kill, term, restart, restart-client, loss, \
+                 partition, rdma-blackhole, heal)"
             )),
         }
     }

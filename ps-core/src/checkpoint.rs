@@ -8,7 +8,7 @@
 //! | offset | size | field |
 //! | ---: | ---: | --- |
 //! | 0 | 8 | magic `b"BEXCKPT\0"` |
-//! | 8 | 4 | version (1) |
+//! | 8 | 4 | version (2; version 1, without dedupe windows, is still read) |
 //! | 12 | 4 | header length (64) |
 //! | 16 | 8 | body length in bytes |
 //! | 24 | 4 | CRC-32 (IEEE) of the body |
@@ -18,12 +18,15 @@
 //! | 40 | 8 | update sequence (caller's replication position) |
 //! | 48 | 8 | creation time, ms since the Unix epoch (caller's clock) |
 //! | 56 | 4 | CRC-32 of bytes 0..56 |
-//! | 60 | 4 | reserved (0) |
+//! | 60 | 4 | number of dedupe windows (version 1: 0) |
 //!
 //! Body: per table, a table header — name length (u16), name (UTF-8), dim (u32),
 //! stride (u32: f32 per row including optimizer state), optimizer kind (u8:
 //! 0 SGD, 1 Adagrad, 2 Adam, 3 FTRL), row count (u64) — then that many row records:
-//! key (u64), Adam step count (u32), `stride` × f32 (values, then optimizer state).
+//! key (u64), Adam step count (u32), `stride` × f32 (values, then optimizer state). Then
+//! the dedupe windows (version 2): client (u64), highest sequence (u64), words (u32), that
+//! many u64 of window bits. The caller takes rows and windows at one point (no update in
+//! between), so a push is in a checkpoint with its dedupe entry, or not at all.
 //!
 //! Writing goes to `<path>.tmp`, streams the body through a CRC, rewrites the header,
 //! `fsync`s the file, renames it over `path` and `fsync`s the directory: a crash leaves
@@ -70,13 +73,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::control::SnapshotCursor;
+use crate::dedupe::WindowState;
 use crate::optim::OptimizerKind;
 use crate::table::{TableError, TableSet, TableSpec, STRIPES};
 
 /// Checkpoint magic.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"BEXCKPT\0";
 /// Checkpoint format version.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
+/// Most words of one stored dedupe window (a window of 2^20 sequence numbers).
+const MAX_WINDOW_WORDS: u32 = (1 << 20) / 64;
 /// Checkpoint header length.
 pub const CHECKPOINT_HEADER_LEN: usize = 64;
 /// Snapshot chunk magic.
@@ -200,10 +206,11 @@ fn batch_rows(record_len: usize) -> usize {
     (BATCH_BYTES / record_len.max(1)).max(1)
 }
 
-/// Writes `tables` to `path` atomically (see the module docs).
+/// Writes `tables` and the dedupe `windows` to `path` atomically (see the module docs).
 pub fn write_checkpoint(
     path: &Path,
     tables: &TableSet,
+    windows: &[WindowState],
     meta: &CheckpointMeta,
 ) -> Result<CheckpointInfo, CheckpointError> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -211,7 +218,7 @@ pub fn write_checkpoint(
     let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
-    let result = write_tmp(&tmp, tables, meta);
+    let result = write_tmp(&tmp, tables, windows, meta);
     let (bytes, rows, body_crc32) = match result {
         Ok(v) => v,
         Err(e) => {
@@ -228,6 +235,7 @@ pub fn write_checkpoint(
 fn write_tmp(
     tmp: &Path,
     tables: &TableSet,
+    windows: &[WindowState],
     meta: &CheckpointMeta,
 ) -> Result<(u64, u64, u32), CheckpointError> {
     let err = io_err(tmp);
@@ -271,6 +279,20 @@ fn write_tmp(
         }
         rows_total += rows;
     }
+    let n_windows = u32::try_from(windows.len())
+        .map_err(|_| CheckpointError::Truncated("too many dedupe windows".into()))?;
+    for w in windows {
+        let words = u32::try_from(w.bits.len()).ok().filter(|&n| n <= MAX_WINDOW_WORDS);
+        let words = words.ok_or_else(|| CheckpointError::Truncated("dedupe window size".into()))?;
+        let mut rec = Vec::with_capacity(20 + 8 * w.bits.len());
+        rec.extend_from_slice(&w.client.to_le_bytes());
+        rec.extend_from_slice(&w.high.to_le_bytes());
+        rec.extend_from_slice(&words.to_le_bytes());
+        for b in &w.bits {
+            rec.extend_from_slice(&b.to_le_bytes());
+        }
+        body.write_all(&rec).map_err(io_err(tmp))?;
+    }
     let body_len = body.len;
     let body_crc = body.crc.finalize();
     let mut out = body.inner;
@@ -287,6 +309,7 @@ fn write_tmp(
     h[48..56].copy_from_slice(&meta.created_ms.to_le_bytes());
     let hcrc = crc32fast::hash(&h[..56]);
     h[56..60].copy_from_slice(&hcrc.to_le_bytes());
+    h[60..64].copy_from_slice(&n_windows.to_le_bytes());
     out.flush().map_err(io_err(tmp))?;
     let mut file = out.into_inner().map_err(|e| io_err(tmp)(e.into_error()))?;
     file.seek(SeekFrom::Start(0)).map_err(io_err(tmp))?;
@@ -318,11 +341,12 @@ impl<R: Read> CrcReader<R> {
 
 /// Reads and verifies the checkpoint at `path`, building tables from `specs` (matched by
 /// name; a stored table must exist in `specs` with the same dim and optimizer kind; tables of
-/// `specs` absent from the file start empty). Returns nothing unless every check passes.
+/// `specs` absent from the file start empty), and the dedupe windows stored with them (none
+/// in a version-1 file). Returns nothing unless every check passes.
 pub fn read_checkpoint(
     path: &Path,
     specs: &[TableSpec],
-) -> Result<(TableSet, CheckpointMeta), CheckpointError> {
+) -> Result<(TableSet, CheckpointMeta, Vec<WindowState>), CheckpointError> {
     let file = File::open(path).map_err(io_err(path))?;
     let file_len = file.metadata().map_err(io_err(path))?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
@@ -341,9 +365,10 @@ pub fn read_checkpoint(
         });
     }
     let version = rd_u32(&h, 8);
-    if version != CHECKPOINT_VERSION
+    let n_windows = rd_u32(&h, 60);
+    if !(1..=CHECKPOINT_VERSION).contains(&version)
         || rd_u32(&h, 12) as usize != CHECKPOINT_HEADER_LEN
-        || rd_u32(&h, 60) != 0
+        || (version == 1 && n_windows != 0)
     {
         return Err(CheckpointError::Format(format!("version {version}")));
     }
@@ -407,6 +432,19 @@ pub fn read_checkpoint(
             left -= n as u64;
         }
     }
+    let mut windows = Vec::new();
+    for _ in 0..n_windows {
+        let mut wh = [0u8; 20];
+        body.read_exact_body(&mut wh, "dedupe window")?;
+        let (client, high, words) = (rd_u64(&wh, 0), rd_u64(&wh, 8), rd_u32(&wh, 16));
+        if words > MAX_WINDOW_WORDS || u64::from(words) * 8 > body.left {
+            return Err(CheckpointError::Truncated(format!("dedupe window of {words} words")));
+        }
+        buf.resize(words as usize * 8, 0);
+        body.read_exact_body(&mut buf, "dedupe window bits")?;
+        let bits = buf.chunks_exact(8).map(|c| rd_u64(c, 0)).collect();
+        windows.push(WindowState { client, high, bits });
+    }
     if body.left != 0 {
         return Err(CheckpointError::Truncated(format!(
             "{} bytes after the last table",
@@ -417,7 +455,7 @@ pub fn read_checkpoint(
     if crc != stored_crc {
         return Err(CheckpointError::Checksum { what: "body", stored: stored_crc, computed: crc });
     }
-    Ok((set, meta))
+    Ok((set, meta, windows))
 }
 
 /// When the next periodic checkpoint is due (pure; `now` from the caller's clock). On-demand
@@ -702,18 +740,25 @@ mod tests {
         let path = dir.0.join("sub/shard0.ckpt");
         let set = filled();
         let meta = CheckpointMeta { shard: 1, shards: 4, update_seq: 99, created_ms: 1234 };
-        let info = write_checkpoint(&path, &set, &meta).unwrap();
+        let dedupe = crate::dedupe::Dedupe::new(crate::dedupe::DedupeConfig::default());
+        for (client, seq) in [(7u64, 3u64), (7, 900), (u64::MAX, 1)] {
+            dedupe.admit(client, seq);
+        }
+        let windows = dedupe.export();
+        assert_eq!(windows.len(), 2);
+        let info = write_checkpoint(&path, &set, &windows, &meta).unwrap();
         assert_eq!(info.rows, 6000);
         assert_eq!(info.bytes, fs::metadata(&path).unwrap().len());
         assert!(!dir.0.join("sub/shard0.ckpt.tmp").exists());
-        let (back, m) = read_checkpoint(&path, &specs()).unwrap();
+        let (back, m, w) = read_checkpoint(&path, &specs()).unwrap();
         assert_eq!(m, meta);
+        assert_eq!(w, windows);
         assert_eq!(dump(&back), dump(&set));
         assert_eq!(back.get(0).unwrap().rows(), 3000);
         // Overwrite atomically with a newer state.
         set.get(0).unwrap().push(&[1], &[1.0; 4], None).unwrap();
-        write_checkpoint(&path, &set, &meta).unwrap();
-        let (back, _) = read_checkpoint(&path, &specs()).unwrap();
+        write_checkpoint(&path, &set, &windows, &meta).unwrap();
+        let (back, _, _) = read_checkpoint(&path, &specs()).unwrap();
         assert_eq!(dump(&back), dump(&set));
     }
 
@@ -721,11 +766,15 @@ mod tests {
     fn corruption_is_detected_everywhere() {
         let dir = TempDir::new();
         let path = dir.0.join("c.ckpt");
-        write_checkpoint(&path, &filled(), &CheckpointMeta::default()).unwrap();
+        let windows = [WindowState { client: 5, high: 77, bits: vec![0xf0f0, 1] }];
+        write_checkpoint(&path, &filled(), &windows, &CheckpointMeta::default()).unwrap();
         let good = fs::read(&path).unwrap();
         // Flip one bit at many positions (header and body): never accepted.
         let step = (good.len() / 97).max(1);
-        for at in (0..good.len()).step_by(step).chain([0, 30, 63, 64, good.len() - 1]) {
+        let windows_at = good.len() - 36;
+        for at in
+            (0..good.len()).step_by(step).chain([0, 30, 60, 63, 64, windows_at, good.len() - 1])
+        {
             let mut bad = good.clone();
             bad[at] ^= 0x10;
             fs::write(&path, &bad).unwrap();
@@ -748,7 +797,7 @@ mod tests {
     fn definitions_must_match() {
         let dir = TempDir::new();
         let path = dir.0.join("c.ckpt");
-        write_checkpoint(&path, &filled(), &CheckpointMeta::default()).unwrap();
+        write_checkpoint(&path, &filled(), &[], &CheckpointMeta::default()).unwrap();
         let mut other = specs();
         other[1].dim = 5;
         assert!(matches!(read_checkpoint(&path, &other), Err(CheckpointError::Mismatch(_))));
@@ -762,7 +811,7 @@ mod tests {
         let mut more = specs();
         more.reverse();
         more.push(TableSpec { name: "new".into(), ..specs()[2].clone() });
-        let (set, _) = read_checkpoint(&path, &more).unwrap();
+        let (set, _, _) = read_checkpoint(&path, &more).unwrap();
         assert_eq!(set.get(set.id_of("new").unwrap()).unwrap().rows(), 0);
         assert_eq!(set.get(set.id_of("user").unwrap()).unwrap().rows(), 3000);
         assert!(matches!(

@@ -201,6 +201,10 @@ pub struct ServerConfig {
     pub replication_batch_keys: u32,
     /// Bytes per snapshot chunk when bootstrapping.
     pub snapshot_chunk_bytes: u32,
+    /// On SIGTERM, how long the server waits for its replication backlog to reach the other
+    /// pods (after refusing new pushes and finishing those in flight) before it checkpoints
+    /// and exits anyway.
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -216,6 +220,7 @@ impl Default for ServerConfig {
             bootstrap_from_peer: true,
             replication_batch_keys: 4096,
             snapshot_chunk_bytes: 1 << 20,
+            drain_timeout_ms: 5_000,
         }
     }
 }
@@ -653,6 +658,9 @@ impl Config {
         }
         if s.replication_batch_keys == 0 {
             e.push(FieldError::new("server.replication_batch_keys", "must be ≥ 1"));
+        }
+        if s.drain_timeout_ms > 3_600_000 {
+            e.push(FieldError::new("server.drain_timeout_ms", "must be at most 3600000 (1 h)"));
         }
         if s.snapshot_chunk_bytes < 64 * 1024 {
             e.push(FieldError::new(

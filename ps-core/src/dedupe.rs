@@ -66,6 +66,8 @@ struct Window {
     /// Bit `s mod W` is set when `s` (within the window) was admitted.
     bits: Box<[u64]>,
     last_used: u64,
+    /// Restored from a smaller window: numbers up to here are unknown (TooOld).
+    floor: Option<u64>,
 }
 
 impl Window {
@@ -91,7 +93,7 @@ impl Window {
             self.bits[word] |= mask;
             return Verdict::New;
         }
-        if self.high - s >= w {
+        if self.high - s >= w || self.floor.is_some_and(|f| s <= f) {
             return Verdict::TooOld;
         }
         let (word, mask) = self.bit(s);
@@ -155,8 +157,12 @@ impl Dedupe {
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let mut w =
-            Window { high: seq, bits: vec![0u64; self.words].into_boxed_slice(), last_used: now };
+        let mut w = Window {
+            high: seq,
+            bits: vec![0u64; self.words].into_boxed_slice(),
+            last_used: now,
+            floor: None,
+        };
         let (word, mask) = w.bit(seq);
         w.bits[word] |= mask;
         p.clients.insert(client, w);
@@ -179,6 +185,76 @@ impl Dedupe {
             p.lock().clients.clear();
         }
     }
+
+    /// Every client's window, for a checkpoint (least recently seen first, so a restore
+    /// into a smaller table keeps the most recent).
+    pub fn export(&self) -> Vec<WindowState> {
+        let mut out = Vec::new();
+        for p in self.parts.iter() {
+            let p = p.lock();
+            for (&client, w) in &p.clients {
+                out.push((
+                    w.last_used,
+                    WindowState { client, high: w.high, bits: w.bits.to_vec() },
+                ));
+            }
+        }
+        out.sort_by_key(|(used, s)| (*used, s.client));
+        out.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Replaces the state with `windows` (from [`Dedupe::export`], maybe of another window
+    /// size): a window of the same size is taken whole; one of another size keeps `high`
+    /// and the bits that still fall in this window, and treats the rest as too old. Later
+    /// entries count as more recently seen.
+    pub fn import(&self, windows: &[WindowState]) {
+        self.clear();
+        let w = self.window();
+        for s in windows {
+            let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
+            let mut p = part.lock();
+            p.clock += 1;
+            let now = p.clock;
+            if p.clients.len() >= self.per_part {
+                let oldest = p.clients.iter().min_by_key(|(_, w)| w.last_used).map(|(&c, _)| c);
+                if let Some(c) = oldest {
+                    p.clients.remove(&c);
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let stored = s.bits.len() as u64 * 64;
+            // A smaller stored window knows nothing below its own: those numbers are TooOld.
+            let floor = (stored < w).then(|| s.high.saturating_sub(stored));
+            let mut win = Window {
+                high: s.high,
+                bits: vec![0u64; self.words].into_boxed_slice(),
+                last_used: now,
+                floor,
+            };
+            if stored > 0 {
+                for x in s.high.saturating_sub(w.min(stored) - 1)..=s.high {
+                    let i = x % stored;
+                    if s.bits[(i / 64) as usize] & (1 << (i % 64)) != 0 {
+                        let (word, mask) = win.bit(x);
+                        win.bits[word] |= mask;
+                    }
+                }
+            }
+            p.clients.insert(s.client, win);
+        }
+    }
+}
+
+/// One client's window as a checkpoint stores it: the highest sequence admitted and the
+/// admitted bits of the window below it (bit `s mod (64 · bits.len())`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowState {
+    /// The client (push identity or replication identity).
+    pub client: u64,
+    /// Highest sequence admitted.
+    pub high: u64,
+    /// The window's bits.
+    pub bits: Vec<u64>,
 }
 
 #[cfg(test)]
@@ -264,6 +340,36 @@ mod tests {
         assert_eq!(d.clients(), 1);
         d.clear();
         assert_eq!(d.clients(), 0);
+    }
+
+    #[test]
+    fn an_exported_window_restores_the_same_verdicts() {
+        let a = d(128, 64);
+        for s in [3u64, 5, 90, 200, 201] {
+            assert_eq!(a.admit(9, s), Verdict::New);
+        }
+        assert_eq!(a.admit(4, 1), Verdict::New);
+        let b = d(128, 64);
+        b.import(&a.export());
+        for s in [90u64, 200, 201] {
+            assert_eq!(b.admit(9, s), Verdict::Duplicate, "{s} was admitted before");
+        }
+        assert_eq!(b.admit(9, 100), Verdict::New, "inside the window, never admitted");
+        assert_eq!(b.admit(9, 5), Verdict::TooOld);
+        assert_eq!(b.admit(4, 1), Verdict::Duplicate);
+        // Into a smaller window: what still fits keeps its verdict, the rest is too old.
+        let c = d(64, 64);
+        c.import(&a.export());
+        assert_eq!(c.admit(9, 201), Verdict::Duplicate);
+        assert_eq!(c.admit(9, 200), Verdict::Duplicate);
+        assert_eq!(c.admit(9, 90), Verdict::TooOld);
+        assert_eq!(c.admit(9, 150), Verdict::New);
+        // Into a larger window: below the stored window is unknown, so TooOld, not New.
+        let e = d(256, 64);
+        e.import(&a.export());
+        assert_eq!(e.admit(9, 201), Verdict::Duplicate);
+        assert_eq!(e.admit(9, 73), Verdict::TooOld, "below 201 - 128");
+        assert_eq!(e.admit(9, 74), Verdict::New, "inside the stored window, never admitted");
     }
 
     #[test]

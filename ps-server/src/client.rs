@@ -34,7 +34,7 @@ pub enum PsError {
 pub struct PsClient {
     rpc: Client,
     topo: Topology,
-    client_id: u64,
+    push_id: u64,
     seq: AtomicU64,
     limits: Limits,
     /// How long a failed push is retried (its sequence number kept: applied once).
@@ -48,7 +48,7 @@ const PUSH_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_millis(5
 
 impl std::fmt::Debug for PsClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PsClient").field("client_id", &self.client_id).finish()
+        f.debug_struct("PsClient").field("push_id", &self.push_id).finish()
     }
 }
 
@@ -70,20 +70,21 @@ pub fn endpoints(topo: &Topology) -> Vec<Endpoint> {
 }
 
 impl PsClient {
-    /// A client over `rdma` (None: TCP only) and `tcp`; `client_id` scopes push sequence
-    /// numbers (unique per client process).
+    /// A client over `rdma` (None: TCP only) and `tcp`; `push_id` scopes push sequence
+    /// numbers, which start at 1: it must be unique per client process incarnation (a real
+    /// process takes [`crate::process::incarnation_id`]).
     pub fn new(
         rdma: Option<Transport>,
         tcp: Transport,
         topo: Topology,
         cfg: bex_rpc::ClientConfig,
-        client_id: u64,
+        push_id: u64,
     ) -> PsClient {
-        let rpc = Client::new(rdma, tcp, endpoints(&topo), cfg);
+        let rpc = Client::new(rdma, tcp, endpoints(&topo), cfg).with_unwell_replies(unwell_reply);
         PsClient {
             rpc,
             topo,
-            client_id,
+            push_id,
             seq: AtomicU64::new(1),
             limits: Limits::default(),
             push_retry: std::time::Duration::ZERO,
@@ -104,9 +105,9 @@ impl PsClient {
         self.push_retries.load(Ordering::Relaxed)
     }
 
-    /// This client's id (scopes its push sequence numbers).
-    pub fn client_id(&self) -> u64 {
-        self.client_id
+    /// The identity its push sequence numbers are scoped by.
+    pub fn push_id(&self) -> u64 {
+        self.push_id
     }
 
     /// The RPC client (counters, quarantine state).
@@ -175,7 +176,7 @@ impl PsClient {
             )));
         }
         let plan = FanoutPlan::new(keys, self.topo.shards());
-        let h = DataHeader { table, dim, client: self.client_id, seq: 0, flags: 0 };
+        let h = DataHeader { table, dim, client: self.push_id, seq: 0, flags: 0 };
         // The sub-requests run concurrently within this task: a task per shard would cost
         // a task switch (or a thread wake-up) per sub-request.
         let replies = join_all(plan.parts().iter().map(|part| async move {
@@ -214,7 +215,7 @@ impl PsClient {
         let sends = plan.parts().iter().zip(per_part).map(|(part, g)| {
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             async move {
-                let h = DataHeader { table, dim, client: self.client_id, seq, flags: 0 };
+                let h = DataHeader { table, dim, client: self.push_id, seq, flags: 0 };
                 let target = [index(&self.topo, self.topo.training_pod(), part.shard)];
                 let give_up = crate::clock::now() + self.push_retry;
                 let mut pause = PUSH_BACKOFF;
@@ -263,6 +264,14 @@ impl PsClient {
         m.as_mut_slice()[HEADER_LEN..].copy_from_slice(frame);
         self.call_frame(&[index(&self.topo, pod, shard)], op, m, None).await
     }
+}
+
+/// Whether a reply says its server is unwell (not the request): such replies count towards
+/// the server's quarantine and the call asks another replica.
+pub fn unwell_reply(body: &[u8]) -> bool {
+    wire::decode_response(body, &Limits::default()).is_ok_and(|r| {
+        matches!(r.header.status, Status::Unavailable | Status::Overloaded | Status::Internal)
+    })
 }
 
 /// Runs `futures` concurrently in the calling task and returns their outputs in order.

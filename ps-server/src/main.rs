@@ -18,6 +18,7 @@ use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
 use bex_ps_server::http;
 use bex_ps_server::node::{cluster_secret, transport_config, Node};
+use bex_ps_server::process::incarnation_id;
 use bex_ps_server::server::PsServer;
 use bex_ps_server::shard::{start_shard, ShardStart};
 use bex_transport::Transport;
@@ -132,26 +133,36 @@ async fn serve(args: Args, cfg: Config) {
     let tcfg = transport_config(&cfg.transport, &secret);
     let ckpt = cfg.checkpoint_path(args.pod, args.shard);
     let specs = cfg.table_specs();
-    let (tables, update_seq, restored) = if cfg.server.restore_on_start && ckpt.exists() {
-        match checkpoint::read_checkpoint(&ckpt, &specs) {
-            Ok((t, meta)) => (t, meta.update_seq, true),
-            Err(e) => die(
-                1,
-                &format!(
-                    "checkpoint {} is unusable: {e} (move it away to start empty)",
-                    ckpt.display()
+    let (tables, update_seq, dedupe_windows, restored) =
+        if cfg.server.restore_on_start && ckpt.exists() {
+            match checkpoint::read_checkpoint(&ckpt, &specs) {
+                Ok((t, meta, windows)) => (t, meta.update_seq, windows, true),
+                Err(e) => die(
+                    1,
+                    &format!(
+                        "checkpoint {} is unusable: {e} (move it away to start empty)",
+                        ckpt.display()
+                    ),
                 ),
-            ),
-        }
-    } else {
-        (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, false)
-    };
+            }
+        } else {
+            (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
+        };
+    let incarnation = incarnation_id().unwrap_or_else(|e| die(1, &e));
     let node =
         Node::start(addrs.rdma, addrs.tcp, tcfg).await.unwrap_or_else(|e| die(1, &e.to_string()));
     let running = start_shard(
         &cfg,
         &topo,
-        ShardStart { pod: args.pod, shard: args.shard, tables, update_seq, restored },
+        ShardStart {
+            pod: args.pod,
+            shard: args.shard,
+            tables,
+            update_seq,
+            dedupe_windows,
+            restored,
+            incarnation,
+        },
         node.transports(),
         |m| eprintln!("ps-server: {m}"),
     )
@@ -190,7 +201,22 @@ async fn serve(args: Args, cfg: Config) {
         _ = tokio::signal::ctrl_c() => {}
         _ = server.shutdown.notified() => {}
     }
-    server.set_state(ServingState::Draining);
+    // Refuse updates (clients retry them elsewhere or later), finish those being applied,
+    // flush replication, then checkpoint: nothing acknowledged is lost by a restart.
+    let d = server.drain(Duration::from_millis(cfg.server.drain_timeout_ms)).await;
+    if d.replication_left_keys == 0 {
+        eprintln!(
+            "ps-server: drained in {} ms (updates in flight done after {} ms, replication flushed)",
+            d.elapsed_ms, d.in_flight_done_ms
+        );
+    } else {
+        eprintln!(
+            "ps-server: drain timed out after {} ms: {} changed keys not acknowledged by every \
+             replica (they are in this server's checkpoint; the replicas keep older rows \
+             for them until they change again)",
+            d.elapsed_ms, d.replication_left_keys
+        );
+    }
     if cfg.server.checkpoint_on_shutdown {
         match server.checkpoint().await {
             Ok(s) => eprintln!("ps-server: checkpoint {} ({} rows)", s.path, s.rows),

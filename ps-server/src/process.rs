@@ -27,6 +27,18 @@ pub fn exit_with_parent() {
     }
 }
 
+/// A fresh 64-bit identity for this process incarnation, from the OS's random source.
+///
+/// Servers deduplicate pushes and replication batches by (identity, sequence), and a process
+/// numbers its requests from 1 when it starts; so every start needs an identity no earlier
+/// life used, or its requests are answered `Duplicate` (acknowledged, never applied) or
+/// `TooOld`. A stable id such as a trainer's `--id` is not enough (it survives restarts);
+/// persisting a sequence would be, but needs a disk write per push batch. Two starts share
+/// an identity with probability 2^-64 per pair.
+pub fn incarnation_id() -> Result<u64, String> {
+    getrandom::u64().map_err(|e| format!("no random identity from the OS: {e}"))
+}
+
 /// Lowest port [`free_local_ports`] hands out: above the well-known and common service ports.
 const LOCAL_PORTS_FROM: u16 = 11_000;
 /// One past the highest: Linux's ephemeral range starts at 32768, where every socket bound to
@@ -207,9 +219,10 @@ pub struct ClientNode {
 
 /// Starts a client's transports on `bind` (ephemeral ports) and a [`PsClient`] for the
 /// cluster in `cfg`: over RDMA with TCP fallback (`kind = Rdma`), or TCP only. `client_id`
-/// must be unique among the cluster's clients (it scopes push sequence numbers and seeds
-/// replica choice); `pod` is the client's own mini-pod (served first); `role` picks the
-/// request deadline, and training clients retry failed pushes (`[rpc] push_retry_ms`).
+/// names the client (logs, reports) and seeds replica choice; its pushes are deduplicated
+/// under a fresh [`incarnation_id`], so a client restarted with the same id has its pushes
+/// applied. `pod` is the client's own mini-pod (served first); `role` picks the request
+/// deadline, and training clients retry failed pushes (`[rpc] push_retry_ms`).
 pub async fn connect_client(
     cfg: &Config,
     pod: u32,
@@ -229,8 +242,10 @@ pub async fn connect_client(
     let node = Node::start(SocketAddr::new(bind, 0), SocketAddr::new(bind, 0), tcfg).await?;
     let (rdma, tcp) = node.transports();
     let rdma = (kind == TransportKind::Rdma).then_some(rdma);
+    let push_id = incarnation_id().map_err(anyhow_like::Error)?;
+    tracing::info!(client_id, push_id = format_args!("{push_id:#018x}"), "push identity");
     let mut ps =
-        PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), client_id);
+        PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id);
     if role == ClientRole::Training {
         ps = ps.with_push_retry(Duration::from_millis(cfg.rpc.push_retry_ms));
     }

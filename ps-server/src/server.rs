@@ -40,6 +40,8 @@ struct BacklogState {
     /// table → (dim, changed keys).
     tables: BTreeMap<u32, (u32, BTreeSet<u64>)>,
     keys: u64,
+    /// Keys taken by the forwarder and not yet acknowledged by the replica.
+    in_flight: u64,
     /// When the oldest change still in the set was applied.
     oldest: Option<Instant>,
 }
@@ -97,13 +99,29 @@ impl Backlog {
         }
         let taken: usize = out.iter().map(|t| t.keys.len()).sum();
         st.keys -= taken as u64;
+        st.in_flight += taken as u64;
         // What stays behind changed no earlier than the oldest; count it from now on.
         st.oldest = (st.keys > 0).then_some(now);
         (out, oldest)
     }
 
+    /// Keys waiting to be taken.
+    #[cfg(test)]
     fn pending(&self) -> u64 {
         self.state.lock().keys
+    }
+
+    /// `n` taken keys were acknowledged by the replica (or given up on).
+    fn settled(&self, n: usize) {
+        let mut st = self.state.lock();
+        debug_assert!(st.in_flight >= n as u64, "settling more keys than were taken");
+        st.in_flight = st.in_flight.saturating_sub(n as u64);
+    }
+
+    /// Keys the replica does not have yet: waiting or in flight.
+    fn unacked(&self) -> u64 {
+        let st = self.state.lock();
+        st.keys + st.in_flight
     }
 }
 
@@ -195,6 +213,10 @@ pub struct PsServer {
     started: Instant,
     update_seq: AtomicU64,
     read_only: AtomicBool,
+    /// Held shared by every Push and Replicate from its admission to its apply, exclusively
+    /// by a checkpoint and by the drain: so a checkpoint holds every admitted update whole
+    /// or not at all, and the drain knows none is half done.
+    apply_gate: Arc<tokio::sync::RwLock<()>>,
     /// One backlog per replica (training pod).
     repl: Vec<Arc<Backlog>>,
     repl_lag: Arc<ReplLag>,
@@ -212,6 +234,17 @@ impl std::fmt::Debug for PsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PsServer").field("pod", &self.pod).field("shard", &self.shard).finish()
     }
+}
+
+/// What [`PsServer::drain`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Until the updates being applied were done.
+    pub in_flight_done_ms: u64,
+    /// Changed keys some replica had not acknowledged when the drain ended (0: flushed).
+    pub replication_left_keys: u64,
+    /// The whole drain.
+    pub elapsed_ms: u64,
 }
 
 /// Replication progress towards the other pods.
@@ -252,6 +285,12 @@ pub struct ServerParts {
     pub checkpoint_path: PathBuf,
     /// Update sequence restored from a checkpoint.
     pub update_seq: u64,
+    /// Dedupe windows restored from a checkpoint (with the rows they describe).
+    pub dedupe_windows: Vec<bex_ps_core::dedupe::WindowState>,
+    /// The client id of this server's Replicate requests: one per process incarnation, so a
+    /// restarted training server's batches (numbered from 1 again) are never taken for
+    /// duplicates of its previous life's, nor refused as too old.
+    pub replication_id: u64,
 }
 
 impl PsServer {
@@ -272,12 +311,11 @@ impl PsServer {
             for target in 0..n {
                 let backlog = Arc::new(Backlog::default());
                 repl.push(backlog.clone());
-                let me = u64::from(parts.pod) << 32 | u64::from(parts.shard);
                 tokio::spawn(forward(
                     Forwarder {
                         client: client.clone(),
                         target,
-                        me,
+                        me: parts.replication_id,
                         tables: tables.clone(),
                         lag: repl_lag.clone(),
                         metrics: metrics.clone(),
@@ -293,13 +331,18 @@ impl PsServer {
             shards: topology.shards(),
             role,
             tables,
-            dedupe: Dedupe::new(parts.dedupe),
+            dedupe: {
+                let d = Dedupe::new(parts.dedupe);
+                d.import(&parts.dedupe_windows);
+                d
+            },
             limits: parts.limits,
             pool: parts.pool,
             state: AtomicU8::new(3),
             started: crate::clock::now(),
             update_seq: AtomicU64::new(parts.update_seq),
             read_only: AtomicBool::new(false),
+            apply_gate: Arc::new(tokio::sync::RwLock::new(())),
             repl,
             repl_lag,
             checkpoint_path: parts.checkpoint_path,
@@ -332,6 +375,34 @@ impl PsServer {
         self.state.store(v, Ordering::Release);
     }
 
+    fn state(&self) -> ServingState {
+        state_of(self.state.load(Ordering::Acquire))
+    }
+
+    /// Stops taking updates and waits for what was taken to be safe: sets `Draining` (Push
+    /// and Replicate are then answered `Unavailable`, which clients retry), waits for the
+    /// updates being applied, then up to `timeout` for every replica to acknowledge the
+    /// replication backlog.
+    pub async fn drain(&self, timeout: Duration) -> DrainReport {
+        let t0 = crate::clock::now();
+        self.set_state(ServingState::Draining);
+        drop(self.apply_gate.write().await);
+        let applied_ms = crate::clock::now().duration_since(t0).as_millis() as u64;
+        let deadline = t0 + timeout;
+        loop {
+            let left: u64 = self.repl.iter().map(|b| b.unacked()).sum();
+            let now = crate::clock::now();
+            if left == 0 || now >= deadline {
+                return DrainReport {
+                    in_flight_done_ms: applied_ms,
+                    replication_left_keys: left,
+                    elapsed_ms: now.duration_since(t0).as_millis() as u64,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Health, as `/health` and the Health op report it.
     pub fn health(&self) -> HealthInfo {
         let lag = &self.repl_lag;
@@ -344,7 +415,7 @@ impl PsServer {
             tables: self.tables.stats(),
             replication: ReplicationStatus {
                 seq: lag.acked_seq.load(Ordering::Relaxed),
-                lag_updates: self.repl.iter().map(|b| b.pending()).sum(),
+                lag_updates: self.repl.iter().map(|b| b.unacked()).sum(),
                 lag_ms: lag.last_lag_ms.load(Ordering::Relaxed),
             },
             last_checkpoint: self.last_checkpoint.lock().clone(),
@@ -352,17 +423,24 @@ impl PsServer {
     }
 
     /// Writes a checkpoint now (atomic: temp file, fsync, rename, checksum).
+    /// Pushes and replications wait while it is written (rejected: copying the rows under
+    /// the gate and writing outside it, which doubles the memory of a shard).
     pub async fn checkpoint(self: &Arc<Self>) -> Result<CheckpointSummary, String> {
         let me = self.clone();
+        let gate = self.apply_gate.clone().write_owned().await;
         tokio::task::spawn_blocking(move || {
+            let _no_updates_now = gate;
             let meta = CheckpointMeta {
                 shard: me.shard,
                 shards: me.shards,
                 update_seq: me.update_seq.load(Ordering::Acquire),
                 created_ms: crate::clock::unix_ms(),
             };
-            let info = checkpoint::write_checkpoint(&me.checkpoint_path, &me.tables, &meta)
-                .map_err(|e| e.to_string())?;
+            // Rows and dedupe windows at one point: the gate keeps updates out.
+            let windows = me.dedupe.export();
+            let info =
+                checkpoint::write_checkpoint(&me.checkpoint_path, &me.tables, &windows, &meta)
+                    .map_err(|e| e.to_string())?;
             let summary = CheckpointSummary {
                 path: me.checkpoint_path.display().to_string(),
                 rows: info.rows,
@@ -473,6 +551,11 @@ impl PsServer {
                 }
                 if self.read_only.load(Ordering::Acquire) {
                     return self.error(Some(op), Status::Unavailable, seq, "read-only");
+                }
+                let _applying = self.apply_gate.read().await;
+                // Checked under the gate: once the drain held it, no update gets past here.
+                if self.state() == ServingState::Draining {
+                    return self.error(Some(op), Status::Unavailable, seq, "draining");
                 }
                 let Some(t) = table(h.table) else {
                     return self.error(Some(op), Status::UnknownTable, seq, "no such table");
@@ -640,28 +723,50 @@ async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
             continue;
         }
         for t in taken {
-            let Some(table) = f.tables.get(t.table) else { continue };
+            let n = t.keys.len();
+            let Some(table) = f.tables.get(t.table) else {
+                backlog.settled(n);
+                continue;
+            };
             let mut rows = vec![0f32; t.keys.len() * t.dim as usize];
             if let Err(e) = table.read_into(&t.keys, &mut rows) {
                 tracing::error!(%e, "cannot read rows to replicate");
+                backlog.settled(n);
                 continue;
             }
-            seq += 1;
-            let h = DataHeader { table: t.table, dim: t.dim, client: f.me, seq, flags: 0 };
             let len = wire::REQUEST_HEADER_LEN + t.keys.len() * (8 + 4 * t.dim as usize);
             let mut buf = vec![0u8; len];
-            let n = match wire::encode_replicate_into(&mut buf, &h, &t.keys, &rows) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(%e, "cannot encode a replication request");
-                    continue;
-                }
-            };
             let mut backoff = Duration::from_millis(5);
-            loop {
-                match f.client.call(&[f.target], Op::Replicate as u16, &buf[..n]).await {
+            let mut frame_len = 0;
+            let mut numbered = false;
+            let sent = loop {
+                if !numbered {
+                    seq += 1;
+                    let h = DataHeader { table: t.table, dim: t.dim, client: f.me, seq, flags: 0 };
+                    frame_len = match wire::encode_replicate_into(&mut buf, &h, &t.keys, &rows) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            tracing::error!(%e, "cannot encode a replication request");
+                            break false;
+                        }
+                    };
+                    numbered = true;
+                }
+                match f.client.call(&[f.target], Op::Replicate as u16, &buf[..frame_len]).await {
                     Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
-                        Ok(r) if r.header.status.is_success() => break,
+                        Ok(r) if r.header.status.is_success() => break true,
+                        // The replica cannot tell whether it applied this number (its dedupe
+                        // window moved past it or forgot us): the rows are absolute values,
+                        // so the batch goes again under a fresh number instead of looping.
+                        Ok(r) if r.header.status == Status::TooOld => {
+                            tracing::warn!(
+                                seq,
+                                target = f.target,
+                                "replication too old; renumbered"
+                            );
+                            numbered = false;
+                            continue;
+                        }
                         Ok(r) => {
                             tracing::warn!(status = r.header.status.name(), "replication refused")
                         }
@@ -673,6 +778,10 @@ async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
+            };
+            backlog.settled(n);
+            if !sent {
+                continue;
             }
             f.metrics.replicated_requests.inc();
             f.lag.acked_seq.store(seq, Ordering::Relaxed);
@@ -737,6 +846,8 @@ mod tests {
                 pool,
                 checkpoint_path: PathBuf::from("/dev/null/none.ckpt"),
                 update_seq: 0,
+                dedupe_windows: Vec::new(),
+                replication_id: 1,
             },
             &cfg.topology().unwrap(),
             None,

@@ -68,8 +68,14 @@ pub struct ShardStart {
     pub tables: TableSet,
     /// The update sequence of the checkpoint (0 if fresh).
     pub update_seq: u64,
+    /// The checkpoint's dedupe windows (empty if fresh).
+    pub dedupe_windows: Vec<bex_ps_core::dedupe::WindowState>,
     /// Whether `tables` came from a checkpoint (a fresh replica bootstraps instead).
     pub restored: bool,
+    /// This incarnation's identity as a replication source (a training server's Replicate
+    /// requests are deduplicated by it): fresh for every start, see
+    /// [`crate::process::incarnation_id`].
+    pub incarnation: u64,
 }
 
 /// A serving shard.
@@ -92,7 +98,8 @@ pub async fn start_shard(
     (rdma, tcp): (Transport, Transport),
     log: impl Fn(&str),
 ) -> RunningShard {
-    let ShardStart { pod, shard, tables, update_seq, restored } = start;
+    let ShardStart { pod, shard, tables, update_seq, dedupe_windows, restored, incarnation } =
+        start;
     let ccfg =
         client_config(&cfg.rpc, pod, u64::from(pod) << 32 | u64::from(shard), ClientRole::Serving);
     // The training pod forwards to the same shard in every other pod.
@@ -103,7 +110,10 @@ pub async fn start_shard(
         })
         .collect();
     let n_targets = targets.len();
-    let repl_client = Arc::new(Client::new(Some(rdma.clone()), tcp.clone(), targets, ccfg.clone()));
+    let repl_client = Arc::new(
+        Client::new(Some(rdma.clone()), tcp.clone(), targets, ccfg.clone())
+            .with_unwell_replies(crate::client::unwell_reply),
+    );
     let limits = Limits {
         max_frame_bytes: cfg.server.max_request_bytes,
         max_keys: cfg.server.max_keys_per_request,
@@ -122,6 +132,8 @@ pub async fn start_shard(
             pool: rdma.pool(),
             checkpoint_path: cfg.checkpoint_path(pod, shard),
             update_seq,
+            dedupe_windows,
+            replication_id: incarnation,
         },
         topo,
         Some((repl_client, n_targets)),

@@ -1,9 +1,11 @@
 //! A client of a replicated service (paper §7.2): each call goes to a replica chosen by
 //! [`order_replicas`] (the caller's mini-pod first, quarantined ones last), with a connection
 //! deadline `Tc` and a request deadline `Tr`; timed-out requests are retried with a
-//! probability; on RDMA failure the ladder is: reconnect, then a replica in another mini-pod,
-//! and for a destination whose RDMA keeps failing, TCP with a periodic RDMA re-probe.
-//! Destinations with too many failures are quarantined until a probe succeeds.
+//! probability; on RDMA failure the ladder is: reconnect, then a replica in another mini-pod
+//! over RDMA, and only when no replica answers over RDMA, TCP (a destination whose RDMA keeps
+//! failing stays on TCP with a periodic RDMA re-probe). Destinations with too many failures
+//! (connections, timeouts, and replies the service calls unwell) are quarantined until a
+//! probe succeeds; failed re-probes do not count, since the destination serves over TCP.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -111,6 +113,8 @@ pub struct ClientStats {
     pub remote_pod_calls: AtomicU64,
     /// Calls answered over TCP.
     pub tcp_calls: AtomicU64,
+    /// Replies the service's check called unwell (counted as request failures).
+    pub unwell_replies: AtomicU64,
 }
 
 /// The [`ClientStats`] counters at one moment, as plain numbers (reports, deltas).
@@ -128,6 +132,7 @@ pub struct ClientCounts {
     pub quarantines: u64,
     pub remote_pod_calls: u64,
     pub tcp_calls: u64,
+    pub unwell_replies: u64,
 }
 
 impl ClientStats {
@@ -146,6 +151,7 @@ impl ClientStats {
             quarantines: g(&self.quarantines),
             remote_pod_calls: g(&self.remote_pod_calls),
             tcp_calls: g(&self.tcp_calls),
+            unwell_replies: g(&self.unwell_replies),
         }
     }
 }
@@ -165,6 +171,7 @@ impl ClientCounts {
             quarantines: self.quarantines.saturating_sub(e.quarantines),
             remote_pod_calls: self.remote_pod_calls.saturating_sub(e.remote_pod_calls),
             tcp_calls: self.tcp_calls.saturating_sub(e.tcp_calls),
+            unwell_replies: self.unwell_replies.saturating_sub(e.unwell_replies),
         }
     }
 }
@@ -192,6 +199,8 @@ struct Dest {
     quarantine: Quarantine,
     fallback: Fallback,
     rdma_failures: u32,
+    /// The last call over TCP succeeded (so a failed RDMA re-probe is no sign of trouble).
+    tcp_serves: bool,
     next_quarantine_probe: Option<std::time::Instant>,
 }
 
@@ -207,6 +216,7 @@ pub struct Client {
     rotate: AtomicUsize,
     stats: Arc<ClientStats>,
     pool: &'static Pool,
+    unwell: fn(&[u8]) -> bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -243,6 +253,7 @@ impl Client {
                     ),
                     fallback,
                     rdma_failures: 0,
+                    tcp_serves: false,
                     next_quarantine_probe: None,
                 })
             })
@@ -258,7 +269,17 @@ impl Client {
             rotate: AtomicUsize::new(0),
             stats: Arc::new(ClientStats::default()),
             pool,
+            unwell: |_| false,
         }
+    }
+
+    /// Judges replies with `unwell` (given the reply body): a reply it calls unwell (say, a
+    /// server that answers everything "unavailable") counts as a request failure towards
+    /// quarantine and the call tries the next replica; if every replica answers so, the
+    /// last such reply is returned. The RPC layer cannot read service statuses itself.
+    pub fn with_unwell_replies(mut self, unwell: fn(&[u8]) -> bool) -> Client {
+        self.unwell = unwell;
+        self
     }
 
     /// Counters.
@@ -336,12 +357,27 @@ impl Client {
             },
             self.rotate.fetch_add(1, Ordering::Relaxed),
         );
+        // The ladder (paper §7.2): every replica over RDMA first (each connection retried
+        // once inside `channel`), so a broken RDMA path sends the call to the other mini-pod;
+        // TCP only once no replica could be reached over RDMA. Rejected: falling back to TCP
+        // per destination first, which served from a degraded path while an RDMA replica was
+        // healthy.
+        let mut over_tcp = self.rdma.is_none();
+        let mut rdma_path_failed = false;
+        let mut unwell: Option<Msg> = None;
         let mut retries = 0u32;
         let mut i = 0usize;
         let last = loop {
             let r = order[i % order.len()];
-            match self.call_dest(r.id, &mut frame, &call).await {
-                Ok(m) => {
+            match self.call_dest(r.id, &mut frame, &call, over_tcp).await {
+                Ok((m, true)) => {
+                    i += 1;
+                    if i >= order.len() {
+                        return Ok(m);
+                    }
+                    unwell = Some(m);
+                }
+                Ok((m, false)) => {
                     if r.pod != self.cfg.local_pod {
                         self.stats.remote_pod_calls.fetch_add(1, Ordering::Relaxed);
                     }
@@ -349,6 +385,9 @@ impl Client {
                 }
                 Err(e) => {
                     i += 1;
+                    if !over_tcp && matches!(e, RpcError::Connect(_) | RpcError::Transport(_)) {
+                        rdma_path_failed = true;
+                    }
                     if matches!(e, RpcError::Timeout(_)) {
                         if !self.retry.lock().should_retry(retries) {
                             break e;
@@ -356,12 +395,21 @@ impl Client {
                         retries += 1;
                         self.stats.retries.fetch_add(1, Ordering::Relaxed);
                     } else if i >= order.len() {
-                        // Every replica failed for a reason other than a timeout.
+                        if rdma_path_failed && !over_tcp {
+                            // No replica over RDMA: the last rung, every replica over TCP.
+                            over_tcp = true;
+                            i = 0;
+                            continue;
+                        }
                         break e;
                     }
                 }
             }
         };
+        if let Some(m) = unwell {
+            // A replica answered, if unwell: its status says more than a later failure.
+            return Ok(m);
+        }
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
         Err(last)
     }
@@ -389,24 +437,42 @@ impl Client {
         }
     }
 
-    /// The channel to use for `id` and `lane` now, connecting (with the ladder) if needed.
-    async fn channel(&self, id: usize, lane: Lane) -> Result<Arc<Channel>, RpcError> {
-        if let Some(c) = self.live_channel(id, lane) {
+    /// The channel to use for `id` and `lane` now, connecting (RDMA: and reconnecting once)
+    /// if needed; over TCP only with `over_tcp` (the ladder's last rung), and then for a
+    /// destination whose RDMA is failed or fails now.
+    async fn channel(
+        &self,
+        id: usize,
+        lane: Lane,
+        over_tcp: bool,
+    ) -> Result<Arc<Channel>, RpcError> {
+        if let Some(c) = self.live_channel(id, lane, over_tcp) {
             return Ok(c);
         }
         let _one_at_a_time = self.connecting[id].lock().await;
-        self.channel_locked(id, lane).await
+        self.channel_locked(id, lane, over_tcp).await
     }
 
     /// The live channel of the path `id` uses now, if there is one.
-    fn live_channel(&self, id: usize, lane: Lane) -> Option<Arc<Channel>> {
+    fn live_channel(&self, id: usize, lane: Lane, over_tcp: bool) -> Option<Arc<Channel>> {
         let now = clock::now();
         let d = self.dests[id].lock();
-        let c = if self.rdma.is_some() && d.fallback.use_rdma(now) { &d.rdma } else { &d.tcp };
+        let c = if self.rdma.is_some() && d.fallback.use_rdma(now) {
+            &d.rdma
+        } else if over_tcp {
+            &d.tcp
+        } else {
+            return None;
+        };
         c[lane as usize].clone().filter(|c| c.broken().is_none())
     }
 
-    async fn channel_locked(&self, id: usize, lane: Lane) -> Result<Arc<Channel>, RpcError> {
+    async fn channel_locked(
+        &self,
+        id: usize,
+        lane: Lane,
+        over_tcp: bool,
+    ) -> Result<Arc<Channel>, RpcError> {
         let now = clock::now();
         let l = lane as usize;
         let (use_rdma, rdma, tcp) = {
@@ -434,9 +500,13 @@ impl Client {
                     Err(_) => self.note_rdma_failure(id),
                 }
             }
-            if !self.dests[id].lock().fallback.on_tcp() {
+            // TCP only on the ladder's last rung, and only for a destination that fell back
+            // (never with `tcp_fallback = false`).
+            if !over_tcp || !self.dests[id].lock().fallback.on_tcp() {
                 return Err(RpcError::Connect("RDMA connection failed twice".into()));
             }
+        } else if !over_tcp {
+            return Err(RpcError::Connect("RDMA is failed to this destination (on TCP)".into()));
         }
         if let Some(c) = tcp {
             return Ok(c);
@@ -447,6 +517,7 @@ impl Client {
                 Ok(c)
             }
             Err(e) => {
+                self.dests[id].lock().tcp_serves = false;
                 self.note_connection_failure(id);
                 Err(e)
             }
@@ -454,10 +525,20 @@ impl Client {
     }
 
     fn note_connection_failure(&self, id: usize) {
+        self.note_failure(id, Quarantine::connection_failed);
+    }
+
+    fn note_request_failure(&self, id: usize) {
+        self.note_failure(id, Quarantine::request_failed);
+    }
+
+    /// Counts a failure of destination `id` towards its quarantine; while quarantined, any
+    /// failure (a failed probe) starts another period.
+    fn note_failure(&self, id: usize, count: fn(&mut Quarantine, std::time::Instant)) {
         let now = clock::now();
         let mut d = self.dests[id].lock();
         let was = d.quarantine.is_quarantined();
-        d.quarantine.connection_failed(now);
+        count(&mut d.quarantine, now);
         if !was && d.quarantine.is_quarantined() {
             self.stats.quarantines.fetch_add(1, Ordering::Relaxed);
         }
@@ -467,7 +548,17 @@ impl Client {
     }
 
     fn note_rdma_failure(&self, id: usize) {
-        self.note_connection_failure(id);
+        // A failed re-probe of a destination that serves over TCP is not a failure of the
+        // destination: counting it would quarantine a healthy server whose RDMA is down.
+        // One that is not known to serve over TCP (dead, or never asked over TCP since the
+        // ladder found another replica) counts, or it would be re-probed forever.
+        let serving_over_tcp = {
+            let d = self.dests[id].lock();
+            d.fallback.on_tcp() && d.tcp_serves
+        };
+        if !serving_over_tcp {
+            self.note_connection_failure(id);
+        }
         let now = clock::now();
         let mut d = self.dests[id].lock();
         // Both lanes ride on the destination's one engine.
@@ -501,8 +592,9 @@ impl Client {
         id: usize,
         frame: &mut SharedMsg,
         call: &Call,
-    ) -> Result<Msg, RpcError> {
-        let ch = self.channel(id, call.lane).await?;
+        over_tcp: bool,
+    ) -> Result<(Msg, bool), RpcError> {
+        let ch = self.channel(id, call.lane, over_tcp).await?;
         let kind = ch.kind();
         let target = match call.reply_capacity {
             Some(c) => ch.expose_reply(c.max(HEADER_LEN)).await?,
@@ -510,10 +602,17 @@ impl Client {
         };
         let header = Header { target, ..Header::request(call.method, call.id) };
         self.stamp(frame, &header)?;
-        let r = ch.call_shared(frame, call.id, self.cfg.request_timeout).await;
-        let now = clock::now();
+        let r = ch.call_shared(frame, call.id, self.cfg.request_timeout).await.map(|m| {
+            let unwell = (self.unwell)(m.as_slice());
+            (m, unwell)
+        });
         match &r {
-            Ok(_) => {
+            Ok((_, true)) => {
+                // Not a probe success either: the destination stays where it is.
+                self.stats.unwell_replies.fetch_add(1, Ordering::Relaxed);
+                self.note_request_failure(id);
+            }
+            Ok((_, false)) => {
                 let mut d = self.dests[id].lock();
                 if d.quarantine.is_quarantined() {
                     d.quarantine.probe_succeeded();
@@ -521,24 +620,23 @@ impl Client {
                 }
                 if kind == TransportKind::Tcp {
                     self.stats.tcp_calls.fetch_add(1, Ordering::Relaxed);
+                    d.tcp_serves = true;
                 }
             }
             Err(RpcError::Timeout(_)) => {
                 self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                let mut d = self.dests[id].lock();
-                let was = d.quarantine.is_quarantined();
-                d.quarantine.request_failed(now);
-                if !was && d.quarantine.is_quarantined() {
-                    self.stats.quarantines.fetch_add(1, Ordering::Relaxed);
-                    d.next_quarantine_probe = Some(now + self.cfg.quarantine_probe_interval);
-                }
+                self.note_request_failure(id);
             }
             Err(RpcError::Transport(_)) => {
                 // The connection broke under the call.
                 if kind == TransportKind::Rdma {
                     self.note_rdma_failure(id);
                 } else {
-                    self.dests[id].lock().tcp[call.lane as usize] = None;
+                    {
+                        let mut d = self.dests[id].lock();
+                        d.tcp[call.lane as usize] = None;
+                        d.tcp_serves = false;
+                    }
                     self.note_connection_failure(id);
                 }
             }

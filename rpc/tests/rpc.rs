@@ -1,5 +1,6 @@
 //! RPC over real transports on loopback: calls, error replies, timeouts with retry to
-//! another replica, RDMA-to-TCP fallback and re-probe, quarantine.
+//! another replica, the recovery ladder (reconnect, other mini-pod, TCP), RDMA-to-TCP
+//! fallback and re-probe, quarantine (connection failures, timeouts, unwell replies).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,14 +29,23 @@ async fn tcp_on(pool: &'static Pool, addr: SocketAddr) -> TcpTransport {
     TcpTransport::start(pool, addr, Config::default()).await.unwrap()
 }
 
-/// Echoes the body back; method 2 answers after `delay`; method 3 fails.
+/// Echoes the body back; method 2 answers after `delay`; method 3 fails. A `sick` one
+/// answers every call with the body `unwell` (a service's "unavailable").
 struct Echo {
     pool: &'static Pool,
     delay: Duration,
+    sick: bool,
 }
+
+const UNWELL: &[u8] = b"unwell";
 
 impl Handler for Echo {
     async fn handle(&self, method: u16, body: Msg) -> Result<Msg, RpcError> {
+        if self.sick {
+            let mut r = alloc_frame(self.pool, UNWELL.len())?;
+            r.as_mut_slice()[HEADER_LEN..].copy_from_slice(UNWELL);
+            return Ok(r);
+        }
         match method {
             1 => {}
             2 => tokio::time::sleep(self.delay).await,
@@ -57,6 +67,10 @@ struct Replica {
 }
 
 async fn replica(pod: u32, delay: Duration, with_rdma: bool) -> Replica {
+    replica_with(pod, delay, with_rdma, false).await
+}
+
+async fn replica_with(pod: u32, delay: Duration, with_rdma: bool, sick: bool) -> Replica {
     let rdma = if with_rdma { Some(rdma_on("127.0.0.1:0".parse().unwrap()).await) } else { None };
     let pool = match &rdma {
         Some(r) => r.pool(),
@@ -64,7 +78,7 @@ async fn replica(pod: u32, delay: Duration, with_rdma: bool) -> Replica {
     };
     let tcp = tcp_on(pool, "127.0.0.1:0".parse().unwrap()).await;
     let stats = Arc::new(ServerStats::default());
-    let h = Arc::new(Echo { pool, delay });
+    let h = Arc::new(Echo { pool, delay, sick });
     if let Some(r) = &rdma {
         tokio::spawn(serve(Transport::Rdma(r.clone()), h.clone(), stats.clone()));
     }
@@ -150,7 +164,7 @@ async fn rdma_failure_falls_back_to_tcp_and_returns_after_a_reprobe() {
     assert_eq!(s.fallbacks.load(std::sync::atomic::Ordering::Relaxed), 1);
     // RDMA comes back at the same address; after the re-probe interval the client uses it.
     let back = rdma_on(r.ep.rdma).await;
-    let h = Arc::new(Echo { pool: back.pool(), delay: Duration::ZERO });
+    let h = Arc::new(Echo { pool: back.pool(), delay: Duration::ZERO, sick: false });
     tokio::spawn(serve(Transport::Rdma(back.clone()), h, Arc::new(ServerStats::default())));
     tokio::time::sleep(Duration::from_millis(350)).await;
     c.call(&[0], 1, b"probe").await.unwrap();
@@ -174,6 +188,10 @@ async fn without_the_tcp_fallback_rdma_failures_fail_the_calls() {
     assert_eq!(c.stats().tcp_calls.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
+fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_destination_is_quarantined_after_m_connection_failures() {
     let healthy = replica(1, Duration::ZERO, true).await;
@@ -186,6 +204,7 @@ async fn a_dead_destination_is_quarantined_after_m_connection_failures() {
     let cfg = ClientConfig {
         quarantine_connection_failures: 4,
         quarantine_probe_interval: Duration::from_secs(60),
+        reprobe_interval: Duration::from_millis(50),
         local_pod: 0,
         ..local_cfg()
     };
@@ -195,21 +214,86 @@ async fn a_dead_destination_is_quarantined_after_m_connection_failures() {
         c.call(&[0, 1], 1, b"x").await.unwrap();
         calls += 1;
         assert!(calls < 20, "never quarantined");
+        tokio::time::sleep(Duration::from_millis(60)).await;
     }
-    // Call 1 through the dead local replica fails RDMA connect + reconnect, falls back and
-    // fails TCP (3 failures); calls 2 and 3 fail TCP once each: quarantine engages on the
-    // 5th failure, exactly past M = 4.
+    // Call 1: the dead local replica fails RDMA connect + reconnect (2 failures) and the
+    // call goes to the other mini-pod over RDMA; the dead one is on TCP fallback, never
+    // asked over TCP (another replica serves over RDMA), so its RDMA re-probes count: 2
+    // more on call 2 and 2 more on call 3, quarantine on the 6th failure, past M = 4.
     let s = c.stats();
     assert_eq!(calls, 3);
-    assert_eq!(s.quarantines.load(std::sync::atomic::Ordering::Relaxed), 1);
-    let before = s.connect_failures.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(before, 5);
+    assert_eq!(relaxed(&s.quarantines), 1);
+    let before = relaxed(&s.connect_failures);
+    assert_eq!(before, 6);
+    assert_eq!(relaxed(&s.tcp_calls), 0, "served over RDMA by the other mini-pod");
+    assert_eq!(relaxed(&s.remote_pod_calls), 3);
     for _ in 0..5 {
         c.call(&[0, 1], 1, b"x").await.unwrap();
     }
-    assert_eq!(
-        s.connect_failures.load(std::sync::atomic::Ordering::Relaxed),
-        before,
-        "a quarantined destination is not tried"
-    );
+    assert_eq!(relaxed(&s.connect_failures), before, "a quarantined destination is not tried");
+}
+
+// The paper's ladder: reconnect, then the other mini-pod, then TCP. The local replica's RDMA
+// is dead but its TCP works: the call goes to the remote mini-pod over RDMA, not to the
+// local one over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rdma_path_moves_the_call_to_the_other_mini_pod_before_tcp() {
+    let local_replica = replica(0, Duration::ZERO, false).await;
+    let local = Endpoint { rdma: "127.0.0.1:15".parse().unwrap(), ..local_replica.ep };
+    let remote = replica(1, Duration::ZERO, true).await;
+    let c = client(vec![local, remote.ep], ClientConfig { local_pod: 0, ..local_cfg() }).await;
+    for i in 0..3u8 {
+        assert_eq!(c.call(&[0, 1], 1, &[i]).await.unwrap().as_slice(), &[i]);
+    }
+    let s = c.stats();
+    assert_eq!(relaxed(&s.tcp_calls), 0, "no call over TCP while an RDMA replica serves");
+    assert_eq!(relaxed(&s.remote_pod_calls), 3);
+    assert_eq!(relaxed(&s.connect_failures), 2, "connect + reconnect, then skipped");
+    // Only when no replica answers over RDMA does the call take TCP.
+    let c = client(vec![local], local_cfg()).await;
+    assert_eq!(c.call(&[0], 1, b"tcp").await.unwrap().as_slice(), b"tcp");
+    assert_eq!(relaxed(&c.stats().tcp_calls), 1);
+}
+
+// A destination that serves over TCP while its RDMA is down fails every re-probe; those
+// failures are no reason to quarantine it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_reprobes_of_a_destination_serving_over_tcp_do_not_quarantine_it() {
+    let r = replica(0, Duration::ZERO, false).await;
+    let ep = Endpoint { rdma: "127.0.0.1:17".parse().unwrap(), ..r.ep };
+    let cfg = ClientConfig {
+        quarantine_connection_failures: 2,
+        reprobe_interval: Duration::from_millis(20),
+        ..local_cfg()
+    };
+    let c = client(vec![ep], cfg).await;
+    for _ in 0..8 {
+        assert_eq!(c.call(&[0], 1, b"x").await.unwrap().as_slice(), b"x");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let s = c.stats();
+    assert!(relaxed(&s.connect_failures) >= 8, "re-probes were made and failed");
+    assert_eq!(relaxed(&s.tcp_calls), 8);
+    assert!(!c.is_quarantined(0));
+    assert_eq!(relaxed(&s.quarantines), 0);
+}
+
+// A server that answers everything "unavailable" is as unwell as one that times out: its
+// replies count towards quarantine (N) and the call asks another replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwell_replies_count_towards_quarantine_and_go_to_another_replica() {
+    let sick = replica_with(0, Duration::ZERO, true, true).await;
+    let well = replica(1, Duration::ZERO, true).await;
+    let cfg = ClientConfig { quarantine_request_failures: 2, local_pod: 0, ..local_cfg() };
+    let c = client(vec![sick.ep, well.ep], cfg).await.with_unwell_replies(|b| b == UNWELL);
+    for i in 0..5u8 {
+        assert_eq!(c.call(&[0, 1], 1, &[i]).await.unwrap().as_slice(), &[i], "the well one");
+    }
+    let s = c.stats();
+    assert_eq!(relaxed(&s.unwell_replies), 3, "asked until quarantined past N = 2");
+    assert!(c.is_quarantined(0));
+    assert_eq!(relaxed(&s.failures), 0);
+    // When every replica is unwell, the caller gets the reply (its status), not an error.
+    let c = client(vec![sick.ep], local_cfg()).await.with_unwell_replies(|b| b == UNWELL);
+    assert_eq!(c.call(&[0], 1, b"x").await.unwrap().as_slice(), UNWELL);
 }

@@ -59,8 +59,9 @@ struct Args {
     /// Transport for requests; default: the config's `[transport].kind`.
     #[arg(long, value_enum)]
     transport: Option<Kind>,
-    /// Client id: unique per trainer process (scopes push sequence numbers); also the
-    /// default training-stream seed.
+    /// Trainer id: names it in logs and reports and is the default training-stream seed. A
+    /// restart may reuse it: pushes are deduplicated under a fresh random identity per
+    /// start (reported as `push_id`), so a restarted trainer's pushes are applied.
     #[arg(long, value_name = "N", default_value_t = 1)]
     id: u64,
     /// Train this many steps (default: `[trainer].steps`).
@@ -238,6 +239,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     let report = Report {
         kind: "trainer",
         id: args.id,
+        push_id: client.ps.push_id(),
         transport: match client.kind {
             TransportKind::Rdma => "rdma".into(),
             TransportKind::Tcp => "tcp".into(),

@@ -48,8 +48,10 @@ impl From<&DeviceStats> for RnicCounters {
 pub struct Report {
     /// Always `"trainer"`.
     pub kind: &'static str,
-    /// Client id (`--id`).
+    /// Trainer id (`--id`).
     pub id: u64,
+    /// This run's push identity (random per start; servers deduplicate pushes by it).
+    pub push_id: u64,
     /// `"rdma"` or `"tcp"`.
     pub transport: String,
     /// Embedding table name and the dense table name.

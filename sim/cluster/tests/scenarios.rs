@@ -52,6 +52,11 @@ fn an_rdma_failure_falls_back_to_tcp_within_a_second_and_recovers() {
 }
 
 #[test]
+fn a_client_restarted_with_the_same_id_has_its_pushes_applied() {
+    check(Scenario::ClientRestart);
+}
+
+#[test]
 fn a_dead_replica_is_quarantined_and_released_after_it_returns() {
     check(Scenario::Quarantine);
     let r = run(Scenario::Quarantine, 12);
