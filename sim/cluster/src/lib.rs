@@ -67,11 +67,16 @@ pub enum Scenario {
     /// process): the new one's pushes must be applied, each exactly once (issue 13: under
     /// a stable push identity they were answered Duplicate and dropped).
     ClientRestart,
+    /// A training shard stopped gracefully under load, as by SIGTERM (drain: pushes refused
+    /// and retried, replication flushed; then a checkpoint), and started again from its
+    /// checkpoint with a new replication identity: nothing acknowledged is lost or applied
+    /// twice, and the replicas converge.
+    TrainingRestart,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Loss,
         Scenario::ShardRestart,
         Scenario::PodPartition,
@@ -79,6 +84,7 @@ impl Scenario {
         Scenario::RdmaFallback,
         Scenario::Quarantine,
         Scenario::ClientRestart,
+        Scenario::TrainingRestart,
     ];
 
     /// Its name on the command line and in reports.
@@ -91,6 +97,7 @@ impl Scenario {
             Scenario::RdmaFallback => "rdma-fallback",
             Scenario::Quarantine => "quarantine",
             Scenario::ClientRestart => "client-restart",
+            Scenario::TrainingRestart => "training-restart",
         }
     }
 
@@ -213,6 +220,13 @@ struct Shard {
     running: RunningShard,
 }
 
+/// What a shard starts from: fresh tables, or a checkpoint's.
+struct Restored {
+    tables: TableSet,
+    update_seq: u64,
+    windows: Vec<bex_ps_core::dedupe::WindowState>,
+}
+
 /// The simulated cluster.
 struct Cluster {
     hub: Arc<SimHub>,
@@ -224,6 +238,12 @@ struct Cluster {
     /// Shard starts so far (each start's replication identity is drawn from it).
     starts: u64,
     seed: u64,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.cfg.cluster.data_dir);
+    }
 }
 
 impl Cluster {
@@ -241,6 +261,12 @@ impl Cluster {
         let cfg = cluster_config();
         let topo = cfg.topology().expect("the simulated cluster's topology");
         let tcfg = transport_config(&cfg.transport, b"sim");
+        let mut cfg = cfg;
+        // Checkpoints (training-restart) go to a directory of this run's own.
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let run = RUNS.fetch_add(1, Ordering::Relaxed);
+        cfg.cluster.data_dir = std::env::temp_dir()
+            .join(format!("bex-simcluster-{}-{seed}-{run}", std::process::id()));
         let mut c = Cluster {
             hub,
             cfg,
@@ -273,24 +299,47 @@ impl Cluster {
     }
 
     async fn start(&mut self, pod: u32, shard: u32) {
+        let tables = TableSet::new(self.cfg.table_specs()).expect("valid tables");
+        self.start_from(pod, shard, Restored { tables, update_seq: 0, windows: Vec::new() }, false)
+            .await;
+    }
+
+    /// Starts the shard from its checkpoint (written by [`Cluster::stop_gracefully`]).
+    async fn start_restored(&mut self, pod: u32, shard: u32) -> Result<(), String> {
+        let path = self.cfg.checkpoint_path(pod, shard);
+        let (tables, meta, windows) =
+            bex_ps_core::checkpoint::read_checkpoint(&path, &self.cfg.table_specs())
+                .map_err(|e| format!("restoring pod {pod} shard {shard}: {e}"))?;
+        let restored = Restored { tables, update_seq: meta.update_seq, windows };
+        self.start_from(pod, shard, restored, true).await;
+        Ok(())
+    }
+
+    /// Stops the shard as SIGTERM does: drain, checkpoint, gone. The changed keys the
+    /// drain could not get acknowledged, if any.
+    async fn stop_gracefully(&mut self, pod: u32, shard: u32) -> Result<u64, String> {
+        let server = self.shards[&(pod, shard)].running.server.clone();
+        let timeout = Duration::from_millis(self.cfg.server.drain_timeout_ms);
+        let drained = server.drain(timeout).await;
+        server
+            .checkpoint()
+            .await
+            .map_err(|e| format!("checkpoint of pod {pod} shard {shard}: {e}"))?;
+        self.kill(pod, shard);
+        Ok(drained.replication_left_keys)
+    }
+
+    async fn start_from(&mut self, pod: u32, shard: u32, from: Restored, restored: bool) {
+        let Restored { tables, update_seq, windows: dedupe_windows } = from;
         let a = *self.topo.server(pod, shard).expect("the shard is in the topology");
         let (rdma, tcp) = self.host(a.rdma, a.tcp);
-        let tables = TableSet::new(self.cfg.table_specs()).expect("valid tables");
         // Replayable, as a process's random identity is not: from the seed, fresh per start.
         self.starts += 1;
         let incarnation = bex_ps_core::shard::mix64(self.seed ^ self.starts << 20);
         let running = start_shard(
             &self.cfg,
             &self.topo,
-            ShardStart {
-                pod,
-                shard,
-                tables,
-                update_seq: 0,
-                dedupe_windows: Vec::new(),
-                restored: false,
-                incarnation,
-            },
+            ShardStart { pod, shard, tables, update_seq, restored, dedupe_windows, incarnation },
             (Transport::Sim(rdma.clone()), Transport::Sim(tcp.clone())),
             |_| {},
         )
@@ -586,6 +635,18 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
             c.isolate(&[rdma], true);
             clock.at(1_800).await;
             c.isolate(&[rdma], false);
+        }
+        Scenario::TrainingRestart => {
+            clock.at(800).await;
+            match c.stop_gracefully(0, 0).await {
+                Ok(0) => {}
+                Ok(left) => violations.push(format!("the drain left {left} keys unreplicated")),
+                Err(e) => violations.push(e),
+            }
+            clock.at(1_000).await;
+            if let Err(e) = c.start_restored(0, 0).await {
+                violations.push(e);
+            }
         }
         Scenario::ClientRestart => {
             clock.at(1_500).await;

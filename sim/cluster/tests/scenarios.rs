@@ -57,6 +57,11 @@ fn a_client_restarted_with_the_same_id_has_its_pushes_applied() {
 }
 
 #[test]
+fn a_training_shard_stopped_gracefully_and_restored_loses_nothing() {
+    check(Scenario::TrainingRestart);
+}
+
+#[test]
 fn a_dead_replica_is_quarantined_and_released_after_it_returns() {
     check(Scenario::Quarantine);
     let r = run(Scenario::Quarantine, 12);
