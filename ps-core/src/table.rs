@@ -506,6 +506,68 @@ impl Table {
         Ok(self.replica_rows(keys.iter(), row))
     }
 
+    /// Whole rows of `keys` as Replicate with [`flags::STATE`](crate::wire::flags::STATE)
+    /// carries them: per key the `stride` f32 of the row (values, then optimizer state)
+    /// and the bits of its step count, `keys.len() × (stride + 1)` into `out`. A missing
+    /// row reads as a new one (initial values and state, no steps); nothing is created.
+    pub fn read_state_into(&self, keys: &[u64], out: &mut [f32]) -> Result<(), TableError> {
+        let l = &self.layout;
+        let w = l.stride + 1;
+        Self::check_len("out", keys.len().checked_mul(w), out.len())?;
+        for (key, o) in keys.iter().zip(out.chunks_exact_mut(w)) {
+            let s = self.stripe(*key).read();
+            let (row, steps) = o.split_at_mut(l.stride);
+            match s.index.get(key) {
+                Some(&r) => {
+                    row.copy_from_slice(s.row(r as usize, l));
+                    steps[0] = f32::from_bits(s.steps[r as usize]);
+                }
+                None => {
+                    l.new_row(*key, row);
+                    steps[0] = f32::from_bits(0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replicas: overwrite whole rows — values, optimizer state and step count — of `keys`
+    /// from a Replicate frame with [`flags::STATE`](crate::wire::flags::STATE) (`rows` is
+    /// `keys.len() × (stride + 1)`, see [`read_state_into`](Self::read_state_into)),
+    /// creating rows as needed, so a replica holds exactly the training pod's rows. Every
+    /// value and state element must be finite (checked before anything is written).
+    /// Returns the number of keys applied.
+    pub fn apply_replica_state_le(
+        &self,
+        keys: LeU64s<'_>,
+        rows: LeF32s<'_>,
+    ) -> Result<usize, TableError> {
+        let l = &self.layout;
+        let w = l.stride + 1;
+        Self::check_len("rows", keys.len().checked_mul(w), rows.len())?;
+        for i in 0..keys.len() {
+            let row = rows.row(i, w).unwrap_or_default();
+            if let Some(j) = row.iter().take(l.stride).position(|v| !v.is_finite()) {
+                return Err(TableError::NonFinite { index: i * w + j });
+            }
+        }
+        let mut n = 0;
+        for (i, key) in keys.iter().enumerate() {
+            let Some(row) = rows.row(i, w) else { break };
+            let mut s = self.stripe(key).write();
+            let (r, created) = s.get_or_insert(key, l);
+            if created {
+                self.rows.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(values) = row.row(0, l.stride) {
+                values.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
+            }
+            s.steps[r] = row.get(l.stride).map_or(0, f32::to_bits);
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Rows in stripe `stripe` now (0 for a stripe out of range).
     pub fn stripe_len(&self, stripe: usize) -> usize {
         self.stripes.get(stripe).map_or(0, |s| s.read().len())
@@ -683,6 +745,49 @@ mod tests {
             init: Initializer::Uniform { scale: 0.1 },
             optimizer,
         }
+    }
+
+    #[test]
+    fn whole_rows_replicate_optimizer_state_and_steps_bit_exactly() {
+        let opt = Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let src = Table::new(spec("t", 3, opt)).unwrap();
+        let keys = [4u64, 9, 4, 17];
+        for step in 0..5 {
+            let g: Vec<f32> = (0..12).map(|i| (i + step) as f32 * 0.37 - 2.0).collect();
+            src.push(&keys, &g, None).unwrap();
+        }
+        let w = src.stride() + 1;
+        let ks = [4u64, 9, 17, 99]; // 99 was never pushed: a new row, nothing created
+        let mut rows = vec![0f32; ks.len() * w];
+        src.read_state_into(&ks, &mut rows).unwrap();
+        assert_eq!(src.rows(), 3);
+        let mut kb = vec![0u8; 8 * ks.len()];
+        let mut vb = vec![0u8; 4 * rows.len()];
+        crate::wire::put_u64s(&mut kb, &ks);
+        crate::wire::put_f32s(&mut vb, &rows);
+        let dst = Table::new(spec("t", 3, opt)).unwrap();
+        let (k, v) = (LeU64s::new(&kb).unwrap(), LeF32s::new(&vb).unwrap());
+        assert_eq!(dst.apply_replica_state_le(k, v).unwrap(), 4);
+        let records = |t: &Table| {
+            let mut all = Vec::new();
+            for s in 0..STRIPES {
+                t.export_records(s, 0, usize::MAX, &mut all);
+            }
+            let mut recs: Vec<Vec<u8>> = all.chunks(t.record_len()).map(<[u8]>::to_vec).collect();
+            recs.sort();
+            recs
+        };
+        let (a, b) = (records(&src), records(&dst));
+        assert_eq!(b.len(), 4);
+        assert!(a.iter().all(|r| b.contains(r)), "values, state and steps equal bit for bit");
+        // A non-finite element is refused before anything is written.
+        // Row 0's second element: exponent bits all ones (infinite or NaN).
+        vb[7] = 0x7f;
+        vb[6] |= 0x80;
+        let bad = Table::new(spec("t", 3, opt)).unwrap();
+        let (k, v) = (LeU64s::new(&kb).unwrap(), LeF32s::new(&vb).unwrap());
+        assert!(bad.apply_replica_state_le(k, v).is_err());
+        assert_eq!(bad.rows(), 0);
     }
 
     #[test]

@@ -73,8 +73,13 @@ pub mod flags {
     pub const NO_CREATE: u16 = 1 << 0;
     /// The sender is retrying this (client, seq); informational (dedupe does not depend on it).
     pub const RETRY: u16 = 1 << 1;
+    /// Replicate: each row of the value array is the table's whole row — `stride` f32
+    /// (values, then optimizer state) and then the row's step count as the bits of one more
+    /// element — so `dim` is the table's stride + 1 (at most 3 × the dimension limit + 1) and
+    /// replicas hold the optimizer state too.
+    pub const STATE: u16 = 1 << 2;
     /// Every defined flag; decoders reject others.
-    pub const ALL: u16 = NO_CREATE | RETRY;
+    pub const ALL: u16 = NO_CREATE | RETRY | STATE;
 }
 
 /// Operation of a request.
@@ -770,8 +775,14 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &Limits) -> Result<RequestView<
             body,
         });
     }
-    if header.dim == 0 || header.dim > limits.max_dim {
-        return Err(WireError::BadDim { dim: header.dim, max: limits.max_dim });
+    // A whole row (STATE) holds up to three arrays of the table's dimension and a step count.
+    let max_dim = if header.flags & flags::STATE != 0 {
+        limits.max_dim.saturating_mul(3).saturating_add(1)
+    } else {
+        limits.max_dim
+    };
+    if header.dim == 0 || header.dim > max_dim {
+        return Err(WireError::BadDim { dim: header.dim, max: max_dim });
     }
     if header.count > limits.max_keys {
         return Err(WireError::TooManyKeys { count: header.count, max: limits.max_keys });
@@ -1194,6 +1205,23 @@ mod tests {
         assert!(matches!(decode_request(&b, &lim), Err(WireError::BadDim { dim: 0, .. })));
         b[12..16].copy_from_slice(&5000u32.to_le_bytes());
         assert!(matches!(decode_request(&b, &lim), Err(WireError::BadDim { dim: 5000, .. })));
+        // Whole rows (STATE) may be up to three arrays and a step count wide, no wider.
+        let keys = [1u64, 2];
+        let wide = 3 * lim.max_dim + 1;
+        let rows = vec![0.5f32; 2 * wide as usize];
+        let h = DataHeader { table: 0, dim: wide, client: 1, seq: 1, flags: flags::STATE };
+        let mut f = vec![0u8; push_request_len(2, wide as usize)];
+        encode_replicate_into(&mut f, &h, &keys, &rows).unwrap();
+        let big = Limits { max_frame_bytes: 1 << 20, ..lim };
+        assert_eq!(decode_request(&f, &big).unwrap().header.dim, wide);
+        f[12..16].copy_from_slice(&(wide + 1).to_le_bytes());
+        assert!(matches!(decode_request(&f, &big), Err(WireError::BadDim { .. })));
+        f[12..16].copy_from_slice(&wide.to_le_bytes());
+        f[6..8].copy_from_slice(&0u16.to_le_bytes());
+        assert!(
+            matches!(decode_request(&f, &big), Err(WireError::BadDim { .. })),
+            "not without STATE"
+        );
         // count disagreeing with body_len.
         let mut b = buf.clone();
         b[16..20].copy_from_slice(&3u32.to_le_bytes());

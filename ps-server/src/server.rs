@@ -560,7 +560,10 @@ impl PsServer {
                 let Some(t) = table(h.table) else {
                     return self.error(Some(op), Status::UnknownTable, seq, "no such table");
                 };
-                if t.dim() != h.dim as usize {
+                // A Replicate with whole rows carries the table's stride and a step count.
+                let state = op == Op::Replicate && h.flags & wire::flags::STATE != 0;
+                let want = if state { t.stride() + 1 } else { t.dim() };
+                if want != h.dim as usize {
                     return self.error(
                         Some(op),
                         Status::WrongDim,
@@ -584,7 +587,12 @@ impl PsServer {
                     }
                 }
                 if op == Op::Replicate {
-                    return match t.apply_replica_le(v.keys, v.values) {
+                    let applied = if state {
+                        t.apply_replica_state_le(v.keys, v.values)
+                    } else {
+                        t.apply_replica_le(v.keys, v.values)
+                    };
+                    return match applied {
                         Ok(n) => {
                             self.update_seq.fetch_add(1, Ordering::AcqRel);
                             self.status(op, Status::Ok, seq, n as u32)
@@ -728,13 +736,16 @@ async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
                 backlog.settled(n);
                 continue;
             };
-            let mut rows = vec![0f32; t.keys.len() * t.dim as usize];
-            if let Err(e) = table.read_into(&t.keys, &mut rows) {
+            // Whole rows, optimizer state included: a replica is an exact copy, so a pod
+            // that takes over training continues where the training pod was.
+            let width = table.stride() + 1;
+            let mut rows = vec![0f32; t.keys.len() * width];
+            if let Err(e) = table.read_state_into(&t.keys, &mut rows) {
                 tracing::error!(%e, "cannot read rows to replicate");
                 backlog.settled(n);
                 continue;
             }
-            let len = wire::REQUEST_HEADER_LEN + t.keys.len() * (8 + 4 * t.dim as usize);
+            let len = wire::REQUEST_HEADER_LEN + t.keys.len() * (8 + 4 * width);
             let mut buf = vec![0u8; len];
             let mut backoff = Duration::from_millis(5);
             let mut frame_len = 0;
@@ -742,7 +753,13 @@ async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
             let sent = loop {
                 if !numbered {
                     seq += 1;
-                    let h = DataHeader { table: t.table, dim: t.dim, client: f.me, seq, flags: 0 };
+                    let h = DataHeader {
+                        table: t.table,
+                        dim: width as u32,
+                        client: f.me,
+                        seq,
+                        flags: wire::flags::STATE,
+                    };
                     frame_len = match wire::encode_replicate_into(&mut buf, &h, &t.keys, &rows) {
                         Ok(n) => n,
                         Err(e) => {
