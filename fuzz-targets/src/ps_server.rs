@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use bemalloc::Pool;
 use bex_ps_core::dedupe::DedupeConfig;
-use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
+use bex_ps_core::wire::{self, flags, DataHeader, Limits, Op, Status};
 use bex_ps_core::TableSet;
 use bex_ps_server::server::{Handler, PsServer, ServerParts};
 use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
@@ -248,11 +248,16 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
             (Op::Replicate, Status::Ok) => {
                 let keys = req.keys.to_vec();
                 let row = 4 * hd.dim as usize;
+                // A whole row (STATE) starts with the values a Fetch returns.
+                let take = match local_specs().get(hd.table as usize) {
+                    Some(s) if hd.flags & flags::STATE != 0 => 4 * s.dim as usize,
+                    _ => row,
+                };
                 let values = req.values.as_bytes();
                 for (i, k) in keys.iter().enumerate() {
                     if let Some(e) = expected.get_mut(&(hd.table, *k)) {
                         let once = keys.iter().filter(|x| *x == k).count() == 1;
-                        *e = once.then(|| values[i * row..(i + 1) * row].to_vec());
+                        *e = once.then(|| values[i * row..i * row + take].to_vec());
                     }
                 }
             }

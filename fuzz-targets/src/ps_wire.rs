@@ -55,7 +55,14 @@ fn request(data: &[u8], limits: &Limits) {
     assert!(data.len() <= limits.max_frame_bytes);
     let mut again = vec![0u8; data.len()];
     if h.op.is_data() {
-        assert!(h.dim >= 1 && h.dim <= limits.max_dim && h.count <= limits.max_keys);
+        // Whole rows (Replicate with STATE) are up to three arrays and a step count wide.
+        let max_dim = if h.flags & wire::flags::STATE != 0 {
+            assert_eq!(h.op, Op::Replicate, "STATE only on Replicate");
+            3 * limits.max_dim + 1
+        } else {
+            limits.max_dim
+        };
+        assert!(h.dim >= 1 && h.dim <= max_dim && h.count <= limits.max_keys);
         assert_eq!(v.keys.len(), h.count as usize);
         let want_values = if h.op.carries_values() { h.count as usize * h.dim as usize } else { 0 };
         assert_eq!(v.values.len(), want_values);

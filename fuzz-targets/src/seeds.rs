@@ -133,6 +133,13 @@ fn ps_requests() -> Vec<(u16, Vec<u8>)> {
         let n = wire::encode_replicate_into(&mut f, &DataHeader { seq: 99, ..h }, &keys, &grads)
             .expect("replicate encodes");
         out.push((Op::Replicate as u16, f[..n].to_vec()));
+        // Whole rows: the table's stride and a step count per row.
+        let width = spec.stride() as u32 + 1;
+        let rows: Vec<f32> = (0..keys.len() * width as usize).map(|i| i as f32 * 0.5).collect();
+        let st = DataHeader { seq: 100, dim: width, flags: flags::STATE, ..h };
+        let mut f = vec![0u8; wire::push_request_len(keys.len(), width as usize)];
+        let n = wire::encode_replicate_into(&mut f, &st, &keys, &rows).expect("replicate encodes");
+        out.push((Op::Replicate as u16, f[..n].to_vec()));
     }
     let control = |op: Op, f: Result<Vec<u8>, wire::WireError>| (op as u16, f.expect("encodes"));
     out.push(control(Op::Health, wire::control_request_vec(Op::Health, 0, 1, 2, &())));

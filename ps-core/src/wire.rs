@@ -556,7 +556,9 @@ impl RequestHeader {
         }
         let op = Op::from_u8(buf[5]).ok_or(WireError::UnknownOp(buf[5]))?;
         let flags = rd_u16(buf, 6);
-        if flags & !flags::ALL != 0 {
+        // Whole rows exist only in Replicate (found by the ps_wire fuzz target: a Fetch with
+        // STATE got the wider dimension limit).
+        if flags & !flags::ALL != 0 || (flags & flags::STATE != 0 && op != Op::Replicate) {
             return Err(WireError::BadFlags(flags.into()));
         }
         Ok(RequestHeader {
@@ -1222,6 +1224,12 @@ mod tests {
             matches!(decode_request(&f, &big), Err(WireError::BadDim { .. })),
             "not without STATE"
         );
+        // STATE on another op is refused, whatever the dimension.
+        let mut p = vec![0u8; push_request_len(2, 3)];
+        let h = DataHeader { table: 0, dim: 3, client: 1, seq: 1, flags: 0 };
+        encode_push_into(&mut p, &h, &keys, &[1.0; 6]).unwrap();
+        p[6..8].copy_from_slice(&flags::STATE.to_le_bytes());
+        assert!(matches!(decode_request(&p, &lim), Err(WireError::BadFlags(_))));
         // count disagreeing with body_len.
         let mut b = buf.clone();
         b[16..20].copy_from_slice(&3u32.to_le_bytes());
