@@ -135,10 +135,13 @@ impl FanoutPlan {
         self.parts.iter().map(|p| p.keys.len()).sum()
     }
 
-    fn check_parts(
+    /// Checks a merge's inputs: one part per planned part, each `keys × dim` long, and an
+    /// output of `request_len() × dim`.
+    fn check_merge(
         &self,
         dim: usize,
         lens: impl ExactSizeIterator<Item = usize>,
+        out_len: usize,
     ) -> Result<(), FanoutError> {
         if lens.len() != self.parts.len() {
             return Err(FanoutError::PartCount { expected: self.parts.len(), got: lens.len() });
@@ -148,6 +151,12 @@ impl FanoutPlan {
             if got != expected {
                 return Err(FanoutError::PartLength { part: i, shard: p.shard, expected, got });
             }
+        }
+        if out_len != self.slots.len() * dim {
+            return Err(FanoutError::OutputLength {
+                expected: self.slots.len() * dim,
+                got: out_len,
+            });
         }
         Ok(())
     }
@@ -167,13 +176,7 @@ impl FanoutPlan {
         rows: &[&[f32]],
         out: &mut [f32],
     ) -> Result<(), FanoutError> {
-        self.check_parts(dim, rows.iter().map(|r| r.len()))?;
-        if out.len() != self.slots.len() * dim {
-            return Err(FanoutError::OutputLength {
-                expected: self.slots.len() * dim,
-                got: out.len(),
-            });
-        }
+        self.check_merge(dim, rows.iter().map(|r| r.len()), out.len())?;
         for (o, &(p, j)) in out.chunks_exact_mut(dim.max(1)).zip(&self.slots) {
             let j = j as usize;
             o.copy_from_slice(&rows[p as usize][j * dim..(j + 1) * dim]);
@@ -196,13 +199,7 @@ impl FanoutPlan {
         rows: &[LeF32s<'_>],
         out: &mut [f32],
     ) -> Result<(), FanoutError> {
-        self.check_parts(dim, rows.iter().map(|r| r.len()))?;
-        if out.len() != self.slots.len() * dim {
-            return Err(FanoutError::OutputLength {
-                expected: self.slots.len() * dim,
-                got: out.len(),
-            });
-        }
+        self.check_merge(dim, rows.iter().map(|r| r.len()), out.len())?;
         for (o, &(p, j)) in out.chunks_exact_mut(dim.max(1)).zip(&self.slots) {
             if let Some(r) = rows[p as usize].row(j as usize, dim) {
                 r.copy_to(o);

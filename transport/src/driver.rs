@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clock;
 use crate::config::Counters;
-use crate::endpoint::{Done, Endpoint};
+use crate::endpoint::{Done, Endpoint, PostWhen};
 use crate::engine::RemoteTarget;
 use crate::error::{Result, TransportError};
 use crate::msg::{Msg, Payload};
@@ -274,10 +274,7 @@ impl<D: Device + 'static> Control for Driven<D> {
                 // it queues for the driver's next flush, so a tick's worth of sends share
                 // one doorbell and one sendmsg (the completions the engine waits for bring
                 // the driver round anyway). A parked driver is woken for the flush.
-                let mut ep = self.ep.lock();
-                let idle = ep.is_idle(socket);
-                ep.send(socket, payload, target, done, idle);
-                drop(ep);
+                self.ep.lock().send(socket, payload, target, done, PostWhen::IfIdle);
                 self.flush_soon();
             }
             Cmd::Open { engine, socket, inbox, reply } => {

@@ -73,6 +73,16 @@ struct SocketEdge {
     ended: Option<TransportError>,
 }
 
+/// When [`Endpoint::send`] posts what it queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PostWhen {
+    /// At once.
+    Now,
+    /// At once if the engine has nothing in flight (see `Engine::is_idle`), else with the
+    /// next flush: alone it goes without waiting, behind a busy engine it batches.
+    IfIdle,
+}
+
 /// One CQ's engines and sockets.
 pub(crate) struct Endpoint<D: Device> {
     pub index: usize,
@@ -141,21 +151,16 @@ impl<D: Device> Endpoint<D> {
         self.settle(qpn);
     }
 
-    /// True if the engine under `socket` has nothing in flight (see `Engine::is_idle`).
-    pub fn is_idle(&self, socket: u32) -> bool {
-        let qpn = self.sockets.get(&socket).map(|e| e.qpn);
-        qpn.and_then(|q| self.engines.get(&q)).is_none_or(|h| h.engine.is_idle())
-    }
-
-    /// Queues a message; with `post_now` false it waits for [`Endpoint::flush`] (or the next
-    /// turn), so that sends issued together share one doorbell.
+    /// Queues a message and posts it as `when` says; one left unposted waits for
+    /// [`Endpoint::flush`] (or the next turn), so that sends issued together share one
+    /// doorbell.
     pub fn send(
         &mut self,
         socket: u32,
         payload: Payload,
         target: Option<RemoteTarget>,
         done: Done,
-        post_now: bool,
+        when: PostWhen,
     ) {
         let Some(edge) = self.sockets.get(&socket) else {
             done.finish(Err(TransportError::Closed));
@@ -173,6 +178,10 @@ impl<D: Device> Endpoint<D> {
             };
             done.finish(Err(e));
             return;
+        };
+        let post_now = match when {
+            PostWhen::Now => true,
+            PostWhen::IfIdle => h.engine.is_idle(),
         };
         h.engine.enqueue(socket, payload, target, done);
         if post_now {

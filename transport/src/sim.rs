@@ -20,7 +20,7 @@ use bex_rnic::{Device, QpInit, QueuePair, SharedReceiveQueue};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, CounterSnapshot, Counters};
-use crate::endpoint::{Accepted, Done, Endpoint};
+use crate::endpoint::{Accepted, Done, Endpoint, PostWhen};
 use crate::engine::{Engine, EngineParts, Post, RemoteTarget};
 use crate::error::{Result, TransportError};
 use crate::msg::{Msg, Payload};
@@ -378,7 +378,7 @@ impl SimNet {
         target: Option<RemoteTarget>,
         done: Done,
     ) {
-        self.nodes[node].ep.send(id, payload, target, done, true);
+        self.nodes[node].ep.send(id, payload, target, done, PostWhen::Now);
         self.applied(node);
     }
 
