@@ -117,6 +117,9 @@ fn server(pod: u32) -> Arc<PsServer> {
             update_seq: 0,
             dedupe_windows: Vec::new(),
             replication_id: 1,
+            version_floor: 1,
+            push_ack: bex_ps_core::config::PushAck::Applied,
+            push_ack_timeout: std::time::Duration::from_millis(100),
         },
         &topo,
         None,
@@ -248,16 +251,14 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
             (Op::Replicate, Status::Ok) => {
                 let keys = req.keys.to_vec();
                 let row = 4 * hd.dim as usize;
-                // A whole row (STATE) starts with the values a Fetch returns.
-                let take = match local_specs().get(hd.table as usize) {
-                    Some(s) if hd.flags & flags::STATE != 0 => 4 * s.dim as usize,
-                    _ => row,
-                };
+                // A whole row (STATE) applies only over an older version: the model does
+                // not follow versions, so those rows become unknown.
+                let whole = hd.flags & flags::STATE != 0;
                 let values = req.values.as_bytes();
                 for (i, k) in keys.iter().enumerate() {
                     if let Some(e) = expected.get_mut(&(hd.table, *k)) {
                         let once = keys.iter().filter(|x| *x == k).count() == 1;
-                        *e = once.then(|| values[i * row..i * row + take].to_vec());
+                        *e = (once && !whole).then(|| values[i * row..(i + 1) * row].to_vec());
                     }
                 }
             }

@@ -55,10 +55,10 @@ fn request(data: &[u8], limits: &Limits) {
     assert!(data.len() <= limits.max_frame_bytes);
     let mut again = vec![0u8; data.len()];
     if h.op.is_data() {
-        // Whole rows (Replicate with STATE) are up to three arrays and a step count wide.
+        // Whole rows (Replicate with STATE): up to three arrays, a step count and a version.
         let max_dim = if h.flags & wire::flags::STATE != 0 {
             assert_eq!(h.op, Op::Replicate, "STATE only on Replicate");
-            3 * limits.max_dim + 1
+            3 * limits.max_dim + bex_ps_core::table::STATE_EXTRA_WORDS as u32
         } else {
             limits.max_dim
         };
@@ -134,14 +134,14 @@ fn snapshot_chunk(data: &[u8]) {
     let Ok(tables) = bex_ps_core::TableSet::new(local_specs()) else {
         panic!("the local tables are valid")
     };
-    let _ = checkpoint::apply_snapshot_chunk(&tables, data);
+    let _ = checkpoint::apply_snapshot_chunk(&tables, data, &mut |_, _, _| {});
     if data.len() >= CHUNK_HEADER_LEN {
         let mut fixed = data.to_vec();
         fixed[CHUNK_CRC_AT..CHUNK_CRC_AT + 4].fill(0);
         let crc = crc32fast::hash(&fixed);
         fixed[CHUNK_CRC_AT..CHUNK_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         // An empty chunk names any table (the snapshot's end); rows need a known one.
-        if let Ok(info) = checkpoint::apply_snapshot_chunk(&tables, &fixed) {
+        if let Ok(info) = checkpoint::apply_snapshot_chunk(&tables, &fixed, &mut |_, _, _| {}) {
             if info.rows > 0 {
                 let t = tables.get(info.table).expect("rows apply only to a known table");
                 assert!(t.rows() >= 1, "{} rows applied, none stored", info.rows);

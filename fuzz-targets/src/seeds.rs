@@ -133,8 +133,8 @@ fn ps_requests() -> Vec<(u16, Vec<u8>)> {
         let n = wire::encode_replicate_into(&mut f, &DataHeader { seq: 99, ..h }, &keys, &grads)
             .expect("replicate encodes");
         out.push((Op::Replicate as u16, f[..n].to_vec()));
-        // Whole rows: the table's stride and a step count per row.
-        let width = spec.stride() as u32 + 1;
+        // Whole rows: the table's stride, a step count and a version per row.
+        let width = (spec.stride() + bex_ps_core::table::STATE_EXTRA_WORDS) as u32;
         let rows: Vec<f32> = (0..keys.len() * width as usize).map(|i| i as f32 * 0.5).collect();
         let st = DataHeader { seq: 100, dim: width, flags: flags::STATE, ..h };
         let mut f = vec![0u8; wire::push_request_len(keys.len(), width as usize)];
@@ -200,8 +200,14 @@ fn ps_other() -> Vec<Vec<u8>> {
         let _ = table.fetch_into_le(keys, &mut rows, true);
     }
     let mut chunk = Vec::new();
-    snapshot_chunk(&t, SnapshotCursor::START, 1 << 16, &mut chunk).expect("a chunk");
+    snapshot_chunk(&t, SnapshotCursor::START, 1 << 16, Vec::new, &mut chunk).expect("a chunk");
     out.push(chunk);
+    // The windows chunk that ends a snapshot.
+    let mut windows = Vec::new();
+    let past = SnapshotCursor { table: t.len() as u32, ..SnapshotCursor::START };
+    let w = || vec![bex_ps_core::dedupe::WindowState { client: 9, high: 70, bits: vec![3] }];
+    snapshot_chunk(&t, past, 1 << 16, w, &mut windows).expect("a windows chunk");
+    out.push(windows);
     out
 }
 

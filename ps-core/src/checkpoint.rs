@@ -8,7 +8,7 @@
 //! | offset | size | field |
 //! | ---: | ---: | --- |
 //! | 0 | 8 | magic `b"BEXCKPT\0"` |
-//! | 8 | 4 | version (2; version 1, without dedupe windows, is still read) |
+//! | 8 | 4 | version (3; 2, without row versions, and 1, without dedupe windows either, are still read) |
 //! | 12 | 4 | header length (64) |
 //! | 16 | 8 | body length in bytes |
 //! | 24 | 4 | CRC-32 (IEEE) of the body |
@@ -23,9 +23,9 @@
 //! Body: per table, a table header — name length (u16), name (UTF-8), dim (u32),
 //! stride (u32: f32 per row including optimizer state), optimizer kind (u8:
 //! 0 SGD, 1 Adagrad, 2 Adam, 3 FTRL), row count (u64) — then that many row records:
-//! key (u64), Adam step count (u32), `stride` × f32 (values, then optimizer state). Then
-//! the dedupe windows (version 2): client (u64), highest sequence (u64), words (u32), that
-//! many u64 of window bits. The caller takes rows and windows at one point (no update in
+//! key (u64), row version (u64; not in versions 1 and 2), Adam step count (u32), `stride` ×
+//! f32 (values, then optimizer state). Then the dedupe windows (version 2 on): client
+//! (u64), highest sequence (u64), words (u32), that many u64 of window bits. The caller takes rows and windows at one point (no update in
 //! between), so a push is in a checkpoint with its dedupe entry, or not at all.
 //!
 //! Writing goes to `<path>.tmp`, streams the body through a CRC, rewrites the header,
@@ -46,26 +46,31 @@
 //! | offset | size | field |
 //! | ---: | ---: | --- |
 //! | 0 | 4 | magic `b"BXSC"` |
-//! | 4 | 4 | version (1) |
+//! | 4 | 4 | version (2) |
 //! | 8 | 4 | table id |
 //! | 12 | 4 | dim |
 //! | 16 | 4 | stride |
-//! | 20 | 4 | rows in this chunk |
-//! | 24 | 4 | flags (bit 0: last chunk) |
+//! | 20 | 4 | rows in this chunk (a windows chunk: windows) |
+//! | 24 | 4 | flags (bit 0: last chunk; bit 1: dedupe windows instead of rows) |
 //! | 28 | 4 | CRC-32 of the whole chunk with this field zeroed |
 //! | 32 | 8 | next cursor: epoch |
 //! | 40 | 4 | next cursor: table |
 //! | 44 | 4 | next cursor: stripe |
 //! | 48 | 4 | next cursor: row |
 //! | 52 | 4 | reserved (0) |
-//! | 56 | … | row records as in the checkpoint body |
+//! | 56 | … | row records as in the checkpoint body (version 3), or dedupe windows |
+//!
+//! After the last table's rows comes one windows chunk (table `u32::MAX`), the source's
+//! dedupe windows encoded as in the checkpoint body, flagged last: a restarted training
+//! shard learns which pushes the rows it copies already hold, so their retries are
+//! answered Duplicate rather than applied twice.
 //!
 //! Rows are never removed and stripes only grow, so a (table, stripe, row) cursor visits
 //! every row that existed when the snapshot began; rows created later may or may not be
-//! included. Protocol for a bootstrapping replica: subscribe to the training pod's
-//! replication stream (buffering it) *before* the first chunk, apply all chunks, then the
-//! buffered updates in order — updates carry whole values, so the replica ends exactly at
-//! the source. Rows never updated need not travel: the initializer recreates them.
+//! included. Rows carry versions and are applied only over older rows, so a bootstrapping
+//! replica applies chunks and the replication stream as they come, in any order, and ends
+//! at the newest rows (see [`crate::table`]). Rows never updated need not travel: the
+//! initializer recreates them.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -75,12 +80,14 @@ use std::time::{Duration, Instant};
 use crate::control::SnapshotCursor;
 use crate::dedupe::WindowState;
 use crate::optim::OptimizerKind;
-use crate::table::{TableError, TableSet, TableSpec, STRIPES};
+use crate::table::{RecordFormat, TableError, TableSet, TableSpec, STRIPES};
 
 /// Checkpoint magic.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"BEXCKPT\0";
 /// Checkpoint format version.
-pub const CHECKPOINT_VERSION: u32 = 2;
+pub const CHECKPOINT_VERSION: u32 = 3;
+/// Snapshot chunk format version.
+const CHUNK_VERSION: u32 = 2;
 /// Most words of one stored dedupe window (a window of 2^20 sequence numbers).
 const MAX_WINDOW_WORDS: u32 = (1 << 20) / 64;
 /// Checkpoint header length.
@@ -90,6 +97,9 @@ pub const CHUNK_MAGIC: [u8; 4] = *b"BXSC";
 /// Snapshot chunk header length.
 pub const CHUNK_HEADER_LEN: usize = 56;
 const CHUNK_LAST: u32 = 1;
+const CHUNK_WINDOWS: u32 = 2;
+/// The table id of a windows chunk.
+const WINDOWS_TABLE: u32 = u32::MAX;
 
 /// What a checkpoint records besides rows (all chosen by the caller).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -281,18 +291,9 @@ fn write_tmp(
     }
     let n_windows = u32::try_from(windows.len())
         .map_err(|_| CheckpointError::Truncated("too many dedupe windows".into()))?;
-    for w in windows {
-        let words = u32::try_from(w.bits.len()).ok().filter(|&n| n <= MAX_WINDOW_WORDS);
-        let words = words.ok_or_else(|| CheckpointError::Truncated("dedupe window size".into()))?;
-        let mut rec = Vec::with_capacity(20 + 8 * w.bits.len());
-        rec.extend_from_slice(&w.client.to_le_bytes());
-        rec.extend_from_slice(&w.high.to_le_bytes());
-        rec.extend_from_slice(&words.to_le_bytes());
-        for b in &w.bits {
-            rec.extend_from_slice(&b.to_le_bytes());
-        }
-        body.write_all(&rec).map_err(io_err(tmp))?;
-    }
+    buf.clear();
+    encode_windows(windows, &mut buf)?;
+    body.write_all(&buf).map_err(io_err(tmp))?;
     let body_len = body.len;
     let body_crc = body.crc.finalize();
     let mut out = body.inner;
@@ -316,6 +317,45 @@ fn write_tmp(
     file.write_all(&h).map_err(io_err(tmp))?;
     file.sync_all().map_err(io_err(tmp))?;
     Ok((CHECKPOINT_HEADER_LEN as u64 + body_len, rows_total, body_crc))
+}
+
+/// Appends dedupe windows as the checkpoint body and windows chunks store them.
+fn encode_windows(windows: &[WindowState], out: &mut Vec<u8>) -> Result<(), CheckpointError> {
+    for w in windows {
+        let words = u32::try_from(w.bits.len()).ok().filter(|&n| n <= MAX_WINDOW_WORDS);
+        let words = words.ok_or_else(|| CheckpointError::Truncated("dedupe window size".into()))?;
+        out.extend_from_slice(&w.client.to_le_bytes());
+        out.extend_from_slice(&w.high.to_le_bytes());
+        out.extend_from_slice(&words.to_le_bytes());
+        for b in &w.bits {
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// Reads `n` windows as [`encode_windows`] wrote them, each part through `read` (which
+/// fills the buffer it is given or fails: a window is at most 128 KiB, so a lying length
+/// costs no more than that before the read fails).
+fn decode_windows(
+    n: u32,
+    mut read: impl FnMut(&mut [u8], &str) -> Result<(), CheckpointError>,
+) -> Result<Vec<WindowState>, CheckpointError> {
+    let mut windows = Vec::new();
+    let mut buf = Vec::new();
+    for _ in 0..n {
+        let mut wh = [0u8; 20];
+        read(&mut wh, "dedupe window")?;
+        let (client, high, words) = (rd_u64(&wh, 0), rd_u64(&wh, 8), rd_u32(&wh, 16));
+        if words > MAX_WINDOW_WORDS {
+            return Err(CheckpointError::Truncated(format!("dedupe window of {words} words")));
+        }
+        buf.resize(words as usize * 8, 0);
+        read(&mut buf, "dedupe window bits")?;
+        let bits = buf.chunks_exact(8).map(|c| rd_u64(c, 0)).collect();
+        windows.push(WindowState { client, high, bits });
+    }
+    Ok(windows)
 }
 
 /// A reader that CRCs and counts what it reads, bounded by the declared body length.
@@ -419,7 +459,8 @@ pub fn read_checkpoint(
                 t.spec().optimizer.kind()
             )));
         }
-        let rl = t.record_len() as u64;
+        let format = if version >= 3 { RecordFormat::Versioned } else { RecordFormat::Unversioned };
+        let rl = t.record_len_of(format) as u64;
         let total = rows.checked_mul(rl).filter(|&b| b <= body.left).ok_or_else(|| {
             CheckpointError::Truncated(format!("table {name:?}: {rows} rows do not fit the body"))
         })?;
@@ -428,23 +469,11 @@ pub fn read_checkpoint(
             let n = left.min(rl * batch_rows(rl as usize) as u64) as usize;
             buf.resize(n, 0);
             body.read_exact_body(&mut buf, "rows")?;
-            t.import_records(&buf)?;
+            t.import_records(&buf, format, &mut |_, _| {})?;
             left -= n as u64;
         }
     }
-    let mut windows = Vec::new();
-    for _ in 0..n_windows {
-        let mut wh = [0u8; 20];
-        body.read_exact_body(&mut wh, "dedupe window")?;
-        let (client, high, words) = (rd_u64(&wh, 0), rd_u64(&wh, 8), rd_u32(&wh, 16));
-        if words > MAX_WINDOW_WORDS || u64::from(words) * 8 > body.left {
-            return Err(CheckpointError::Truncated(format!("dedupe window of {words} words")));
-        }
-        buf.resize(words as usize * 8, 0);
-        body.read_exact_body(&mut buf, "dedupe window bits")?;
-        let bits = buf.chunks_exact(8).map(|c| rd_u64(c, 0)).collect();
-        windows.push(WindowState { client, high, bits });
-    }
+    let windows = decode_windows(n_windows, |b, what| body.read_exact_body(b, what))?;
     if body.left != 0 {
         return Err(CheckpointError::Truncated(format!(
             "{} bytes after the last table",
@@ -493,7 +522,7 @@ impl CheckpointSchedule {
 // Streaming snapshots.
 
 /// A decoded snapshot chunk (what [`apply_snapshot_chunk`] did).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkInfo {
     /// Table of the rows.
     pub table: u32,
@@ -501,16 +530,20 @@ pub struct ChunkInfo {
     pub rows: u32,
     /// Cursor for the next request; `None` after the last chunk.
     pub next: Option<SnapshotCursor>,
+    /// The source's dedupe windows (the windows chunk; empty otherwise).
+    pub windows: Vec<WindowState>,
 }
 
 /// Appends to `out` the chunk that continues `cursor` over `tables`, at most `max_bytes`
 /// (but always at least one row when rows remain; `max_bytes` must hold the header and one
-/// row of every table). Returns the number of rows in it. A cursor from another epoch is
+/// row of every table); past the last table, the windows chunk of `windows()` (any size).
+/// Returns the number of rows (or windows) in it. A cursor from another epoch is
 /// [`CheckpointError::StaleCursor`]; [`SnapshotCursor::START`] is accepted by any epoch.
 pub fn snapshot_chunk(
     tables: &TableSet,
     cursor: SnapshotCursor,
     max_bytes: usize,
+    windows: impl FnOnce() -> Vec<WindowState>,
     out: &mut Vec<u8>,
 ) -> Result<u32, CheckpointError> {
     if cursor.epoch != 0 && cursor.epoch != tables.epoch() {
@@ -518,6 +551,15 @@ pub fn snapshot_chunk(
     }
     let start = out.len();
     out.resize(start + CHUNK_HEADER_LEN, 0);
+    if cursor.table as usize >= tables.len() {
+        let windows = windows();
+        encode_windows(&windows, out)?;
+        let n = u32::try_from(windows.len())
+            .map_err(|_| CheckpointError::Truncated("too many dedupe windows".into()))?;
+        let next = SnapshotCursor { epoch: tables.epoch(), ..cursor };
+        finish_chunk(&mut out[start..], WINDOWS_TABLE, (0, 0), n, CHUNK_LAST | CHUNK_WINDOWS, next);
+        return Ok(n);
+    }
     let (mut table, mut stripe, mut row) =
         (cursor.table, cursor.stripe as usize, cursor.row as usize);
     let mut rows = 0usize;
@@ -560,33 +602,53 @@ pub fn snapshot_chunk(
             break;
         }
     }
-    let last = tables.get(table).is_none();
+    // Past the last table the windows chunk follows (never "last" here).
     let next =
         SnapshotCursor { epoch: tables.epoch(), table, stripe: stripe as u32, row: row as u32 };
-    let h = &mut out[start..start + CHUNK_HEADER_LEN];
+    finish_chunk(&mut out[start..], chunk_table, (dim, stride), rows as u32, 0, next);
+    Ok(rows as u32)
+}
+
+/// Writes the header of the chunk in `chunk` (header then body) and its CRC.
+fn finish_chunk(
+    chunk: &mut [u8],
+    table: u32,
+    (dim, stride): (u32, u32),
+    rows: u32,
+    flags: u32,
+    next: SnapshotCursor,
+) {
+    let h = &mut chunk[..CHUNK_HEADER_LEN];
     h[0..4].copy_from_slice(&CHUNK_MAGIC);
-    h[4..8].copy_from_slice(&1u32.to_le_bytes());
-    h[8..12].copy_from_slice(&chunk_table.to_le_bytes());
+    h[4..8].copy_from_slice(&CHUNK_VERSION.to_le_bytes());
+    h[8..12].copy_from_slice(&table.to_le_bytes());
     h[12..16].copy_from_slice(&dim.to_le_bytes());
     h[16..20].copy_from_slice(&stride.to_le_bytes());
-    h[20..24].copy_from_slice(&(rows as u32).to_le_bytes());
-    h[24..28].copy_from_slice(&(if last { CHUNK_LAST } else { 0 }).to_le_bytes());
+    h[20..24].copy_from_slice(&rows.to_le_bytes());
+    h[24..28].copy_from_slice(&flags.to_le_bytes());
+    h[28..32].fill(0);
     h[32..40].copy_from_slice(&next.epoch.to_le_bytes());
     h[40..44].copy_from_slice(&next.table.to_le_bytes());
     h[44..48].copy_from_slice(&next.stripe.to_le_bytes());
     h[48..52].copy_from_slice(&next.row.to_le_bytes());
-    let crc = crc32fast::hash(&out[start..]);
-    out[start + 28..start + 32].copy_from_slice(&crc.to_le_bytes());
-    Ok(rows as u32)
+    h[52..56].fill(0);
+    let crc = crc32fast::hash(chunk);
+    chunk[28..32].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Verifies a chunk and applies its rows (values, optimizer state and steps) to `tables`.
-/// The chunk's table must match the local definition (dim and stride).
-pub fn apply_snapshot_chunk(tables: &TableSet, chunk: &[u8]) -> Result<ChunkInfo, CheckpointError> {
+/// Verifies a chunk and applies its rows (values, optimizer state, steps, version) to
+/// `tables`, each only over an older row; `seen(table, key, version)` gets every row of it.
+/// The chunk's table must match the local definition (dim and stride). A windows chunk's
+/// windows are returned, not applied.
+pub fn apply_snapshot_chunk(
+    tables: &TableSet,
+    chunk: &[u8],
+    seen: &mut dyn FnMut(u32, u64, u64),
+) -> Result<ChunkInfo, CheckpointError> {
     if chunk.len() < CHUNK_HEADER_LEN {
         return Err(CheckpointError::Truncated(format!("chunk of {} bytes", chunk.len())));
     }
-    if chunk[0..4] != CHUNK_MAGIC || rd_u32(chunk, 4) != 1 {
+    if chunk[0..4] != CHUNK_MAGIC || rd_u32(chunk, 4) != CHUNK_VERSION {
         return Err(CheckpointError::Format("snapshot chunk magic or version".into()));
     }
     let stored = rd_u32(chunk, 28);
@@ -613,11 +675,26 @@ pub fn apply_snapshot_chunk(tables: &TableSet, chunk: &[u8]) -> Result<ChunkInfo
     };
     let next = (flags & CHUNK_LAST == 0).then_some(next);
     let records = &chunk[CHUNK_HEADER_LEN..];
+    if flags & CHUNK_WINDOWS != 0 {
+        let mut at = 0;
+        let windows = decode_windows(rows, |b, what| {
+            let part = records.get(at..at + b.len()).ok_or_else(|| {
+                CheckpointError::Truncated(format!("{what} past the end of the chunk"))
+            })?;
+            b.copy_from_slice(part);
+            at += b.len();
+            Ok(())
+        })?;
+        if at != records.len() {
+            return Err(CheckpointError::Truncated("bytes after the dedupe windows".into()));
+        }
+        return Ok(ChunkInfo { table, rows: 0, next, windows });
+    }
     if rows == 0 {
         if !records.is_empty() {
             return Err(CheckpointError::Truncated("rows after an empty chunk header".into()));
         }
-        return Ok(ChunkInfo { table, rows, next });
+        return Ok(ChunkInfo { table, rows, next, windows: Vec::new() });
     }
     let t = tables
         .get(table)
@@ -635,8 +712,10 @@ pub fn apply_snapshot_chunk(tables: &TableSet, chunk: &[u8]) -> Result<ChunkInfo
             records.len()
         )));
     }
-    t.import_records(records)?;
-    Ok(ChunkInfo { table, rows, next })
+    t.import_records(records, RecordFormat::Versioned, &mut |key, version| {
+        seen(table, key, version)
+    })?;
+    Ok(ChunkInfo { table, rows, next, windows: Vec::new() })
 }
 
 #[cfg(test)]
@@ -825,9 +904,9 @@ mod tests {
         let (mut chunks, mut rows) = (0, 0u64);
         loop {
             let mut buf = Vec::new();
-            let n = snapshot_chunk(src, cursor, max_bytes, &mut buf).unwrap();
+            let n = snapshot_chunk(src, cursor, max_bytes, Vec::new, &mut buf).unwrap();
             assert!(buf.len() <= max_bytes.max(CHUNK_HEADER_LEN));
-            let info = apply_snapshot_chunk(dst, &buf).unwrap();
+            let info = apply_snapshot_chunk(dst, &buf, &mut |_, _, _| {}).unwrap();
             assert_eq!(info.rows, n);
             chunks += 1;
             rows += u64::from(n);
@@ -850,10 +929,34 @@ mod tests {
                 assert!(chunks <= 4, "{chunks} chunks");
             }
         }
-        // Empty source: one last chunk with no rows.
+        // Empty source: a chunk with no rows, then the (empty) windows chunk.
         let empty = TableSet::new(specs()).unwrap();
         let dst = TableSet::new(specs()).unwrap();
-        assert_eq!(bootstrap(&empty, &dst, 4096), (1, 0));
+        assert_eq!(bootstrap(&empty, &dst, 4096), (2, 0));
+    }
+
+    #[test]
+    fn a_snapshot_ends_with_the_sources_dedupe_windows() {
+        let src = filled();
+        let windows = vec![
+            WindowState { client: 7, high: 130, bits: vec![u64::MAX, 5] },
+            WindowState { client: 9, high: 3, bits: vec![0b1010] },
+        ];
+        let past = SnapshotCursor { table: src.len() as u32, ..SnapshotCursor::START };
+        let mut buf = Vec::new();
+        let n = snapshot_chunk(&src, past, 4096, || windows.clone(), &mut buf).unwrap();
+        assert_eq!(n, 2);
+        let dst = TableSet::new(specs()).unwrap();
+        let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap();
+        assert_eq!((info.rows, info.next, info.windows), (0, None, windows));
+        // Truncated or padded windows are refused (the CRC fixed up, so the parse decides).
+        for bad in [buf[..buf.len() - 8].to_vec(), [&buf[..], &[0u8; 8]].concat()] {
+            let mut bad = bad;
+            bad[28..32].fill(0);
+            let crc = crc32fast::hash(&bad);
+            bad[28..32].copy_from_slice(&crc.to_le_bytes());
+            assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _, _| {}).is_err());
+        }
     }
 
     #[test]
@@ -861,28 +964,31 @@ mod tests {
         let src = filled();
         let mut buf = Vec::new();
         // Too small for one row.
-        assert!(snapshot_chunk(&src, SnapshotCursor::START, 60, &mut buf).is_err());
+        assert!(snapshot_chunk(&src, SnapshotCursor::START, 60, Vec::new, &mut buf).is_err());
         // Stale epoch.
         let stale = SnapshotCursor { epoch: src.epoch() ^ 2, ..SnapshotCursor::START };
         assert!(matches!(
-            snapshot_chunk(&src, stale, 4096, &mut buf),
+            snapshot_chunk(&src, stale, 4096, Vec::new, &mut buf),
             Err(CheckpointError::StaleCursor { .. })
         ));
         // Corruption anywhere in a chunk.
         buf.clear();
-        snapshot_chunk(&src, SnapshotCursor::START, 4096, &mut buf).unwrap();
+        snapshot_chunk(&src, SnapshotCursor::START, 4096, Vec::new, &mut buf).unwrap();
         let dst = TableSet::new(specs()).unwrap();
         for at in [0, 8, 20, 28, 40, 56, buf.len() - 1] {
             let mut bad = buf.clone();
             bad[at] ^= 1;
-            assert!(apply_snapshot_chunk(&dst, &bad).is_err(), "flip at {at}");
+            assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _, _| {}).is_err(), "flip at {at}");
         }
-        assert!(apply_snapshot_chunk(&dst, &buf[..30]).is_err());
+        assert!(apply_snapshot_chunk(&dst, &buf[..30], &mut |_, _, _| {}).is_err());
         // Mismatched local definitions.
         let mut other = specs();
         other[0].dim = 8;
         let dst = TableSet::new(other).unwrap();
-        assert!(matches!(apply_snapshot_chunk(&dst, &buf), Err(CheckpointError::Mismatch(_))));
+        assert!(matches!(
+            apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}),
+            Err(CheckpointError::Mismatch(_))
+        ));
     }
 
     #[test]
@@ -904,8 +1010,8 @@ mod tests {
             buffered.push((keys, rows));
             step += 1;
             let mut buf = Vec::new();
-            snapshot_chunk(&src, cursor, 2048, &mut buf).unwrap();
-            match apply_snapshot_chunk(&dst, &buf).unwrap().next {
+            snapshot_chunk(&src, cursor, 2048, Vec::new, &mut buf).unwrap();
+            match apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap().next {
                 Some(c) => cursor = c,
                 None => break,
             }

@@ -205,6 +205,25 @@ pub struct ServerConfig {
     /// pods (after refusing new pushes and finishing those in flight) before it checkpoints
     /// and exits anyway.
     pub drain_timeout_ms: u64,
+    /// When the training pod acknowledges a push (see [`PushAck`]).
+    pub push_ack: PushAck,
+    /// `replicated`: how long a push waits for a replica's acknowledgement before it is
+    /// answered `Unavailable` (applied, not yet acknowledged: the client retries it, and the
+    /// retry is acknowledged once the replication is).
+    pub push_ack_timeout_ms: u64,
+}
+
+/// When the training pod acknowledges a push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushAck {
+    /// Once another pod has applied it: the push's rows go to a replica with the push's
+    /// identity before the answer, so killing any one server loses no acknowledged push.
+    /// With one pod there is no other: it acts as `applied`.
+    Replicated,
+    /// Once applied on the training pod: faster, but a SIGKILL of a training server loses
+    /// what it acknowledged and had not yet replicated (its replication lag).
+    Applied,
 }
 
 impl Default for ServerConfig {
@@ -221,6 +240,8 @@ impl Default for ServerConfig {
             replication_batch_keys: 4096,
             snapshot_chunk_bytes: 1 << 20,
             drain_timeout_ms: 5_000,
+            push_ack: PushAck::Replicated,
+            push_ack_timeout_ms: 500,
         }
     }
 }
@@ -658,6 +679,9 @@ impl Config {
         }
         if s.replication_batch_keys == 0 {
             e.push(FieldError::new("server.replication_batch_keys", "must be ≥ 1"));
+        }
+        if s.push_ack_timeout_ms == 0 || s.push_ack_timeout_ms > 600_000 {
+            e.push(FieldError::new("server.push_ack_timeout_ms", "must be in 1..=600000"));
         }
         if s.drain_timeout_ms > 3_600_000 {
             e.push(FieldError::new("server.drain_timeout_ms", "must be at most 3600000 (1 h)"));

@@ -209,8 +209,15 @@ impl Dedupe {
     /// entries count as more recently seen.
     pub fn import(&self, windows: &[WindowState]) {
         self.clear();
-        let w = self.window();
         for s in windows {
+            self.import_one(s);
+        }
+    }
+
+    /// Adds `s` as a newly seen client's window (see [`Dedupe::import`]).
+    fn import_one(&self, s: &WindowState) {
+        let w = self.window();
+        {
             let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
             let mut p = part.lock();
             p.clock += 1;
@@ -245,6 +252,36 @@ impl Dedupe {
     }
 }
 
+impl Dedupe {
+    /// Adds what `windows` (another server's [`Dedupe::export`]) know to this state: every
+    /// number admitted there is admitted here too (numbers already below a window here stay
+    /// too old). A restarted training shard merges its replicas' windows, which know the
+    /// pushes whose replication reached them, into its checkpoint's.
+    pub fn merge(&self, windows: &[WindowState]) {
+        for s in windows {
+            let known = {
+                let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
+                part.lock().clients.contains_key(&s.client)
+            };
+            if !known {
+                // The import's rules (a smaller window's floor included) for a new client.
+                self.import_one(s);
+                continue;
+            }
+            let stored = s.bits.len() as u64 * 64;
+            if stored == 0 {
+                continue;
+            }
+            for x in s.high.saturating_sub(stored - 1)..=s.high {
+                let i = x % stored;
+                if s.bits[(i / 64) as usize] & (1 << (i % 64)) != 0 {
+                    self.admit(s.client, x);
+                }
+            }
+        }
+    }
+}
+
 /// One client's window as a checkpoint stores it: the highest sequence admitted and the
 /// admitted bits of the window below it (bit `s mod (64 · bits.len())`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,6 +296,30 @@ pub struct WindowState {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn merging_a_peers_windows_adds_what_it_admitted() {
+        let cfg = DedupeConfig { window: 128, max_clients: 8 };
+        let (a, b) = (Dedupe::new(cfg), Dedupe::new(cfg));
+        for s in [1, 2, 5] {
+            a.admit(7, s);
+        }
+        for s in [2, 3, 9] {
+            b.admit(7, s);
+        }
+        b.admit(8, 4);
+        a.merge(&b.export());
+        for (client, seq, want) in [
+            (7, 1, Verdict::Duplicate),
+            (7, 3, Verdict::Duplicate),
+            (7, 9, Verdict::Duplicate),
+            (7, 4, Verdict::New),
+            (8, 4, Verdict::Duplicate),
+            (8, 5, Verdict::New),
+        ] {
+            assert_eq!(a.admit(client, seq), want, "client {client} seq {seq}");
+        }
+    }
+
     use super::*;
 
     fn d(window: u32, max_clients: usize) -> Dedupe {

@@ -7,8 +7,8 @@
 //! chosen by a per-process random hash of the key (ahash; independent of the shard hash,
 //! whose high bits are nearly constant within one shard). A stripe keeps its rows in one
 //! slab: `data` holds `stride = dim · (1 + state_slots)` f32 per row (values, then optimizer
-//! state), `keys` and `steps` run parallel to it, and an ahash map takes a key to its row
-//! number. Rows are never removed, so a row's number is stable — which streaming snapshots
+//! state), `keys`, `steps` and `versions` run parallel to it, and an ahash map takes a key
+//! to its row number. Rows are never removed, so a row's number is stable — which streaming snapshots
 //! rely on — and rows cost no allocation of their own. Compared with one `dashmap` entry per
 //! row this keeps rows contiguous, allocates per slab growth instead of per row, and takes
 //! one lock per key for any batch (read lock for fetches of existing rows, write lock for
@@ -26,6 +26,20 @@
 //!   optimizer state alone (replicas converge to the same bits).
 //! - A fetch concurrent with a push of the same key sees the row before or after the whole
 //!   update of that key, never half of it.
+//!
+//! # Row versions
+//!
+//! Every row carries a version: 0 for a row never pushed (its initial values), and on each
+//! push `max(version + 1, floor)`, where the floor ([`TableSet::raise_version_floor`]) is
+//! set by each server incarnation above every version an earlier one can have written.
+//! Whole-row copies (Replicate with state, snapshot chunks, checkpoints) carry the version,
+//! and a copy is applied only over an older row ([`Table::apply_replica_state_le`],
+//! [`Table::import_records`]): applying copies is idempotent and order-free, so a replica
+//! fed by pushes' own replication, the backlog and a snapshot at once ends at the newest
+//! row, and a restarted training shard merges its checkpoint with the replicas' rows.
+//! Per-row counters, not one per shard: a row's version changes under the row's lock, so a
+//! copy's version always names exactly the state copied (a shard counter taken before two
+//! concurrent pushes are applied in the other order would not).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,6 +159,7 @@ struct Stripe {
     index: HashMap<u64, u32, ahash::RandomState>,
     keys: Vec<u64>,
     steps: Vec<u32>,
+    versions: Vec<u64>,
     data: Vec<f32>,
 }
 
@@ -172,6 +187,7 @@ impl Stripe {
             index: HashMap::with_hasher(ahash::RandomState::new()),
             keys: Vec::new(),
             steps: Vec::new(),
+            versions: Vec::new(),
             data: Vec::new(),
         }
     }
@@ -192,6 +208,7 @@ impl Stripe {
         let r = self.keys.len();
         self.keys.push(key);
         self.steps.push(0);
+        self.versions.push(0);
         self.data.resize(self.data.len() + l.stride, 0.0);
         l.new_row(key, &mut self.data[r * l.stride..]);
         // A stripe holds far fewer than 2^32 rows (memory would run out first).
@@ -202,6 +219,7 @@ impl Stripe {
     fn bytes(&self) -> u64 {
         (self.keys.capacity() * 8
             + self.steps.capacity() * 4
+            + self.versions.capacity() * 8
             + self.data.capacity() * 4
             + self.index.capacity() * (8 + 4 + 1)) as u64
     }
@@ -215,7 +233,13 @@ pub struct Table {
     stripe_hash: ahash::RandomState,
     stripes: Box<[RwLock<Stripe>]>,
     rows: AtomicU64,
+    /// The least version a push writes (see the module docs).
+    version_floor: AtomicU64,
 }
+
+/// Words a whole row carries after its `stride` f32 in a Replicate with state: the step
+/// count's bits, then the version's low and high 32 bits.
+pub const STATE_EXTRA_WORDS: usize = 3;
 
 /// Counts from a fetch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -273,6 +297,7 @@ impl Table {
             stripe_hash: ahash::RandomState::new(),
             stripes: (0..STRIPES).map(|_| RwLock::new(Stripe::new())).collect(),
             rows: AtomicU64::new(0),
+            version_floor: AtomicU64::new(1),
         })
     }
 
@@ -289,6 +314,12 @@ impl Table {
     /// f32 per stored row (values and optimizer state).
     pub fn stride(&self) -> usize {
         self.layout.stride
+    }
+
+    /// Words of one whole row in a Replicate with state: `stride` plus
+    /// [`STATE_EXTRA_WORDS`].
+    pub fn state_width(&self) -> usize {
+        self.layout.stride + STATE_EXTRA_WORDS
     }
 
     /// Rows stored.
@@ -398,6 +429,7 @@ impl Table {
         let l = &self.layout;
         let mut g = vec![0f32; l.dim];
         let mut n = 0;
+        let floor = self.version_floor.load(Ordering::Acquire);
         for (i, key) in keys.enumerate() {
             grad_row(i, &mut g);
             let mut s = self.stripe(key).write();
@@ -405,10 +437,11 @@ impl Table {
             if created {
                 self.rows.fetch_add(1, Ordering::Relaxed);
             }
-            let Stripe { data, steps, .. } = &mut *s;
+            let Stripe { data, steps, versions, .. } = &mut *s;
             let row = &mut data[r * l.stride..(r + 1) * l.stride];
             let (w, state) = row.split_at_mut(l.dim);
             l.opt.apply(w, state, &mut steps[r], &g);
+            versions[r] = versions[r].saturating_add(1).max(floor);
             if let Some(out) = updated.as_deref_mut() {
                 out[i * l.dim..(i + 1) * l.dim].copy_from_slice(w);
             }
@@ -507,43 +540,66 @@ impl Table {
     }
 
     /// Whole rows of `keys` as Replicate with [`flags::STATE`](crate::wire::flags::STATE)
-    /// carries them: per key the `stride` f32 of the row (values, then optimizer state)
-    /// and the bits of its step count, `keys.len() × (stride + 1)` into `out`. A missing
-    /// row reads as a new one (initial values and state, no steps); nothing is created.
+    /// carries them: per key the `stride` f32 of the row (values, then optimizer state),
+    /// then the bits of its step count and of its version (low, high 32 bits),
+    /// `keys.len() × state_width()` into `out`. A missing row reads as a new one (initial
+    /// values and state, no steps, version 0); nothing is created.
     pub fn read_state_into(&self, keys: &[u64], out: &mut [f32]) -> Result<(), TableError> {
         let l = &self.layout;
-        let w = l.stride + 1;
+        let w = self.state_width();
         Self::check_len("out", keys.len().checked_mul(w), out.len())?;
         for (key, o) in keys.iter().zip(out.chunks_exact_mut(w)) {
             let s = self.stripe(*key).read();
-            let (row, steps) = o.split_at_mut(l.stride);
-            match s.index.get(key) {
+            let (row, extra) = o.split_at_mut(l.stride);
+            let (steps, version) = match s.index.get(key) {
                 Some(&r) => {
                     row.copy_from_slice(s.row(r as usize, l));
-                    steps[0] = f32::from_bits(s.steps[r as usize]);
+                    (s.steps[r as usize], s.versions[r as usize])
                 }
                 None => {
                     l.new_row(*key, row);
-                    steps[0] = f32::from_bits(0);
+                    (0, 0)
                 }
-            }
+            };
+            extra[0] = f32::from_bits(steps);
+            extra[1] = f32::from_bits(version as u32);
+            extra[2] = f32::from_bits((version >> 32) as u32);
         }
         Ok(())
     }
 
-    /// Replicas: overwrite whole rows — values, optimizer state and step count — of `keys`
-    /// from a Replicate frame with [`flags::STATE`](crate::wire::flags::STATE) (`rows` is
-    /// `keys.len() × (stride + 1)`, see [`read_state_into`](Self::read_state_into)),
-    /// creating rows as needed, so a replica holds exactly the training pod's rows. Every
-    /// value and state element must be finite (checked before anything is written).
-    /// Returns the number of keys applied.
+    /// The version of each stored row, stripe by stripe (`f(key, version)`); for a
+    /// restarted training shard to find the rows a replica lacks.
+    pub fn for_each_version(&self, mut f: impl FnMut(u64, u64)) {
+        for s in self.stripes.iter() {
+            let s = s.read();
+            for (&k, &v) in s.keys.iter().zip(&s.versions) {
+                f(k, v);
+            }
+        }
+    }
+
+    /// The highest version of any row (0 if none was pushed).
+    pub fn max_version(&self) -> u64 {
+        let mut m = 0;
+        self.for_each_version(|_, v| m = m.max(v));
+        m
+    }
+
+    /// Replicas: overwrite whole rows — values, optimizer state, step count and version —
+    /// of `keys` from a Replicate frame with [`flags::STATE`](crate::wire::flags::STATE)
+    /// (`rows` is `keys.len() × state_width()`, see
+    /// [`read_state_into`](Self::read_state_into)) where the copy's version is newer than
+    /// the stored row's (a missing row is created), so a replica holds exactly the training
+    /// pod's newest rows whatever order copies arrive in. Every value and state element must
+    /// be finite (checked before anything is written). Returns the number of rows written.
     pub fn apply_replica_state_le(
         &self,
         keys: LeU64s<'_>,
         rows: LeF32s<'_>,
     ) -> Result<usize, TableError> {
         let l = &self.layout;
-        let w = l.stride + 1;
+        let w = self.state_width();
         Self::check_len("rows", keys.len().checked_mul(w), rows.len())?;
         for i in 0..keys.len() {
             let row = rows.row(i, w).unwrap_or_default();
@@ -554,15 +610,21 @@ impl Table {
         let mut n = 0;
         for (i, key) in keys.iter().enumerate() {
             let Some(row) = rows.row(i, w) else { break };
+            let word = |j: usize| row.get(l.stride + j).map_or(0, f32::to_bits);
+            let version = u64::from(word(1)) | u64::from(word(2)) << 32;
             let mut s = self.stripe(key).write();
             let (r, created) = s.get_or_insert(key, l);
             if created {
                 self.rows.fetch_add(1, Ordering::Relaxed);
             }
+            if !created && version <= s.versions[r] {
+                continue;
+            }
             if let Some(values) = row.row(0, l.stride) {
                 values.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
             }
-            s.steps[r] = row.get(l.stride).map_or(0, f32::to_bits);
+            s.steps[r] = word(0);
+            s.versions[r] = version;
             n += 1;
         }
         Ok(n)
@@ -573,9 +635,18 @@ impl Table {
         self.stripes.get(stripe).map_or(0, |s| s.read().len())
     }
 
-    /// Bytes of one exported row record: key (u64), steps (u32), `stride` f32, all LE.
+    /// Bytes of one exported row record: key (u64), version (u64), steps (u32), `stride`
+    /// f32, all LE.
     pub fn record_len(&self) -> usize {
-        12 + 4 * self.layout.stride
+        self.record_len_of(RecordFormat::Versioned)
+    }
+
+    /// Bytes of one row record in `format`.
+    pub fn record_len_of(&self, format: RecordFormat) -> usize {
+        match format {
+            RecordFormat::Versioned => 20 + 4 * self.layout.stride,
+            RecordFormat::Unversioned => 12 + 4 * self.layout.stride,
+        }
     }
 
     /// Appends the records of rows `from..` of `stripe` to `out`, at most `max_rows` of them;
@@ -598,6 +669,7 @@ impl Table {
         out.reserve((end - from) * self.record_len());
         for r in from..end {
             out.extend_from_slice(&s.keys[r].to_le_bytes());
+            out.extend_from_slice(&s.versions[r].to_le_bytes());
             out.extend_from_slice(&s.steps[r].to_le_bytes());
             for v in s.row(r, l) {
                 out.extend_from_slice(&v.to_le_bytes());
@@ -606,11 +678,18 @@ impl Table {
         end - from
     }
 
-    /// Inserts or overwrites whole rows (values, state, steps) from records as written by
-    /// [`export_records`](Self::export_records). `records.len()` must be a multiple of
-    /// [`record_len`](Self::record_len). Returns the number of rows.
-    pub fn import_records(&self, records: &[u8]) -> Result<usize, TableError> {
-        let rl = self.record_len();
+    /// Inserts whole rows (values, state, steps, version) from records as written by
+    /// [`export_records`](Self::export_records) (or, `Unversioned`, by checkpoint versions
+    /// 1 and 2: version 0), each only over an older stored row (see the module docs).
+    /// `records.len()` must be a multiple of the record length. `seen` gets every record's
+    /// key and version. Returns the number of records.
+    pub fn import_records(
+        &self,
+        records: &[u8],
+        format: RecordFormat,
+        seen: &mut dyn FnMut(u64, u64),
+    ) -> Result<usize, TableError> {
+        let rl = self.record_len_of(format);
         if records.len() % rl != 0 {
             return Err(TableError::WrongLength {
                 what: "records",
@@ -619,23 +698,44 @@ impl Table {
             });
         }
         let l = &self.layout;
+        let u64_at = |rec: &[u8], at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&rec[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
         for rec in records.chunks_exact(rl) {
-            let mut k = [0u8; 8];
-            k.copy_from_slice(&rec[..8]);
-            let key = u64::from_le_bytes(k);
+            let key = u64_at(rec, 0);
+            let (version, rest) = match format {
+                RecordFormat::Versioned => (u64_at(rec, 8), &rec[16..]),
+                RecordFormat::Unversioned => (0, &rec[8..]),
+            };
+            seen(key, version);
             let mut st = [0u8; 4];
-            st.copy_from_slice(&rec[8..12]);
-            let vals = LeF32s::new(&rec[12..]).unwrap_or_default();
+            st.copy_from_slice(&rest[..4]);
+            let vals = LeF32s::new(&rest[4..]).unwrap_or_default();
             let mut s = self.stripe(key).write();
             let (r, created) = s.get_or_insert(key, l);
             if created {
                 self.rows.fetch_add(1, Ordering::Relaxed);
             }
+            if !created && version <= s.versions[r] {
+                continue;
+            }
             s.steps[r] = u32::from_le_bytes(st);
+            s.versions[r] = version;
             vals.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
         }
         Ok(records.len() / rl)
     }
+}
+
+/// How row records are laid out (see [`Table::record_len_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// key, version, steps, values and state (snapshot chunks, checkpoint version 3).
+    Versioned,
+    /// key, steps, values and state (checkpoint versions 1 and 2).
+    Unversioned,
 }
 
 /// The tables of one server, by id (position in the configuration).
@@ -672,6 +772,25 @@ impl TableSet {
     /// The table with id `id`.
     pub fn get(&self, id: u32) -> Option<&Table> {
         self.tables.get(id as usize)
+    }
+
+    /// Pushes from now on write versions of at least `floor` (never lowered): a server
+    /// incarnation raises it above every version an earlier one can have written (see the
+    /// module docs).
+    pub fn raise_version_floor(&self, floor: u64) {
+        for t in &self.tables {
+            t.version_floor.fetch_max(floor, Ordering::AcqRel);
+        }
+    }
+
+    /// The least version pushes write now.
+    pub fn version_floor(&self) -> u64 {
+        self.tables.first().map_or(1, |t| t.version_floor.load(Ordering::Acquire))
+    }
+
+    /// The highest row version in any table.
+    pub fn max_version(&self) -> u64 {
+        self.tables.iter().map(Table::max_version).max().unwrap_or(0)
     }
 
     /// The table a data request addresses, checking its dimension: the server's first step
@@ -747,6 +866,49 @@ mod tests {
         }
     }
 
+    /// Whole-row copies of `keys` of `t`, as a Replicate with state carries them.
+    fn state_copy(t: &Table, keys: &[u64]) -> (Vec<u8>, Vec<u8>) {
+        let mut rows = vec![0f32; keys.len() * t.state_width()];
+        t.read_state_into(keys, &mut rows).unwrap();
+        let (mut kb, mut vb) = (vec![0u8; 8 * keys.len()], vec![0u8; 4 * rows.len()]);
+        crate::wire::put_u64s(&mut kb, keys);
+        crate::wire::put_f32s(&mut vb, &rows);
+        (kb, vb)
+    }
+
+    #[test]
+    fn copies_apply_only_over_older_rows_in_any_order() {
+        let opt = Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 };
+        let src = Table::new(spec("t", 2, opt)).unwrap();
+        src.push(&[1, 2], &[0.5; 4], None).unwrap();
+        let first = state_copy(&src, &[1, 2]);
+        src.push(&[1], &[0.25; 2], None).unwrap();
+        let second = state_copy(&src, &[1, 2]);
+        let dst = Table::new(spec("t", 2, opt)).unwrap();
+        let apply = |(k, v): &(Vec<u8>, Vec<u8>)| {
+            dst.apply_replica_state_le(LeU64s::new(k).unwrap(), LeF32s::new(v).unwrap()).unwrap()
+        };
+        assert_eq!(apply(&second), 2);
+        assert_eq!(apply(&first), 0, "the late older copy changes nothing");
+        assert_eq!(apply(&second), 0, "applying a copy twice changes nothing");
+        assert_eq!(state_copy(&dst, &[1, 2]), second);
+        // Versions: one per push of the row, never below the floor.
+        let version = |t: &Table, key: u64| {
+            let mut v = None;
+            t.for_each_version(|k, ver| {
+                if k == key {
+                    v = Some(ver);
+                }
+            });
+            v
+        };
+        assert_eq!((version(&src, 1), version(&src, 2)), (Some(2), Some(1)));
+        src.version_floor.fetch_max(1000, Ordering::AcqRel);
+        src.push(&[2], &[0.5; 2], None).unwrap();
+        assert_eq!(version(&src, 2), Some(1000));
+        assert_eq!(src.max_version(), 1000);
+    }
+
     #[test]
     fn whole_rows_replicate_optimizer_state_and_steps_bit_exactly() {
         let opt = Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
@@ -756,7 +918,7 @@ mod tests {
             let g: Vec<f32> = (0..12).map(|i| (i + step) as f32 * 0.37 - 2.0).collect();
             src.push(&keys, &g, None).unwrap();
         }
-        let w = src.stride() + 1;
+        let w = src.state_width();
         let ks = [4u64, 9, 17, 99]; // 99 was never pushed: a new row, nothing created
         let mut rows = vec![0f32; ks.len() * w];
         src.read_state_into(&ks, &mut rows).unwrap();
@@ -906,8 +1068,8 @@ mod tests {
         }
         assert_eq!(n, 500);
         assert_eq!(buf.len(), 500 * t.record_len());
-        assert_eq!(u.import_records(&buf).unwrap(), 500);
-        assert!(u.import_records(&buf[1..]).is_err());
+        assert_eq!(u.import_records(&buf, RecordFormat::Versioned, &mut |_, _| {}).unwrap(), 500);
+        assert!(u.import_records(&buf[1..], RecordFormat::Versioned, &mut |_, _| {}).is_err());
         // Same state: one more identical push gives identical rows.
         let (mut a, mut b) = (vec![0f32; 1500], vec![0f32; 1500]);
         t.push(&keys, &grads, Some(&mut a)).unwrap();

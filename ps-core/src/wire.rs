@@ -777,9 +777,10 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &Limits) -> Result<RequestView<
             body,
         });
     }
-    // A whole row (STATE) holds up to three arrays of the table's dimension and a step count.
+    // A whole row (STATE) holds up to three arrays of the table's dimension, a step count
+    // and a version.
     let max_dim = if header.flags & flags::STATE != 0 {
-        limits.max_dim.saturating_mul(3).saturating_add(1)
+        limits.max_dim.saturating_mul(3).saturating_add(crate::table::STATE_EXTRA_WORDS as u32)
     } else {
         limits.max_dim
     };
@@ -1207,9 +1208,9 @@ mod tests {
         assert!(matches!(decode_request(&b, &lim), Err(WireError::BadDim { dim: 0, .. })));
         b[12..16].copy_from_slice(&5000u32.to_le_bytes());
         assert!(matches!(decode_request(&b, &lim), Err(WireError::BadDim { dim: 5000, .. })));
-        // Whole rows (STATE) may be up to three arrays and a step count wide, no wider.
+        // Whole rows (STATE) may be up to three arrays, a step count and a version wide.
         let keys = [1u64, 2];
-        let wide = 3 * lim.max_dim + 1;
+        let wide = 3 * lim.max_dim + crate::table::STATE_EXTRA_WORDS as u32;
         let rows = vec![0.5f32; 2 * wide as usize];
         let h = DataHeader { table: 0, dim: wide, client: 1, seq: 1, flags: flags::STATE };
         let mut f = vec![0u8; push_request_len(2, wide as usize)];

@@ -134,7 +134,13 @@ impl Server {
                     return err(Status::BadControl, "snapshot request".into());
                 };
                 let mut chunk = Vec::new();
-                match snapshot_chunk(&self.tables, sr.cursor, sr.max_bytes as usize, &mut chunk) {
+                match snapshot_chunk(
+                    &self.tables,
+                    sr.cursor,
+                    sr.max_bytes as usize,
+                    Vec::new,
+                    &mut chunk,
+                ) {
                     Ok(rows) => {
                         let mut out = vec![0u8; wire::RESPONSE_HEADER_LEN + chunk.len()];
                         let (_, body) = wire::begin_body_response(
@@ -374,7 +380,7 @@ fn replica_bootstraps_from_a_peer_over_snapshot_frames() {
         let resp = source.handle(&wire::control_request_vec(Op::Snapshot, 0, 9, 2, &req).unwrap());
         let v = wire::decode_response(&resp, &Limits::default()).unwrap();
         assert_eq!(v.header.status, Status::Ok, "{}", v.message());
-        let applied = apply_snapshot_chunk(&replica, v.body).unwrap();
+        let applied = apply_snapshot_chunk(&replica, v.body, &mut |_, _, _| {}).unwrap();
         assert_eq!(applied.rows, v.header.count);
         chunks += 1;
         match applied.next {

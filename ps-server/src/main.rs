@@ -162,6 +162,7 @@ async fn serve(args: Args, cfg: Config) {
             dedupe_windows,
             restored,
             incarnation,
+            version_floor: bex_ps_server::process::version_floor(),
         },
         node.transports(),
         |m| eprintln!("ps-server: {m}"),
@@ -173,7 +174,6 @@ async fn serve(args: Args, cfg: Config) {
         http::serve(addrs.http, Arc::new(Endpoints(server.clone(), node.device.clone())))
             .await
             .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
-    server.set_state(ServingState::Serving);
     if cfg.server.checkpoint_interval_s > 0 {
         let (s, every) = (server.clone(), Duration::from_secs(cfg.server.checkpoint_interval_s));
         tokio::spawn(async move {
@@ -212,8 +212,8 @@ async fn serve(args: Args, cfg: Config) {
     } else {
         eprintln!(
             "ps-server: drain timed out after {} ms: {} changed keys not acknowledged by every \
-             replica (they are in this server's checkpoint; the replicas keep older rows \
-             for them until they change again)",
+             replica (they are in this server's checkpoint; its next start queues them \
+             for the replicas that lack them)",
             d.elapsed_ms, d.replication_left_keys
         );
     }

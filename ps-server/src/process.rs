@@ -39,6 +39,14 @@ pub fn incarnation_id() -> Result<u64, String> {
     getrandom::u64().map_err(|e| format!("no random identity from the OS: {e}"))
 }
 
+/// The least row version this process's pushes write: microseconds since the Unix epoch.
+/// A row's version grows by one per push of it, far slower than a microsecond clock, so a
+/// later start writes versions above every earlier start's (a restarted training shard also
+/// raises it above every version its replicas hold, for a clock that went back).
+pub fn version_floor() -> u64 {
+    crate::clock::unix_ms().saturating_mul(1000).max(1)
+}
+
 /// Lowest port [`free_local_ports`] hands out: above the well-known and common service ports.
 const LOCAL_PORTS_FROM: u16 = 11_000;
 /// One past the highest: Linux's ephemeral range starts at 32768, where every socket bound to

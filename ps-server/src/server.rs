@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bemalloc::Pool;
 use bex_ps_core::checkpoint::{self, CheckpointMeta};
+use bex_ps_core::config::PushAck;
 use bex_ps_core::control::{
     AdminRequest, AdminResponse, CheckpointRequest, CheckpointSummary, HealthInfo,
     ReplicationStatus, Role, ServingState, SnapshotRequest, TablesInfo,
@@ -37,6 +38,11 @@ struct Backlog {
 
 #[derive(Debug, Default)]
 struct BacklogState {
+    /// Pushes to send on their own, each under its own identity (so the replica's dedupe
+    /// window learns it with its rows), oldest first; at most [`MAX_PENDING_PUSHES`].
+    pushes: std::collections::VecDeque<PendingPush>,
+    /// Keys of the pending pushes.
+    push_keys: u64,
     /// table → (dim, changed keys).
     tables: BTreeMap<u32, (u32, BTreeSet<u64>)>,
     keys: u64,
@@ -44,6 +50,21 @@ struct BacklogState {
     in_flight: u64,
     /// When the oldest change still in the set was applied.
     oldest: Option<Instant>,
+}
+
+/// Pending pushes a backlog holds before later ones go into its key set instead: their
+/// rows still reach the replica, but without their identity (a retry of one of them after
+/// a failover could be applied twice). Bounds the memory of a long outage.
+const MAX_PENDING_PUSHES: usize = 4096;
+
+/// A push whose rows a replica has not acknowledged: the forwarder sends the rows' current
+/// state under the push's (client, seq).
+#[derive(Debug, Clone, PartialEq)]
+struct PendingPush {
+    table: u32,
+    keys: Vec<u64>,
+    client: u64,
+    seq: u64,
 }
 
 /// Keys of one table taken from a [`Backlog`] to send.
@@ -111,6 +132,32 @@ impl Backlog {
         self.state.lock().keys
     }
 
+    /// Queues `push` to be sent on its own; past [`MAX_PENDING_PUSHES`] its keys join the
+    /// key set instead (returns false then).
+    fn push_pending(&self, push: PendingPush, dim: u32, now: Instant) -> bool {
+        {
+            let mut st = self.state.lock();
+            if st.pushes.len() < MAX_PENDING_PUSHES {
+                st.push_keys += push.keys.len() as u64;
+                st.pushes.push_back(push);
+                drop(st);
+                self.ready.notify_one();
+                return true;
+            }
+        }
+        self.mark(push.table, dim, push.keys.into_iter(), now);
+        false
+    }
+
+    /// The oldest pending push (now counted in flight until [`Backlog::settled`]).
+    fn take_push(&self) -> Option<PendingPush> {
+        let mut st = self.state.lock();
+        let p = st.pushes.pop_front()?;
+        st.push_keys -= p.keys.len() as u64;
+        st.in_flight += p.keys.len() as u64;
+        Some(p)
+    }
+
     /// `n` taken keys were acknowledged by the replica (or given up on).
     fn settled(&self, n: usize) {
         let mut st = self.state.lock();
@@ -121,7 +168,7 @@ impl Backlog {
     /// Keys the replica does not have yet: waiting or in flight.
     fn unacked(&self) -> u64 {
         let st = self.state.lock();
-        st.keys + st.in_flight
+        st.keys + st.push_keys + st.in_flight
     }
 }
 
@@ -136,6 +183,8 @@ pub struct Metrics {
     pushed_keys: Counter,
     duplicates: Counter,
     replicated_requests: Counter,
+    push_not_replicated: Counter,
+    replication_overflow: Counter,
 }
 
 impl Metrics {
@@ -187,6 +236,22 @@ impl Metrics {
                     &[],
                 )
                 .expect("static metric"),
+            push_not_replicated: registry
+                .counter(
+                    "bex_ps_push_not_replicated_total",
+                    "Pushes applied but answered Unavailable: no replica acknowledged them in \
+                     push_ack_timeout_ms (push_ack = replicated)",
+                    &[],
+                )
+                .expect("static metric"),
+            replication_overflow: registry
+                .counter(
+                    "bex_ps_replication_overflow_total",
+                    "Pushes whose rows went to a replica without their identity (the queue \
+                     of pending pushes was full)",
+                    &[],
+                )
+                .expect("static metric"),
             registry,
         }
     }
@@ -219,6 +284,16 @@ pub struct PsServer {
     apply_gate: Arc<tokio::sync::RwLock<()>>,
     /// One backlog per replica (training pod).
     repl: Vec<Arc<Backlog>>,
+    /// The client whose endpoint `i` is replica `i` (training pod with replicas).
+    repl_client: Option<Arc<Client>>,
+    push_ack: PushAck,
+    push_ack_timeout: Duration,
+    /// Held shared from a push's dedupe admission to the end of its apply (no await in
+    /// between), exclusively for a moment by a retry answered Duplicate before it reads the
+    /// rows to replicate: so those rows hold the first attempt's apply.
+    applying: parking_lot::RwLock<()>,
+    /// Pushes waiting for a replica's acknowledgement (the drain waits for them too).
+    acks_in_flight: AtomicU64,
     repl_lag: Arc<ReplLag>,
     checkpoint_path: PathBuf,
     last_checkpoint: Mutex<Option<CheckpointSummary>>,
@@ -291,6 +366,13 @@ pub struct ServerParts {
     /// restarted training server's batches (numbered from 1 again) are never taken for
     /// duplicates of its previous life's, nor refused as too old.
     pub replication_id: u64,
+    /// The least row version this incarnation's pushes write: above every version an
+    /// earlier incarnation of the shard can have written (see `bex_ps_core::table`).
+    pub version_floor: u64,
+    /// When pushes are acknowledged.
+    pub push_ack: PushAck,
+    /// `Replicated`: how long a push waits for a replica.
+    pub push_ack_timeout: Duration,
 }
 
 impl PsServer {
@@ -306,7 +388,10 @@ impl PsServer {
         let metrics = Arc::new(Metrics::new());
         let repl_lag = Arc::new(ReplLag::default());
         let tables = Arc::new(parts.tables);
+        tables.raise_version_floor(parts.version_floor);
         let mut repl = Vec::new();
+        let repl_client =
+            replicas.as_ref().map(|(c, _)| c.clone()).filter(|_| role == Role::Training);
         if let (Role::Training, Some((client, n))) = (role, replicas) {
             for target in 0..n {
                 let backlog = Arc::new(Backlog::default());
@@ -344,6 +429,11 @@ impl PsServer {
             read_only: AtomicBool::new(false),
             apply_gate: Arc::new(tokio::sync::RwLock::new(())),
             repl,
+            repl_client,
+            push_ack: parts.push_ack,
+            push_ack_timeout: parts.push_ack_timeout,
+            applying: parking_lot::RwLock::new(()),
+            acks_in_flight: AtomicU64::new(0),
             repl_lag,
             checkpoint_path: parts.checkpoint_path,
             last_checkpoint: Mutex::new(None),
@@ -382,7 +472,7 @@ impl PsServer {
     /// Stops taking updates and waits for what was taken to be safe: sets `Draining` (Push
     /// and Replicate are then answered `Unavailable`, which clients retry), waits for the
     /// updates being applied, then up to `timeout` for every replica to acknowledge the
-    /// replication backlog.
+    /// replication backlog and the pushes waiting for their acknowledgement.
     pub async fn drain(&self, timeout: Duration) -> DrainReport {
         let t0 = crate::clock::now();
         self.set_state(ServingState::Draining);
@@ -390,7 +480,8 @@ impl PsServer {
         let applied_ms = crate::clock::now().duration_since(t0).as_millis() as u64;
         let deadline = t0 + timeout;
         loop {
-            let left: u64 = self.repl.iter().map(|b| b.unacked()).sum();
+            let left: u64 = self.repl.iter().map(|b| b.unacked()).sum::<u64>()
+                + self.acks_in_flight.load(Ordering::Acquire);
             let now = crate::clock::now();
             if left == 0 || now >= deadline {
                 return DrainReport {
@@ -456,6 +547,97 @@ impl PsServer {
         .map_err(|e| e.to_string())?
     }
 
+    /// Adds a peer's dedupe windows (from a snapshot) to this server's.
+    pub fn merge_dedupe(&self, windows: &[bex_ps_core::dedupe::WindowState]) {
+        self.dedupe.merge(windows);
+    }
+
+    /// Queues for replica `target` every pushed row it lacks: newer here than in `theirs`
+    /// (table, key → version, from its snapshot), or every pushed row if its rows are
+    /// unknown. Returns the number of rows queued.
+    pub fn queue_rows_newer_than(
+        &self,
+        target: usize,
+        theirs: Option<&HashMap<(u32, u64), u64>>,
+    ) -> u64 {
+        let Some(b) = self.repl.get(target) else { return 0 };
+        let now = crate::clock::now();
+        let mut total = 0;
+        for (id, t) in self.tables.iter() {
+            let mut keys = Vec::new();
+            t.for_each_version(|k, v| {
+                let have = theirs.map_or(0, |m| m.get(&(id, k)).copied().unwrap_or(0));
+                if v > have {
+                    keys.push(k);
+                }
+            });
+            total += keys.len() as u64;
+            if !keys.is_empty() {
+                b.mark(id, t.state_width() as u32, keys.into_iter(), now);
+            }
+        }
+        total
+    }
+
+    /// Replicas this training server forwards to.
+    pub fn replica_count(&self) -> usize {
+        self.repl.len()
+    }
+
+    /// Queues `push` for every replica but `except` (the one that acknowledged it).
+    fn queue_for_replicas(&self, push: PendingPush, dim: u32, except: Option<usize>) {
+        let now = crate::clock::now();
+        for (i, b) in self.repl.iter().enumerate() {
+            if Some(i) != except && !b.push_pending(push.clone(), dim, now) {
+                self.metrics.replication_overflow.inc();
+            }
+        }
+    }
+
+    /// `push_ack = replicated`: sends the current rows of `push`'s keys, under its identity,
+    /// to the replicas in turn until one acknowledges them or `push_ack_timeout` passes; the
+    /// others (all, on a timeout) get it through their backlogs. True if one acknowledged.
+    async fn replicate_push(&self, push: PendingPush, dim: u32) -> bool {
+        let Some(client) = self.repl_client.clone().filter(|_| !self.repl.is_empty()) else {
+            return true; // one pod: nothing to replicate to
+        };
+        self.acks_in_flight.fetch_add(1, Ordering::AcqRel);
+        let deadline = tokio::time::Instant::now() + self.push_ack_timeout;
+        let mut acked = None;
+        let mut backoff = Duration::from_millis(2);
+        'replicas: loop {
+            for target in 0..self.repl.len() {
+                // Rows read per attempt: a later attempt carries anything applied since.
+                let Ok(frame) =
+                    state_frame(&self.tables, push.table, &push.keys, push.client, push.seq)
+                else {
+                    break 'replicas;
+                };
+                let to = [target];
+                let call = client.call(&to, Op::Replicate as u16, &frame);
+                if let Ok(Ok(m)) = tokio::time::timeout_at(deadline, call).await {
+                    if wire::decode_response(m.as_slice(), &Limits::default())
+                        .is_ok_and(|r| r.header.status.is_success())
+                    {
+                        acked = Some(target);
+                        break 'replicas;
+                    }
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    break 'replicas;
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(50));
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        self.queue_for_replicas(push, dim, acked);
+        self.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+        acked.is_some()
+    }
+
     fn reply(&self, bytes: &[u8]) -> Result<Msg, RpcError> {
         let mut m = alloc_frame(self.pool, bytes.len())?;
         m.as_mut_slice()[HEADER_LEN..].copy_from_slice(bytes);
@@ -496,6 +678,9 @@ impl PsServer {
         let table = |id: u32| self.tables.get(id);
         match op {
             Op::Fetch => {
+                if self.role == Role::Training && self.state() == ServingState::Restoring {
+                    return self.error(Some(op), Status::Unavailable, seq, "catching up");
+                }
                 let Some(t) = table(h.table) else {
                     return self.error(Some(op), Status::UnknownTable, seq, "no such table");
                 };
@@ -552,17 +737,25 @@ impl PsServer {
                 if self.read_only.load(Ordering::Acquire) {
                     return self.error(Some(op), Status::Unavailable, seq, "read-only");
                 }
-                let _applying = self.apply_gate.read().await;
+                let applying = self.apply_gate.read().await;
                 // Checked under the gate: once the drain held it, no update gets past here.
-                if self.state() == ServingState::Draining {
-                    return self.error(Some(op), Status::Unavailable, seq, "draining");
+                // A training shard takes pushes only once it has caught up (Serving).
+                match self.state() {
+                    ServingState::Draining => {
+                        return self.error(Some(op), Status::Unavailable, seq, "draining")
+                    }
+                    ServingState::Serving => {}
+                    _ if op == Op::Push => {
+                        return self.error(Some(op), Status::Unavailable, seq, "catching up")
+                    }
+                    _ => {}
                 }
                 let Some(t) = table(h.table) else {
                     return self.error(Some(op), Status::UnknownTable, seq, "no such table");
                 };
-                // A Replicate with whole rows carries the table's stride and a step count.
+                // A Replicate with whole rows carries the table's stride, steps and version.
                 let state = op == Op::Replicate && h.flags & wire::flags::STATE != 0;
-                let want = if state { t.stride() + 1 } else { t.dim() };
+                let want = if state { t.state_width() } else { t.dim() };
                 if want != h.dim as usize {
                     return self.error(
                         Some(op),
@@ -571,11 +764,43 @@ impl PsServer {
                         "dimension differs from the table's",
                     );
                 }
-                match self.dedupe.admit(h.client, seq) {
+                if state {
+                    // Whole versioned rows apply over older ones whatever the verdict: a
+                    // copy is never wrong to apply. Admitting records the identity it
+                    // carries (a push's, when its own replication), so a restarted training
+                    // shard that copies these rows knows that push is in them.
+                    if self.dedupe.admit(h.client, seq) == Verdict::Duplicate {
+                        self.metrics.duplicates.inc();
+                    }
+                    return match t.apply_replica_state_le(v.keys, v.values) {
+                        Ok(_) => {
+                            self.update_seq.fetch_add(1, Ordering::AcqRel);
+                            self.status(op, Status::Ok, seq, h.count)
+                        }
+                        Err(e) => self.error(Some(op), Status::BadValue, seq, &e.to_string()),
+                    };
+                }
+                let verdict = {
+                    let _one_apply = self.applying.read();
+                    let verdict = self.dedupe.admit(h.client, seq);
+                    if verdict == Verdict::New {
+                        let applied = if op == Op::Replicate {
+                            t.apply_replica_le(v.keys, v.values)
+                        } else {
+                            t.push_le(v.keys, v.values, None)
+                        };
+                        if let Err(e) = applied {
+                            return self.error(Some(op), Status::BadValue, seq, &e.to_string());
+                        }
+                        self.update_seq.fetch_add(1, Ordering::AcqRel);
+                    }
+                    verdict
+                };
+                drop(applying);
+                match verdict {
                     Verdict::New => {}
                     Verdict::Duplicate => {
                         self.metrics.duplicates.inc();
-                        return self.status(op, Status::Duplicate, seq, h.count);
                     }
                     Verdict::TooOld => {
                         return self.error(
@@ -587,33 +812,45 @@ impl PsServer {
                     }
                 }
                 if op == Op::Replicate {
-                    let applied = if state {
-                        t.apply_replica_state_le(v.keys, v.values)
-                    } else {
-                        t.apply_replica_le(v.keys, v.values)
-                    };
-                    return match applied {
-                        Ok(n) => {
-                            self.update_seq.fetch_add(1, Ordering::AcqRel);
-                            self.status(op, Status::Ok, seq, n as u32)
-                        }
-                        Err(e) => self.error(Some(op), Status::BadValue, seq, &e.to_string()),
-                    };
+                    let status =
+                        if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
+                    return self.status(op, status, seq, h.count);
                 }
-                match t.push_le(v.keys, v.values, None) {
-                    Ok(n) => {
-                        self.update_seq.fetch_add(1, Ordering::AcqRel);
-                        self.metrics.pushed_keys.add(n as u64);
-                        // After the apply: a forwarder that takes a key reads a value at
-                        // least this new (the reason no ordering lock is needed).
-                        let now = crate::clock::now();
-                        for b in &self.repl {
-                            b.mark(h.table, h.dim, v.keys.iter(), now);
+                if verdict == Verdict::New {
+                    self.metrics.pushed_keys.add(u64::from(h.count));
+                }
+                let push = PendingPush {
+                    table: h.table,
+                    keys: v.keys.iter().collect(),
+                    client: h.client,
+                    seq,
+                };
+                let acked = match self.push_ack {
+                    PushAck::Replicated => {
+                        if verdict == Verdict::Duplicate {
+                            // Wait out the first attempt's apply if it is still running.
+                            drop(self.applying.write());
                         }
-                        self.status(op, Status::Ok, seq, n as u32)
+                        self.replicate_push(push, h.dim).await
                     }
-                    Err(e) => self.error(Some(op), Status::BadValue, seq, &e.to_string()),
+                    PushAck::Applied => {
+                        if verdict == Verdict::New {
+                            self.queue_for_replicas(push, h.dim, None);
+                        }
+                        true
+                    }
+                };
+                if !acked {
+                    self.metrics.push_not_replicated.inc();
+                    return self.error(
+                        Some(op),
+                        Status::Unavailable,
+                        seq,
+                        "applied, but no replica acknowledged it in time: retry",
+                    );
                 }
+                let status = if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
+                self.status(op, status, seq, h.count)
             }
             Op::Tables => self.control(op, seq, &TablesInfo { tables: self.tables.infos() }),
             Op::Health => self.control(op, seq, &self.health()),
@@ -631,7 +868,9 @@ impl PsServer {
                 };
                 let mut chunk = Vec::new();
                 let max = (req.max_bytes as usize).clamp(4096, 16 << 20);
-                match checkpoint::snapshot_chunk(&self.tables, req.cursor, max, &mut chunk) {
+                let windows = || self.dedupe.export();
+                match checkpoint::snapshot_chunk(&self.tables, req.cursor, max, windows, &mut chunk)
+                {
                     Ok(rows) => {
                         let mut m =
                             alloc_frame(self.pool, wire::RESPONSE_HEADER_LEN + chunk.len())?;
@@ -708,6 +947,26 @@ impl bex_rpc::Handler for Handler {
     }
 }
 
+/// A Replicate frame with the whole current rows (values, optimizer state, steps, version)
+/// of `keys` of table `table`, under (`client`, `seq`).
+fn state_frame(
+    tables: &TableSet,
+    table: u32,
+    keys: &[u64],
+    client: u64,
+    seq: u64,
+) -> Result<Vec<u8>, String> {
+    let t = tables.get(table).ok_or("no such table")?;
+    let width = t.state_width();
+    let mut rows = vec![0f32; keys.len() * width];
+    t.read_state_into(keys, &mut rows).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; wire::REQUEST_HEADER_LEN + keys.len() * (8 + 4 * width)];
+    let h = DataHeader { table, dim: width as u32, client, seq, flags: wire::flags::STATE };
+    let n = wire::encode_replicate_into(&mut buf, &h, keys, &rows).map_err(|e| e.to_string())?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
 /// What a forwarding task needs.
 struct Forwarder {
     client: Arc<Client>,
@@ -719,12 +978,22 @@ struct Forwarder {
     batch_keys: usize,
 }
 
-/// Forwards changed rows to one replica, in order, one request at a time, retrying each
-/// until acknowledged: it takes up to `batch_keys` changed keys, reads their current rows
-/// and sends one Replicate per table. Whatever changes meanwhile goes in the next round.
+/// Forwards to one replica, one request at a time, retrying each until acknowledged: first
+/// the pending pushes, each as the current rows of its keys under its own identity; then
+/// rounds of up to `batch_keys` changed keys, read when sent, one Replicate per table under
+/// the forwarder's identity. Whatever changes meanwhile goes in a later round.
 async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
     let mut seq = 0u64;
     loop {
+        if let Some(p) = backlog.take_push() {
+            let n = p.keys.len();
+            let frame = || state_frame(&f.tables, p.table, &p.keys, p.client, p.seq);
+            if send_until_acked(&f, frame).await {
+                f.metrics.replicated_requests.inc();
+            }
+            backlog.settled(n);
+            continue;
+        }
         let (taken, oldest) = backlog.take(f.batch_keys, crate::clock::now());
         if taken.is_empty() {
             backlog.ready.notified().await;
@@ -732,81 +1001,51 @@ async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
         }
         for t in taken {
             let n = t.keys.len();
-            let Some(table) = f.tables.get(t.table) else {
-                backlog.settled(n);
-                continue;
-            };
+            seq += 1;
             // Whole rows, optimizer state included: a replica is an exact copy, so a pod
             // that takes over training continues where the training pod was.
-            let width = table.stride() + 1;
-            let mut rows = vec![0f32; t.keys.len() * width];
-            if let Err(e) = table.read_state_into(&t.keys, &mut rows) {
-                tracing::error!(%e, "cannot read rows to replicate");
-                backlog.settled(n);
-                continue;
+            let frame = || state_frame(&f.tables, t.table, &t.keys, f.me, seq);
+            if send_until_acked(&f, frame).await {
+                f.metrics.replicated_requests.inc();
+                f.lag.acked_seq.store(seq, Ordering::Relaxed);
             }
-            let len = wire::REQUEST_HEADER_LEN + t.keys.len() * (8 + 4 * width);
-            let mut buf = vec![0u8; len];
-            let mut backoff = Duration::from_millis(5);
-            let mut frame_len = 0;
-            let mut numbered = false;
-            let sent = loop {
-                if !numbered {
-                    seq += 1;
-                    let h = DataHeader {
-                        table: t.table,
-                        dim: width as u32,
-                        client: f.me,
-                        seq,
-                        flags: wire::flags::STATE,
-                    };
-                    frame_len = match wire::encode_replicate_into(&mut buf, &h, &t.keys, &rows) {
-                        Ok(n) => n,
-                        Err(e) => {
-                            tracing::error!(%e, "cannot encode a replication request");
-                            break false;
-                        }
-                    };
-                    numbered = true;
-                }
-                match f.client.call(&[f.target], Op::Replicate as u16, &buf[..frame_len]).await {
-                    Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
-                        Ok(r) if r.header.status.is_success() => break true,
-                        // The replica cannot tell whether it applied this number (its dedupe
-                        // window moved past it or forgot us): the rows are absolute values,
-                        // so the batch goes again under a fresh number instead of looping.
-                        Ok(r) if r.header.status == Status::TooOld => {
-                            tracing::warn!(
-                                seq,
-                                target = f.target,
-                                "replication too old; renumbered"
-                            );
-                            numbered = false;
-                            continue;
-                        }
-                        Ok(r) => {
-                            tracing::warn!(status = r.header.status.name(), "replication refused")
-                        }
-                        Err(e) => tracing::warn!(%e, "bad replication reply"),
-                    },
-                    Err(e) => {
-                        tracing::debug!(%e, target = f.target, "replication failed; retrying")
-                    }
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            };
             backlog.settled(n);
-            if !sent {
-                continue;
-            }
-            f.metrics.replicated_requests.inc();
-            f.lag.acked_seq.store(seq, Ordering::Relaxed);
         }
         if let Some(oldest) = oldest {
             let ms = crate::clock::now().duration_since(oldest).as_millis() as u64;
             f.lag.last_lag_ms.store(ms, Ordering::Relaxed);
         }
+    }
+}
+
+/// Sends the Replicate `frame()` builds (rebuilt for each attempt, so it carries the newest
+/// rows) to the forwarder's replica until it is acknowledged; false if it cannot be built.
+/// Versioned rows apply over older ones only, so a replica that applied an attempt whose
+/// answer was lost just answers the next one too.
+async fn send_until_acked(f: &Forwarder, frame: impl Fn() -> Result<Vec<u8>, String>) -> bool {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let buf = match frame() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(%e, "cannot build a replication request");
+                return false;
+            }
+        };
+        match f.client.call(&[f.target], Op::Replicate as u16, &buf).await {
+            Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
+                Ok(r) if r.header.status.is_success() => return true,
+                Ok(r) => tracing::warn!(
+                    status = r.header.status.name(),
+                    target = f.target,
+                    "replication refused; retrying"
+                ),
+                Err(e) => tracing::warn!(%e, "bad replication reply"),
+            },
+            Err(e) => tracing::debug!(%e, target = f.target, "replication failed; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -865,6 +1104,9 @@ mod tests {
                 update_seq: 0,
                 dedupe_windows: Vec::new(),
                 replication_id: 1,
+                version_floor: 1,
+                push_ack: PushAck::Applied,
+                push_ack_timeout: Duration::from_millis(100),
             },
             &cfg.topology().unwrap(),
             None,

@@ -1,14 +1,15 @@
 //! One shard's server assembled from its two transports: the replication client, the
-//! [`PsServer`], a replica's bootstrap from the training pod, and RPC service on both
-//! transports. `ps-server` runs it over real transports; the simulation (`sim/cluster`) runs
+//! [`PsServer`], a replica's bootstrap from the training pod, a training shard's catch-up
+//! from its replicas, and RPC service on both transports. `ps-server` runs it over real transports; the simulation (`sim/cluster`) runs
 //! the same code over simulated NICs.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bex_ps_core::checkpoint;
 use bex_ps_core::control::{ServingState, SnapshotCursor, SnapshotRequest};
-use bex_ps_core::dedupe::DedupeConfig;
+use bex_ps_core::dedupe::{DedupeConfig, WindowState};
 use bex_ps_core::topology::Topology;
 use bex_ps_core::wire::{self, Limits, Op};
 use bex_ps_core::{Config, TableSet};
@@ -28,33 +29,89 @@ pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(60);
 /// empty under load, found by the chaos run).
 const SNAPSHOT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Copies the training pod's rows of this shard into `tables` (a fresh replica) in chunks of
-/// at most `chunk_bytes`; returns the number of rows.
-pub async fn bootstrap(
+/// How long a restarted training shard keeps trying to copy each replica's rows before it
+/// takes pushes without them (then every pushed row it holds is queued for that replica).
+pub const CATCH_UP_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What [`copy_shard`] copied.
+#[derive(Debug, Default)]
+pub struct Copied {
+    /// Rows received (each applied only over an older row).
+    pub rows: u64,
+    /// The peer's dedupe windows.
+    pub windows: Vec<WindowState>,
+}
+
+/// Versions of a peer's rows by (table, key), as a snapshot showed them.
+pub type RowVersions = HashMap<(u32, u64), u64>;
+
+/// Copies the rows of this shard from the server at endpoint `peer` of `client` into
+/// `tables` in chunks of at most `chunk_bytes`, each row only over an older one; with
+/// `versions`, records every row's version there.
+pub async fn copy_shard(
     client: &Client,
+    peer: usize,
     tables: &TableSet,
     chunk_bytes: u32,
-) -> Result<u64, String> {
+    mut versions: Option<&mut RowVersions>,
+) -> Result<Copied, String> {
     let mut cursor = SnapshotCursor::START;
-    let mut rows = 0u64;
+    let mut out = Copied::default();
     for seq in 1.. {
         let req = SnapshotRequest { cursor, max_bytes: chunk_bytes };
         let frame =
             wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
-        let m = client.call(&[0], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
+        let m =
+            client.call(&[peer], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
         let r =
             wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
         if !r.header.status.is_success() {
             return Err(r.message().into_owned());
         }
-        let info = checkpoint::apply_snapshot_chunk(tables, r.body).map_err(|e| e.to_string())?;
-        rows += u64::from(info.rows);
+        let mut seen = |t: u32, k: u64, v: u64| {
+            if let Some(m) = versions.as_deref_mut() {
+                m.insert((t, k), v);
+            }
+        };
+        let info = checkpoint::apply_snapshot_chunk(tables, r.body, &mut seen)
+            .map_err(|e| e.to_string())?;
+        out.rows += u64::from(info.rows);
+        out.windows.extend(info.windows);
         match info.next {
             Some(c) => cursor = c,
             None => break,
         }
     }
-    Ok(rows)
+    Ok(out)
+}
+
+/// [`copy_shard`] retried with backoff until it succeeds or `deadline` passes (each
+/// failure reported through `log`).
+async fn copy_with_retries(
+    (client, peer): (&Client, usize),
+    tables: &TableSet,
+    chunk_bytes: u32,
+    mut versions: Option<&mut RowVersions>,
+    (deadline, what): (Duration, &str),
+    log: &impl Fn(&str),
+) -> Option<Copied> {
+    let attempts = async {
+        let mut backoff = Duration::from_millis(100);
+        let mut attempt = 1u32;
+        loop {
+            if let Some(v) = versions.as_deref_mut() {
+                v.clear();
+            }
+            match copy_shard(client, peer, tables, chunk_bytes, versions.as_deref_mut()).await {
+                Ok(c) => return c,
+                Err(e) => log(&format!("{what}: attempt {attempt} failed ({e}); retrying")),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            attempt += 1;
+        }
+    };
+    tokio::time::timeout(deadline, attempts).await.ok()
 }
 
 /// What a shard starts from.
@@ -76,6 +133,9 @@ pub struct ShardStart {
     /// requests are deduplicated by it): fresh for every start, see
     /// [`crate::process::incarnation_id`].
     pub incarnation: u64,
+    /// The least row version this incarnation's pushes write (see
+    /// [`ServerParts::version_floor`]): [`crate::process::version_floor`] in a process.
+    pub version_floor: u64,
 }
 
 /// A serving shard.
@@ -85,21 +145,32 @@ pub struct RunningShard {
     pub server: Arc<PsServer>,
     /// Requests served, errors, malformed frames.
     pub stats: Arc<ServerStats>,
-    /// The RPC service tasks (one per transport); aborting them stops serving.
+    /// The RPC service tasks (one per transport) and a training shard's catch-up; aborting
+    /// them stops serving.
     pub tasks: Vec<JoinHandle<()>>,
 }
 
-/// Builds the shard's server on `rdma` and `tcp` (which share one pool), bootstraps a fresh
-/// replica from the training pod (reporting through `log`), and serves RPC on both.
+/// Builds the shard's server on `rdma` and `tcp` (which share one pool) and serves RPC on
+/// both: a replica once it has copied the training pod's rows; a training shard at once,
+/// taking pushes once it has caught up from its replicas (a background task among the
+/// returned ones). Progress goes to `log`.
 pub async fn start_shard(
     cfg: &Config,
     topo: &Topology,
     start: ShardStart,
     (rdma, tcp): (Transport, Transport),
-    log: impl Fn(&str),
+    log: impl Fn(&str) + Send + Sync + 'static,
 ) -> RunningShard {
-    let ShardStart { pod, shard, tables, update_seq, dedupe_windows, restored, incarnation } =
-        start;
+    let ShardStart {
+        pod,
+        shard,
+        tables,
+        update_seq,
+        dedupe_windows,
+        restored,
+        incarnation,
+        version_floor,
+    } = start;
     let ccfg =
         client_config(&cfg.rpc, pod, u64::from(pod) << 32 | u64::from(shard), ClientRole::Serving);
     // The training pod forwards to the same shard in every other pod.
@@ -111,7 +182,7 @@ pub async fn start_shard(
         .collect();
     let n_targets = targets.len();
     let repl_client = Arc::new(
-        Client::new(Some(rdma.clone()), tcp.clone(), targets, ccfg.clone())
+        Client::new(Some(rdma.clone()), tcp.clone(), targets.clone(), ccfg.clone())
             .with_unwell_replies(crate::client::unwell_reply),
     );
     let limits = Limits {
@@ -134,54 +205,114 @@ pub async fn start_shard(
             update_seq,
             dedupe_windows,
             replication_id: incarnation,
+            version_floor,
+            push_ack: cfg.server.push_ack,
+            push_ack_timeout: Duration::from_millis(cfg.server.push_ack_timeout_ms),
         },
         topo,
         Some((repl_client, n_targets)),
         cfg.server.replication_batch_keys as usize,
     );
-    let training = topo.server(topo.training_pod(), shard).copied();
-    if let (false, true, false, Some(a)) =
-        (restored, cfg.server.bootstrap_from_peer, topo.is_training(pod), training)
-    {
-        server.set_state(ServingState::Bootstrapping);
-        let bcfg = ClientConfig {
-            request_timeout: ccfg.request_timeout.max(SNAPSHOT_REQUEST_TIMEOUT),
-            connect_timeout: ccfg.connect_timeout.max(Duration::from_secs(1)),
-            retry_probability: 1.0,
-            ..ccfg
-        };
-        let peer = Client::new(
-            Some(rdma.clone()),
-            tcp.clone(),
-            vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
-            bcfg,
-        );
-        let chunk = cfg.server.snapshot_chunk_bytes;
-        let attempts = async {
-            let mut backoff = Duration::from_millis(100);
-            let mut attempt = 1u32;
-            loop {
-                match bootstrap(&peer, server.tables(), chunk).await {
-                    Ok(rows) => return rows,
-                    Err(e) => log(&format!("bootstrap attempt {attempt} failed ({e}); retrying")),
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                attempt += 1;
-            }
-        };
-        match tokio::time::timeout(BOOTSTRAP_DEADLINE, attempts).await {
-            Ok(rows) => log(&format!("bootstrapped {rows} rows from the training pod")),
-            Err(_) => log(&format!(
-                "no bootstrap from the training pod within {BOOTSTRAP_DEADLINE:?}; serving without it"
-            )),
-        }
-    }
     let stats = Arc::new(ServerStats::default());
     let handler = Arc::new(Handler(server.clone()));
-    let tasks = vec![
-        tokio::spawn(serve(rdma, handler.clone(), stats.clone())),
-        tokio::spawn(serve(tcp, handler, stats.clone())),
-    ];
+    let serve_both = || {
+        vec![
+            tokio::spawn(serve(rdma.clone(), handler.clone(), stats.clone())),
+            tokio::spawn(serve(tcp.clone(), handler.clone(), stats.clone())),
+        ]
+    };
+    // Copies take longer than a serving request's `Tr`: a 1 MiB chunk from a busy server.
+    let copy_cfg = ClientConfig {
+        request_timeout: ccfg.request_timeout.max(SNAPSHOT_REQUEST_TIMEOUT),
+        connect_timeout: ccfg.connect_timeout.max(Duration::from_secs(1)),
+        retry_probability: 1.0,
+        ..ccfg
+    };
+    let chunk = cfg.server.snapshot_chunk_bytes;
+    let tasks = if topo.is_training(pod) {
+        // Serving at once (Snapshot and Health; data ops are Unavailable until caught up,
+        // in the background), so replicas bootstrapping from this shard meanwhile, and a
+        // cluster whose replicas start after it, are not stuck waiting for each other.
+        let mut tasks = serve_both();
+        if cfg.server.bootstrap_from_peer && n_targets > 0 {
+            server.set_state(ServingState::Restoring);
+            let peers = Client::new(Some(rdma.clone()), tcp.clone(), targets.clone(), copy_cfg);
+            let s = server.clone();
+            tasks.push(tokio::spawn(async move {
+                catch_up(&s, &peers, chunk, &log).await;
+                s.set_state(ServingState::Serving);
+            }));
+        } else {
+            server.set_state(ServingState::Serving);
+        }
+        tasks
+    } else {
+        if let (true, Some(a)) =
+            (cfg.server.bootstrap_from_peer, topo.server(topo.training_pod(), shard).copied())
+        {
+            // Restored or not: the training pod's rows, applied over older ones only, take
+            // a restored replica past what its checkpoint missed.
+            server.set_state(ServingState::Bootstrapping);
+            let peer = Client::new(
+                Some(rdma.clone()),
+                tcp.clone(),
+                vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
+                copy_cfg,
+            );
+            let deadline = (BOOTSTRAP_DEADLINE, "bootstrap");
+            match copy_with_retries((&peer, 0), server.tables(), chunk, None, deadline, &log).await
+            {
+                Some(c) => {
+                    server.merge_dedupe(&c.windows);
+                    log(&format!(
+                        "bootstrapped {} rows from the training pod (restored: {restored})",
+                        c.rows
+                    ));
+                }
+                None => log(&format!(
+                    "no bootstrap from the training pod within {BOOTSTRAP_DEADLINE:?}; serving without it"
+                )),
+            }
+        }
+        server.set_state(ServingState::Serving);
+        serve_both()
+    };
     RunningShard { server, stats, tasks }
+}
+
+/// A training shard's start: copies every replica's rows (each applied over older rows
+/// only) and dedupe windows, so it holds at least the freshest replica's state and knows
+/// which pushes that state holds; then queues for each replica the rows it lacks, and
+/// raises the version floor above every version seen.
+async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, log: &impl Fn(&str)) {
+    let mut theirs = Vec::new();
+    for target in 0..server.replica_count() {
+        let mut versions = RowVersions::new();
+        let what = format!("catch-up from replica {target}");
+        let got = copy_with_retries(
+            (peers, target),
+            server.tables(),
+            chunk,
+            Some(&mut versions),
+            (CATCH_UP_DEADLINE, &what),
+            log,
+        )
+        .await;
+        match &got {
+            Some(c) => {
+                server.merge_dedupe(&c.windows);
+                log(&format!("{what}: {} rows, {} dedupe windows", c.rows, c.windows.len()));
+            }
+            None => log(&format!("{what}: unreachable for {CATCH_UP_DEADLINE:?}; going on")),
+        }
+        theirs.push(got.map(|_| versions));
+    }
+    for (target, versions) in theirs.iter().enumerate() {
+        let queued = server.queue_rows_newer_than(target, versions.as_ref());
+        if queued > 0 {
+            log(&format!("queued {queued} rows replica {target} lacks"));
+        }
+    }
+    let tables = server.tables();
+    tables.raise_version_floor(tables.max_version().saturating_add(1));
 }

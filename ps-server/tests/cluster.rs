@@ -35,18 +35,18 @@ impl Drop for Cluster {
 fn base_port(salt: u16) -> u16 {
     static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
     let base = *BASE.get_or_init(|| {
-        bex_ps_server::process::free_local_ports(108).expect("free loopback ports")
+        bex_ps_server::process::free_local_ports(120).expect("free loopback ports")
     });
-    assert!(salt < 9, "salt {salt} is outside the block");
+    assert!(salt < 10, "salt {salt} is outside the block");
     base + salt * 12
 }
 
 impl Cluster {
-    fn new(name: &str, salt: u16) -> Cluster {
-        Cluster::with(name, salt, |_| {})
+    async fn new(name: &str, salt: u16) -> Cluster {
+        Cluster::with(name, salt, |_| {}).await
     }
 
-    fn with(name: &str, salt: u16, tweak: impl FnOnce(&mut Config)) -> Cluster {
+    async fn with(name: &str, salt: u16, tweak: impl FnOnce(&mut Config)) -> Cluster {
         let dir = std::env::temp_dir().join(format!("bex-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -81,7 +81,44 @@ impl Cluster {
                 c.procs.push(Some(p));
             }
         }
+        for pod in 0..2 {
+            for shard in 0..2 {
+                c.wait_serving(pod, shard).await;
+            }
+        }
         c
+    }
+
+    /// Waits until the server answers `/health` 200 (Serving: a training shard has caught
+    /// up from its replicas and takes pushes).
+    async fn wait_serving(&self, pod: u32, shard: u32) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let http = self.cfg.topology().unwrap().server(pod, shard).unwrap().http;
+        let start = bex_ps_server::clock::now();
+        loop {
+            let mut answer = String::new();
+            if let Ok(mut s) = tokio::net::TcpStream::connect(http).await {
+                let get = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+                if s.write_all(get).await.is_ok() {
+                    let _ = s.read_to_string(&mut answer).await;
+                }
+            }
+            if answer.starts_with("HTTP/1.1 200") {
+                return;
+            }
+            assert!(
+                bex_ps_server::clock::now() - start < Duration::from_secs(20),
+                "{pod}/{shard} not serving: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts (`pod`, `shard`) again and waits until it serves.
+    async fn restart(&mut self, pod: u32, shard: u32) {
+        let p = self.spawn(pod, shard);
+        self.procs[Cluster::index(pod, shard)] = Some(p);
+        self.wait_serving(pod, shard).await;
     }
 
     fn spawn(&self, pod: u32, shard: u32) -> Child {
@@ -152,7 +189,7 @@ fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
 const TABLE: u32 = 0;
 const DIM: u32 = 16;
 
-/// Every row record (values, optimizer state, step count) of `pod`'s shard `shard`, sorted,
+/// Every row record (version, values, optimizer state, step count) of `pod`'s shard `shard`, sorted,
 /// as its Snapshot op streams them.
 async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8>> {
     let tcfg = transport_config(&c.cfg.transport, secret);
@@ -164,7 +201,7 @@ async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8
     let ccfg = client_config(&c.cfg.rpc, pod, 5, ClientRole::Training);
     let client = bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg);
     let tables = bex_ps_core::TableSet::new(c.cfg.table_specs()).unwrap();
-    bex_ps_server::shard::bootstrap(&client, &tables, 1 << 20).await.unwrap();
+    bex_ps_server::shard::copy_shard(&client, 0, &tables, 1 << 20, None).await.unwrap();
     let mut out = Vec::new();
     for (_, t) in tables.iter() {
         let mut all = Vec::new();
@@ -183,7 +220,7 @@ fn keys(n: u64) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
-    let mut c = Cluster::new("repl", 0);
+    let mut c = Cluster::new("repl", 0).await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let trainer = c.client(0, &secret).await;
     let ks = keys(200);
@@ -239,7 +276,7 @@ async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly() {
-    let mut c = Cluster::new("dedupe", 1);
+    let mut c = Cluster::new("dedupe", 1).await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let cl = c.client(0, &secret).await;
     // Keys of shard 0 only, pushed twice with the same (client, seq).
@@ -268,8 +305,7 @@ async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly()
     assert_ne!(twice, once);
     // SIGTERM writes a checkpoint; the restarted server restores every row bit-exactly.
     c.term(0, 0);
-    let p = c.spawn(0, 0);
-    c.procs[Cluster::index(0, 0)] = Some(p);
+    c.restart(0, 0).await;
     let fresh = c.client(0, &secret).await;
     let restored = fresh.fetch(TABLE, DIM, &ks).await.unwrap();
     assert!(
@@ -286,7 +322,7 @@ async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_without_the_shared_secret_is_refused() {
-    let c = Cluster::new("secret", 2);
+    let c = Cluster::new("secret", 2).await;
     let intruder = c.client(0, b"not the cluster secret").await;
     let r = intruder.fetch(TABLE, DIM, &keys(10)).await;
     assert!(matches!(r, Err(PsError::Rpc(_))), "{r:?}");
@@ -298,7 +334,7 @@ fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
-    let c = Cluster::with("rdma", 3, |cfg| cfg.rpc.rdma_reprobe_s = 1);
+    let c = Cluster::with("rdma", 3, |cfg| cfg.rpc.rdma_reprobe_s = 1).await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let cl = c.client(0, &secret).await;
     // Admin commands go over TCP, which the drill leaves alone.
@@ -347,7 +383,8 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
     let mut c = Cluster::with("quarantine", 4, |cfg| {
         cfg.rpc.quarantine_connect_failures = 1;
         cfg.rpc.quarantine_s = 60;
-    });
+    })
+    .await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     c.kill9(1, 0);
     // A ranker in pod 1 asks shard 0: its local replica is dead.
@@ -377,7 +414,7 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
-    let c = Cluster::new("bad", 5);
+    let c = Cluster::new("bad", 5).await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let cl = c.client(0, &secret).await;
     let ks = keys(8);
@@ -440,7 +477,7 @@ async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
-    let mut c = Cluster::new("bootstrap", 6);
+    let mut c = Cluster::new("bootstrap", 6).await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let trainer = c.client(0, &secret).await;
     let ks = keys(300);
@@ -461,8 +498,7 @@ async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
     c.kill9(1, 1);
     let _ = std::fs::remove_dir_all(c.cfg.cluster.data_dir.join("pod1"));
     for shard in 0..2 {
-        let p = c.spawn(1, shard);
-        c.procs[Cluster::index(1, shard)] = Some(p);
+        c.restart(1, shard).await;
     }
     // Each fresh replica reports, before any request, the rows it copied.
     let topo = c.cfg.topology().unwrap();
@@ -510,7 +546,7 @@ async fn converged(c: &Cluster, secret: &[u8], ks: &[u64], within: Duration) -> 
 async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
     use bex_ps_core::config::TransportKind;
     use bex_ps_server::process::connect_client;
-    let mut c = Cluster::new("restarts", 7);
+    let mut c = Cluster::new("restarts", 7).await;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let ks = keys(100);
     let grads = vec![0.5f32; ks.len() * DIM as usize];
@@ -535,8 +571,7 @@ async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
     // Restart both training servers (SIGTERM: a checkpoint, then a new process).
     for shard in 0..2 {
         c.term(0, shard);
-        let p = c.spawn(0, shard);
-        c.procs[Cluster::index(0, shard)] = Some(p);
+        c.restart(0, shard).await;
     }
     let t = connect_client(&c.cfg, 0, local, TransportKind::Rdma, 7, ClientRole::Training)
         .await
@@ -548,15 +583,36 @@ async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
 
 // Issue 13, item 5: SIGTERM of a training server under a stream of pushes. It refuses new
 // pushes (Unavailable: the client retries), finishes those in flight, flushes replication,
-// checkpoints and exits 0; its successor restores the checkpoint. With SGD (lr 1) and
-// gradients of -1 from zero rows, a row counts its applied pushes: none acknowledged may be
-// missing, none applied twice.
+// checkpoints and exits 0; its successor restores the checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_training_server_drains_on_sigterm_and_loses_no_acknowledged_push() {
+    restart_under_pushes("drain", 8, Stop::Term).await;
+}
+
+// Issue 13, item 3: SIGKILL of a training server under a stream of pushes (no drain, no
+// checkpoint since a periodic one taken before more pushes). Under push_ack = replicated
+// every acknowledged push is on pod 1; the successor restores the old checkpoint, catches up
+// from pod 1 and learns its dedupe windows, so retries are not applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_training_server_catches_up_from_its_replica() {
+    restart_under_pushes("kill", 9, Stop::Kill).await;
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    Term,
+    Kill,
+}
+
+/// Pushes to shard 0 of a counting table while its training server is stopped `how`
+/// and restarted. With SGD (lr 1) and gradients of -1 from zero rows, a row counts its
+/// applied pushes: none acknowledged may be missing, none applied twice; and the pods end
+/// with the same whole rows.
+async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
     use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig, TransportKind};
     use bex_ps_server::process::connect_client;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let mut c = Cluster::with("drain", 8, |cfg| {
+    let mut c = Cluster::with(name, salt, |cfg| {
         cfg.tables.push(TableConfig {
             name: "count".into(),
             dim: DIM,
@@ -564,7 +620,8 @@ async fn a_training_server_drains_on_sigterm_and_loses_no_acknowledged_push() {
             init: InitConfig::Zeros,
             optimizer: OptimizerConfig::Sgd { lr: 1.0 },
         });
-    });
+    })
+    .await;
     const COUNT: u32 = 1;
     let secret = cluster_secret(&c.cfg.cluster.name);
     let ks: Vec<u64> =
@@ -592,12 +649,22 @@ async fn a_training_server_drains_on_sigterm_and_loses_no_acknowledged_push() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
+    if how == Stop::Kill {
+        // A periodic checkpoint, then more pushes it does not hold.
+        checkpoint(&c, &secret, 0, 0).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let before_term = acked.load(Ordering::Relaxed);
-    c.term(0, 0);
-    let log = std::fs::read_to_string(c.config.with_file_name("ps-0-0.stderr")).unwrap();
-    assert!(log.contains("replication flushed"), "the drain flushed replication: {log}");
-    let p = c.spawn(0, 0);
-    c.procs[Cluster::index(0, 0)] = Some(p);
+    let log = c.config.with_file_name("ps-0-0.stderr");
+    match how {
+        Stop::Term => {
+            c.term(0, 0);
+            let log = std::fs::read_to_string(&log).unwrap();
+            assert!(log.contains("replication flushed"), "the drain flushed replication: {log}");
+        }
+        Stop::Kill => c.kill9(0, 0),
+    }
+    c.restart(0, 0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     pusher.await.unwrap();
@@ -610,5 +677,34 @@ async fn a_training_server_drains_on_sigterm_and_loses_no_acknowledged_push() {
         assert!(v >= acked, "key {k}: {v} < {acked} acknowledged pushes (lost)");
         assert!(v <= acked + failed, "key {k}: {v} > {acked} + {failed} (applied twice)");
     }
-    eprintln!("{acked} pushes acknowledged, {failed} failed, {before_term} before SIGTERM");
+    if how == Stop::Kill {
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(log.contains("catch-up from replica 0:"), "it caught up: {log}");
+    }
+    let start = bex_ps_server::clock::now();
+    while records(&c, &secret, 0, 0).await != records(&c, &secret, 1, 0).await {
+        assert!(
+            bex_ps_server::clock::now() - start < Duration::from_secs(5),
+            "shard 0's whole rows differ between the pods"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("{acked} pushes acknowledged, {failed} failed, {before_term} before the stop");
+}
+
+/// Asks the server of (`pod`, `shard`) for a checkpoint now.
+async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
+    let tcfg = transport_config(&c.cfg.transport, secret);
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let node = Node::start(any, any, tcfg).await.unwrap();
+    let (rdma, tcp) = node.transports();
+    let a = *c.cfg.topology().unwrap().server(pod, shard).unwrap();
+    let ep = bex_rpc::Endpoint { pod, rdma: a.rdma, tcp: a.tcp };
+    let ccfg = client_config(&c.cfg.rpc, pod, 6, ClientRole::Training);
+    let client = bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg);
+    let req = bex_ps_core::control::CheckpointRequest::default();
+    let frame = wire::control_request_vec(Op::Checkpoint, 0, 0, 1, &req).unwrap();
+    let m = client.call(&[0], Op::Checkpoint as u16, &frame).await.unwrap();
+    let r = wire::decode_response(m.as_slice(), &Limits::default()).unwrap();
+    assert_eq!(r.header.status, Status::Ok, "checkpoint: {}", r.message());
 }

@@ -72,11 +72,16 @@ pub enum Scenario {
     /// checkpoint with a new replication identity: nothing acknowledged is lost or applied
     /// twice, and the replicas converge.
     TrainingRestart,
+    /// A training shard killed under load, as by SIGKILL (no drain, no final checkpoint),
+    /// and started again from an older checkpoint: it catches up from the replica (rows by
+    /// version, dedupe windows), so no push acknowledged under `push_ack = replicated` is
+    /// lost, none applied twice, and the pods converge bit-exactly.
+    TrainingKill,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Loss,
         Scenario::ShardRestart,
         Scenario::PodPartition,
@@ -85,6 +90,7 @@ impl Scenario {
         Scenario::Quarantine,
         Scenario::ClientRestart,
         Scenario::TrainingRestart,
+        Scenario::TrainingKill,
     ];
 
     /// Its name on the command line and in reports.
@@ -98,6 +104,7 @@ impl Scenario {
             Scenario::Quarantine => "quarantine",
             Scenario::ClientRestart => "client-restart",
             Scenario::TrainingRestart => "training-restart",
+            Scenario::TrainingKill => "training-kill",
         }
     }
 
@@ -336,10 +343,21 @@ impl Cluster {
         // Replayable, as a process's random identity is not: from the seed, fresh per start.
         self.starts += 1;
         let incarnation = bex_ps_core::shard::mix64(self.seed ^ self.starts << 20);
+        // Above every earlier start's versions, as a process's clock-based floor is.
+        let version_floor = self.starts << 40;
         let running = start_shard(
             &self.cfg,
             &self.topo,
-            ShardStart { pod, shard, tables, update_seq, restored, dedupe_windows, incarnation },
+            ShardStart {
+                pod,
+                shard,
+                tables,
+                update_seq,
+                restored,
+                dedupe_windows,
+                incarnation,
+                version_floor,
+            },
             (Transport::Sim(rdma.clone()), Transport::Sim(tcp.clone())),
             |_| {},
         )
@@ -414,12 +432,12 @@ impl Cluster {
 
     /// Keys of `table` whose rows differ between the training pod and a replica (an empty
     /// list: converged), or a reason they cannot be compared.
-    fn divergence(&self, table: u32, dim: u32, keys: &[u64]) -> Vec<String> {
+    fn divergence(&self, table: u32, keys: &[u64]) -> Vec<String> {
         let mut out = Vec::new();
         for shard in 0..SHARDS {
             let mine: Vec<u64> =
                 keys.iter().copied().filter(|&k| self.topo.shard_of(k) == shard).collect();
-            let read = |pod: u32| self.rows(pod, shard, table, dim, &mine);
+            let read = |pod: u32| self.rows(pod, shard, table, &mine);
             let Some(want) = read(self.topo.training_pod()) else {
                 out.push(format!("training shard {shard} is down"));
                 continue;
@@ -435,7 +453,7 @@ impl Cluster {
                             .count();
                         if bad > 0 {
                             out.push(format!(
-                                "pod {pod} shard {shard}: {bad} values of table {table} differ"
+                                "pod {pod} shard {shard}: {bad} words of table {table}'s rows differ"
                             ));
                         }
                     }
@@ -445,19 +463,21 @@ impl Cluster {
         out
     }
 
-    /// Rows of `keys` (all of shard `shard`) as the server of (`pod`, `shard`) holds them,
-    /// without creating any; `None` if it is down.
-    fn rows(&self, pod: u32, shard: u32, table: u32, dim: u32, keys: &[u64]) -> Option<Vec<f32>> {
+    /// Whole rows of `keys` (all of shard `shard`: values, optimizer state, steps, version)
+    /// as the server of (`pod`, `shard`) holds them, without creating any; `None` if it is
+    /// down.
+    fn rows(&self, pod: u32, shard: u32, table: u32, keys: &[u64]) -> Option<Vec<f32>> {
         let s = self.shards.get(&(pod, shard))?;
-        let mut rows = vec![0f32; keys.len() * dim as usize];
-        s.running.server.tables().get(table)?.read_into(keys, &mut rows).ok()?;
+        let t = s.running.server.tables().get(table)?;
+        let mut rows = vec![0f32; keys.len() * t.state_width()];
+        t.read_state_into(keys, &mut rows).ok()?;
         Some(rows)
     }
 
     fn canary_values(&self) -> Vec<Option<f32>> {
         let pod = self.topo.training_pod();
         (0..CANARY_KEYS)
-            .map(|k| Some(self.rows(pod, self.topo.shard_of(k), CANARY, 1, &[k])?[0]))
+            .map(|k| Some(self.rows(pod, self.topo.shard_of(k), CANARY, &[k])?[0]))
             .collect()
     }
 }
@@ -648,6 +668,21 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                 violations.push(e);
             }
         }
+        Scenario::TrainingKill => {
+            // A periodic checkpoint, then more pushes, then the kill: the restart must not
+            // roll back to the checkpoint.
+            clock.at(500).await;
+            let server = c.shards[&(0, 0)].running.server.clone();
+            if let Err(e) = server.checkpoint().await {
+                violations.push(format!("checkpoint of pod 0 shard 0: {e}"));
+            }
+            clock.at(900).await;
+            c.kill(0, 0);
+            clock.at(1_100).await;
+            if let Err(e) = c.start_restored(0, 0).await {
+                violations.push(e);
+            }
+        }
         Scenario::ClientRestart => {
             clock.at(1_500).await;
             // The same id, a new client: pushes in flight on the old one finish on it.
@@ -681,8 +716,8 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     let mut converged_ms = None;
     let mut left = Vec::new();
     while clock.ms() <= end_ms + SETTLE.as_millis() as u64 {
-        left = c.divergence(EMB, EMB_DIM, &keys);
-        left.extend(c.divergence(CANARY, 1, &canary_keys));
+        left = c.divergence(EMB, &keys);
+        left.extend(c.divergence(CANARY, &canary_keys));
         if left.is_empty() {
             converged_ms = Some(clock.ms() - end_ms);
             break;
@@ -791,7 +826,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     for shard in 0..SHARDS {
         let mine: Vec<u64> =
             keys.iter().copied().filter(|&k| c.topo.shard_of(k) == shard).collect();
-        if let Some(rows) = c.rows(c.topo.training_pod(), shard, EMB, EMB_DIM, &mine) {
+        if let Some(rows) = c.rows(c.topo.training_pod(), shard, EMB, &mine) {
             for r in rows {
                 h.write(&r.to_bits().to_le_bytes());
             }

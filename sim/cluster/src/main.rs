@@ -15,7 +15,7 @@ use clap::Parser;
 #[command(name = "bex-simcluster")]
 struct Args {
     /// Scenarios to run (comma-separated): loss, shard-restart, pod-partition, hang,
-    /// rdma-fallback, quarantine, client-restart, training-restart, or all.
+    /// rdma-fallback, quarantine, client-restart, training-restart, training-kill, or all.
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Seeds 0..N per scenario.

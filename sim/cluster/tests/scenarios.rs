@@ -62,6 +62,11 @@ fn a_training_shard_stopped_gracefully_and_restored_loses_nothing() {
 }
 
 #[test]
+fn a_training_shard_killed_catches_up_from_its_replica_and_loses_nothing() {
+    check(Scenario::TrainingKill);
+}
+
+#[test]
 fn a_dead_replica_is_quarantined_and_released_after_it_returns() {
     check(Scenario::Quarantine);
     let r = run(Scenario::Quarantine, 12);
