@@ -678,6 +678,37 @@ impl Table {
         end - from
     }
 
+    /// Like [`export_records`](Self::export_records), but only rows ever pushed (version
+    /// above 0: the others hold their initial values, which the initializer recreates
+    /// anywhere): scans rows `from..` of `stripe` until `max_rows` records are written or the
+    /// stripe ends. Returns (rows scanned, records written); fewer written than `max_rows`
+    /// means the stripe's end was reached.
+    pub fn export_pushed_records(
+        &self,
+        stripe: usize,
+        from: usize,
+        max_rows: usize,
+        out: &mut Vec<u8>,
+    ) -> (usize, usize) {
+        let Some(s) = self.stripes.get(stripe) else { return (0, 0) };
+        let l = &self.layout;
+        let s = s.read();
+        let (mut r, mut written) = (from, 0);
+        while r < s.len() && written < max_rows {
+            if s.versions[r] > 0 {
+                out.extend_from_slice(&s.keys[r].to_le_bytes());
+                out.extend_from_slice(&s.versions[r].to_le_bytes());
+                out.extend_from_slice(&s.steps[r].to_le_bytes());
+                for v in s.row(r, l) {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                written += 1;
+            }
+            r += 1;
+        }
+        (r.saturating_sub(from), written)
+    }
+
     /// Inserts whole rows (values, state, steps, version) from records as written by
     /// [`export_records`](Self::export_records) (or, `Unversioned`, by checkpoint versions
     /// 1 and 2: version 0), each only over an older stored row (see the module docs).

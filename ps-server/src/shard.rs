@@ -289,6 +289,7 @@ async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, log: &impl
     for target in 0..server.replica_count() {
         let mut versions = RowVersions::new();
         let what = format!("catch-up from replica {target}");
+        let t0 = crate::clock::now();
         let got = copy_with_retries(
             (peers, target),
             server.tables(),
@@ -301,7 +302,12 @@ async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, log: &impl
         match &got {
             Some(c) => {
                 server.merge_dedupe(&c.windows);
-                log(&format!("{what}: {} rows, {} dedupe windows", c.rows, c.windows.len()));
+                let ms = crate::clock::now().duration_since(t0).as_millis();
+                log(&format!(
+                    "{what}: {} rows, {} dedupe windows in {ms} ms",
+                    c.rows,
+                    c.windows.len()
+                ));
             }
             None => log(&format!("{what}: unreachable for {CATCH_UP_DEADLINE:?}; going on")),
         }

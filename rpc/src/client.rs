@@ -449,7 +449,19 @@ impl Client {
         if let Some(c) = self.live_channel(id, lane, over_tcp) {
             return Ok(c);
         }
-        let _one_at_a_time = self.connecting[id].lock().await;
+        // Waiting for another call's connect is bounded like a connect: under a partition
+        // hundreds of calls queued here for one connect attempt after another, each holding
+        // the lock for up to 3·Tc, and answered seconds past their deadline (chaos run).
+        // A call that cannot get its turn moves down the ladder; the destination is not
+        // blamed for it.
+        let Ok(_one_at_a_time) =
+            tokio::time::timeout(self.cfg.connect_timeout, self.connecting[id].lock()).await
+        else {
+            return Err(RpcError::Connect(format!(
+                "another call has been connecting to destination {id} for {:?}",
+                self.cfg.connect_timeout
+            )));
+        };
         self.channel_locked(id, lane, over_tcp).await
     }
 
