@@ -101,14 +101,18 @@ pub fn check_canaries(
     rows: &BTreeMap<u64, Vec<f32>>,
 ) -> (Invariant, Invariant) {
     let (mut lost, mut twice, mut keys, mut acked) = (Vec::new(), Vec::new(), 0u64, 0u64);
+    // Pushes missing (acknowledged beyond the value) and extra (beyond acked + failed).
+    let (mut missing, mut extra) = (0u64, 0u64);
     for c in canaries {
         for k in &c.keys {
             keys += 1;
             acked += k.acked;
             let v = rows.get(&k.key).and_then(|r| r.first()).copied().unwrap_or(f32::NAN);
             if v.is_nan() || v.fract() != 0.0 || (v as u64) < k.acked {
+                missing += k.acked.saturating_sub(if v.is_finite() { v as u64 } else { 0 });
                 lost.push(format!("key {:#x}: value {v} < {} acknowledged", k.key, k.acked));
             } else if v as u64 > k.acked + k.failed {
+                extra += v as u64 - (k.acked + k.failed);
                 twice.push(format!(
                     "key {:#x}: value {v} > {} acknowledged + {} failed",
                     k.key, k.acked, k.failed
@@ -116,23 +120,28 @@ pub fn check_canaries(
             }
         }
     }
-    let detail = |v: &[String]| {
+    let detail = |v: &[String], pushes: u64, what: &str| {
         if v.is_empty() {
             format!("{keys} canary keys, {acked} acknowledged pushes")
         } else {
-            format!("{} of {keys} keys violate it; first: {}", v.len(), v[0])
+            format!(
+                "{} of {keys} keys violate it, {pushes} of {acked} acknowledged pushes {what}; \
+                 first: {}",
+                v.len(),
+                v[0]
+            )
         }
     };
     (
         Invariant {
             name: "no acknowledged push lost".into(),
             ok: lost.is_empty(),
-            detail: detail(&lost),
+            detail: detail(&lost, missing, "missing"),
         },
         Invariant {
             name: "no push applied twice".into(),
             ok: twice.is_empty(),
-            detail: detail(&twice),
+            detail: detail(&twice, extra, "applied too often"),
         },
     )
 }

@@ -189,9 +189,13 @@ fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
 const TABLE: u32 = 0;
 const DIM: u32 = 16;
 
-/// Every row record (version, values, optimizer state, step count) of `pod`'s shard `shard`, sorted,
-/// as its Snapshot op streams them.
-async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8>> {
+/// An RPC client of the one server (`pod`, `shard`) (endpoint 0), on a node of its own.
+async fn direct_client(
+    c: &Cluster,
+    secret: &[u8],
+    pod: u32,
+    shard: u32,
+) -> (Node, bex_rpc::Client) {
     let tcfg = transport_config(&c.cfg.transport, secret);
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
     let node = Node::start(any, any, tcfg).await.unwrap();
@@ -199,7 +203,13 @@ async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8
     let a = *c.cfg.topology().unwrap().server(pod, shard).unwrap();
     let ep = bex_rpc::Endpoint { pod, rdma: a.rdma, tcp: a.tcp };
     let ccfg = client_config(&c.cfg.rpc, pod, 5, ClientRole::Training);
-    let client = bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg);
+    (node, bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg))
+}
+
+/// Every row record (version, values, optimizer state, step count) of `pod`'s shard `shard`,
+/// sorted, as its Snapshot op streams them.
+async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8>> {
+    let (_node, client) = direct_client(c, secret, pod, shard).await;
     let tables = bex_ps_core::TableSet::new(c.cfg.table_specs()).unwrap();
     bex_ps_server::shard::copy_shard(&client, 0, &tables, 1 << 20, None).await.unwrap();
     let mut out = Vec::new();
@@ -694,14 +704,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
 
 /// Asks the server of (`pod`, `shard`) for a checkpoint now.
 async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
-    let tcfg = transport_config(&c.cfg.transport, secret);
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let node = Node::start(any, any, tcfg).await.unwrap();
-    let (rdma, tcp) = node.transports();
-    let a = *c.cfg.topology().unwrap().server(pod, shard).unwrap();
-    let ep = bex_rpc::Endpoint { pod, rdma: a.rdma, tcp: a.tcp };
-    let ccfg = client_config(&c.cfg.rpc, pod, 6, ClientRole::Training);
-    let client = bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg);
+    let (_node, client) = direct_client(c, secret, pod, shard).await;
     let req = bex_ps_core::control::CheckpointRequest::default();
     let frame = wire::control_request_vec(Op::Checkpoint, 0, 0, 1, &req).unwrap();
     let m = client.call(&[0], Op::Checkpoint as u16, &frame).await.unwrap();

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig};
+use bex_ps_core::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
 use bex_ps_core::Config;
 use bex_ps_server::client::PsClient;
 use bex_ps_server::node::{client_config, cluster_secret, transport_config, ClientRole, Node};
@@ -60,6 +60,10 @@ options:
   --transport-set K=N     override [transport] K (eager_max, fragment_bytes, path_mtu,
                           spin_us, endpoints, sq_depth, rq_depth, cwnd_bytes) for the
                           server and the client; repeatable (default: the config defaults)
+  --push-ack MODE          two pods: a replica server too, and the shard's [server]
+                          push_ack = replicated (a push answered once the replica applied
+                          it) or applied (answered after the training server's apply);
+                          server CPU counts the training server only (default: one pod)
   --quiet                 no per-cell progress on stderr
   -h, --help              this text";
 
@@ -96,6 +100,8 @@ struct Args {
     quiet: bool,
     /// `[transport]` overrides (server and client), `key=value`.
     transport_set: Vec<(String, u64)>,
+    /// Two pods with this acknowledgement mode (one pod without).
+    push_ack: Option<PushAck>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +173,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         base_port: None,
         quiet: false,
         transport_set: Vec::new(),
+        push_ack: None,
     };
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -179,7 +186,8 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => {}
         }
-        const VALUED: [&str; 13] = [
+        const VALUED: [&str; 14] = [
+            "--push-ack",
             "--json",
             "--svg",
             "--keys",
@@ -256,6 +264,13 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--base-port" => {
                 a.base_port = Some(v.parse().map_err(|_| format!("--base-port: not a port: {v}"))?)
             }
+            "--push-ack" => {
+                a.push_ack = Some(match v.as_str() {
+                    "replicated" => PushAck::Replicated,
+                    "applied" => PushAck::Applied,
+                    _ => return Err(format!("--push-ack: replicated or applied, not {v:?}")),
+                })
+            }
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -280,10 +295,11 @@ impl Drop for ServerChild {
     }
 }
 
-/// The generated cluster: 1 pod × 1 shard, one table of dim 64, generous deadlines, no
-/// checkpoints.
-fn bench_config(dir: &Path, base_port: u16) -> Config {
-    let mut cfg = Config::local(1, 1, base_port);
+/// The generated cluster: 1 pod × 1 shard (2 pods with `push_ack`), one table of dim 64,
+/// generous deadlines, no checkpoints.
+fn bench_config(dir: &Path, base_port: u16, push_ack: Option<PushAck>) -> Config {
+    let mut cfg = Config::local(if push_ack.is_some() { 2 } else { 1 }, 1, base_port);
+    cfg.server.push_ack = push_ack.unwrap_or(PushAck::Applied);
     cfg.cluster.name = format!("ps-bench-{}", std::process::id());
     cfg.cluster.data_dir = dir.join("data");
     cfg.server.checkpoint_interval_s = 0;
@@ -339,7 +355,12 @@ fn server_exe(args: &Args) -> Result<PathBuf, String> {
     }
 }
 
-fn spawn_server(exe: &Path, cfg: &Config, dir: PathBuf) -> Result<(ServerChild, String), String> {
+fn spawn_server(
+    exe: &Path,
+    cfg: &Config,
+    dir: PathBuf,
+    pod: u32,
+) -> Result<(ServerChild, String), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let path = dir.join("cluster.toml");
     let text = cfg.to_toml_string().map_err(|e| e.to_string())?;
@@ -347,7 +368,7 @@ fn spawn_server(exe: &Path, cfg: &Config, dir: PathBuf) -> Result<(ServerChild, 
     let child = Command::new(exe)
         .arg("--config")
         .arg(&path)
-        .args(["--pod", "0", "--shard", "0"])
+        .args(["--pod", &pod.to_string(), "--shard", "0"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -1006,7 +1027,8 @@ async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Resul
         "quick": args.quick,
         "server": ready,
         "setup": {
-            "pods": 1, "shards": 1, "table_dim": DIM, "optimizer": "sgd",
+            "pods": cfg.cluster.pods, "shards": 1, "table_dim": DIM, "optimizer": "sgd",
+            "push_ack": args.push_ack.map(|m| format!("{m:?}").to_lowercase()),
             "loop": "closed: `outstanding` tasks, each issuing its next request when the previous completes; RDMA and TCP compared at the same outstanding count",
             "latency": "per request around PsClient::fetch/push (encode, RPC, decode, merge), hdrhistogram, 3 significant digits",
             "warm": "8 requests' worth of keys fetched once before the cell; each request a random window of them",
@@ -1053,15 +1075,19 @@ fn run(args: &Args) -> Result<(), String> {
     let exe = server_exe(args)?;
     let base_port = match args.base_port {
         Some(p) => p,
-        None => bex_ps_server::process::free_local_ports(3)
+        None => bex_ps_server::process::free_local_ports(6)
             .map_err(|e| format!("choosing ports (give --base-port): {e}"))?,
     };
     let dir = std::env::temp_dir().join(format!("bex-ps-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut cfg = bench_config(&dir, base_port);
+    let mut cfg = bench_config(&dir, base_port, args.push_ack);
     apply_transport_set(&mut cfg, &args.transport_set)?;
     cfg.validate().map_err(|e| e.to_string())?;
-    let (server, ready) = spawn_server(&exe, &cfg, dir)?;
+    let replica = match args.push_ack {
+        Some(_) => Some(spawn_server(&exe, &cfg, dir.join("replica"), 1)?.0),
+        None => None,
+    };
+    let (server, ready) = spawn_server(&exe, &cfg, dir, 0)?;
     let server_pid = server.child.id();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1077,8 +1103,9 @@ fn run(args: &Args) -> Result<(), String> {
             _ = tokio::signal::ctrl_c() => Err("interrupted (SIGINT)".to_string()),
         }
     });
-    // The server goes first (killed and reaped), then the client's runtime.
+    // The servers go first (killed and reaped), then the client's runtime.
     drop(server);
+    drop(replica);
     rt.shutdown_timeout(Duration::from_millis(100));
     let doc = out?;
     if let Some(p) = &args.json {
