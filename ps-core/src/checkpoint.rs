@@ -60,10 +60,11 @@
 //! | 52 | 4 | reserved (0) |
 //! | 56 | … | row records as in the checkpoint body (version 3), or dedupe windows |
 //!
-//! After the last table's rows comes one windows chunk (table `u32::MAX`), the source's
-//! dedupe windows encoded as in the checkpoint body, flagged last: a restarted training
-//! shard learns which pushes the rows it copies already hold, so their retries are
-//! answered Duplicate rather than applied twice.
+//! A cursor past the last table (a client asks for it first, and it follows the last table's
+//! rows) gets the windows chunk (table `u32::MAX`): the source's dedupe windows encoded as in
+//! the checkpoint body, flagged last. A restarted training shard learns which pushes the
+//! rows it copies already hold, so their retries are answered Duplicate rather than applied
+//! twice; asked for before the rows, the windows name no push whose rows the copy lacks.
 //!
 //! Rows are never removed and stripes only grow, so a (table, stripe, row) cursor visits
 //! every row that existed when the snapshot began; rows created later may or may not be

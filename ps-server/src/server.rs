@@ -780,6 +780,16 @@ impl PsServer {
                         Err(e) => self.error(Some(op), Status::BadValue, seq, &e.to_string()),
                     };
                 }
+                // Validated before admission (the dedupe contract): a push admitted and then
+                // refused would have its retry answered Duplicate, never applied.
+                if let Some(i) = v.values.iter().position(|g| !g.is_finite()) {
+                    return self.error(
+                        Some(op),
+                        Status::BadValue,
+                        seq,
+                        &format!("value {i} is not finite"),
+                    );
+                }
                 let verdict = {
                     let _one_apply = self.applying.read();
                     let verdict = self.dedupe.admit(h.client, seq);
@@ -1123,6 +1133,28 @@ mod tests {
         let r = Handler(s.clone()).handle(Op::Fetch as u16, m).await.unwrap();
         let body = &r.as_slice()[HEADER_LEN..];
         (wire::decode_response(body, &Limits::default()).unwrap().header.status, body.len())
+    }
+
+    async fn push_status(s: &Arc<PsServer>, seq: u64, grad: f32) -> Status {
+        let keys = [7u64, 9];
+        let grads = vec![grad; keys.len() * 32];
+        let mut f = vec![0u8; wire::push_request_len(keys.len(), 32)];
+        let h = DataHeader { table: 0, dim: 32, client: 5, seq, flags: 0 };
+        wire::encode_push_into(&mut f, &h, &keys, &grads).unwrap();
+        let m = Msg::copy_from(s.pool, &f).unwrap();
+        let r = Handler(s.clone()).handle(Op::Push as u16, m).await.unwrap();
+        let body = &r.as_slice()[HEADER_LEN..];
+        wire::decode_response(body, &Limits::default()).unwrap().header.status
+    }
+
+    // The dedupe contract: a push refused for its values is not admitted, so its corrected
+    // retry under the same number is applied (it was answered Duplicate, never applied).
+    #[tokio::test]
+    async fn a_push_refused_for_its_values_is_not_admitted() {
+        let s = server(1 << 20);
+        assert_eq!(push_status(&s, 1, f32::NAN).await, Status::BadValue);
+        assert_eq!(push_status(&s, 1, 0.5).await, Status::Ok);
+        assert_eq!(push_status(&s, 1, 0.5).await, Status::Duplicate);
     }
 
     // Found writing the ps_server fuzz target: a 360-byte Fetch made the server allocate and

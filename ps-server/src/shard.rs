@@ -47,7 +47,10 @@ pub type RowVersions = HashMap<(u32, u64), u64>;
 
 /// Copies the rows of this shard from the server at endpoint `peer` of `client` into
 /// `tables` in chunks of at most `chunk_bytes`, each row only over an older one; with
-/// `versions`, records every row's version there.
+/// `versions`, records every row's version there. The peer's dedupe windows are asked for
+/// first: a window read before the rows names only pushes whose rows are already there
+/// (read after, it could name a push whose rows the copy missed, and that push's retry
+/// would be answered Duplicate and lost).
 pub async fn copy_shard(
     client: &Client,
     peer: usize,
@@ -55,7 +58,8 @@ pub async fn copy_shard(
     chunk_bytes: u32,
     mut versions: Option<&mut RowVersions>,
 ) -> Result<Copied, String> {
-    let mut cursor = SnapshotCursor::START;
+    let past_tables = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
+    let mut cursor = past_tables;
     let mut out = Copied::default();
     for seq in 1.. {
         let req = SnapshotRequest { cursor, max_bytes: chunk_bytes };
@@ -78,8 +82,10 @@ pub async fn copy_shard(
         out.rows += u64::from(info.rows);
         out.windows.extend(info.windows);
         match info.next {
-            Some(c) => cursor = c,
-            None => break,
+            _ if cursor == past_tables => cursor = SnapshotCursor::START,
+            // The windows chunk again, now after the rows: not wanted.
+            Some(c) if (c.table as usize) < tables.len() => cursor = c,
+            _ => break,
         }
     }
     Ok(out)
