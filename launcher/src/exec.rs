@@ -140,6 +140,9 @@ pub struct Executor {
     restarted: BTreeMap<String, Instant>,
     /// Clients the schedule restarted (a restarted trainer must fail no step).
     restarted_clients: BTreeSet<String>,
+    /// The cluster secret every process gets when the launcher's environment has no
+    /// `BEX_SECRET`: random per run (processes off loopback refuse the name-derived one).
+    secret: Option<String>,
 }
 
 impl Drop for Executor {
@@ -159,6 +162,12 @@ pub fn process_config_text(cfg: &bex_ps_core::Config) -> Result<String, String> 
     };
     doc.remove("launch");
     toml::to_string(&doc).map_err(|e| e.to_string())
+}
+
+/// A fresh random cluster secret (128 bits, hex).
+fn run_secret() -> std::io::Result<String> {
+    let word = || bex_ps_server::process::incarnation_id().map_err(std::io::Error::other);
+    Ok(format!("{:016x}{:016x}", word()?, word()?))
 }
 
 /// `/health` answers 200.
@@ -207,6 +216,10 @@ impl Executor {
             down: BTreeSet::new(),
             restarted: BTreeMap::new(),
             restarted_clients: BTreeSet::new(),
+            secret: match std::env::var("BEX_SECRET") {
+                Ok(s) if !s.is_empty() => None,
+                _ => Some(run_secret()?),
+            },
         })
     }
 
@@ -218,7 +231,11 @@ impl Executor {
             let _ = std::fs::remove_file(json);
         }
         let argv = spec.argv();
-        let child = Command::new(&argv[0])
+        let mut cmd = Command::new(&argv[0]);
+        if let Some(secret) = &self.secret {
+            cmd.env("BEX_SECRET", secret);
+        }
+        let child = cmd
             .args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(open(&out)?)

@@ -146,6 +146,10 @@ pub struct ClusterConfig {
     /// Directory of checkpoints (`<data_dir>/pod<p>/shard<s>.ckpt`).
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
+    /// Without `BEX_SECRET`, processes bound off loopback refuse to start (the default
+    /// secret comes from the cluster name); true accepts that risk.
+    #[serde(default)]
+    pub allow_insecure: bool,
 }
 
 fn default_name() -> String {
@@ -606,6 +610,7 @@ impl Config {
                 base_port,
                 servers: Vec::new(),
                 data_dir: default_data_dir(),
+                allow_insecure: false,
             },
             server: ServerConfig::default(),
             tables: Vec::new(),

@@ -32,8 +32,9 @@ struct Args {
 const USAGE: &str = "usage: ps-server --config FILE --pod P --shard S
 
 Serves shard S of mini-pod P of the cluster described by FILE (TOML; see configs/).
-Environment: BEX_SECRET (the cluster's shared secret; defaults to one derived from the
-cluster name), RUST_LOG is not read (logs go to stderr at warn level).";
+Environment: BEX_SECRET (the cluster's shared secret; without it, a secret derived from the
+cluster name, on loopback only unless [cluster] allow_insecure = true: a server bound to
+another address refuses to start), RUST_LOG is not read (logs go to stderr at warn level).";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -129,7 +130,7 @@ async fn serve(args: Args, cfg: Config) {
             ),
         )
     };
-    let secret = cluster_secret(&cfg.cluster.name);
+    let secret = cluster_secret(&cfg, addrs.rdma.ip()).unwrap_or_else(|e| die(2, &e));
     let tcfg = transport_config(&cfg.transport, &secret);
     let ckpt = cfg.checkpoint_path(args.pod, args.shard);
     let specs = cfg.table_specs();

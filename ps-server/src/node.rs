@@ -2,7 +2,7 @@
 //! transport and a TCP transport on the addresses the cluster config gives, and RPC clients
 //! configured from it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,12 +84,39 @@ pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64, role: ClientRole)
     }
 }
 
-/// The shared secret: `BEX_SECRET` from the environment, or the cluster's name (a local
-/// default; real clusters set the variable).
-pub fn cluster_secret(cluster_name: &str) -> Vec<u8> {
-    std::env::var("BEX_SECRET")
-        .map(String::into_bytes)
-        .unwrap_or_else(|_| format!("bex-cluster:{cluster_name}").into_bytes())
+/// The shared secret: `BEX_SECRET` from the environment, or one derived from the cluster's
+/// name, for loopback only (or with `[cluster] allow_insecure = true`): the name is in the
+/// config file, so off loopback anyone who can read the config could join. `bind` is the
+/// address this process binds.
+pub fn cluster_secret(cfg: &bex_ps_core::Config, bind: IpAddr) -> Result<Vec<u8>, String> {
+    secret_from(
+        std::env::var("BEX_SECRET").ok(),
+        &cfg.cluster.name,
+        bind,
+        cfg.cluster.allow_insecure,
+    )
+}
+
+/// [`cluster_secret`]'s decision, with the environment's value passed in.
+fn secret_from(
+    env: Option<String>,
+    cluster_name: &str,
+    bind: IpAddr,
+    allow_insecure: bool,
+) -> Result<Vec<u8>, String> {
+    match env.filter(|s| !s.is_empty()) {
+        Some(s) => Ok(s.into_bytes()),
+        None if bind.is_loopback() || allow_insecure => {
+            Ok(format!("bex-cluster:{cluster_name}").into_bytes())
+        }
+        None => Err(format!(
+            "BEX_SECRET is not set and this process binds {bind}, not loopback: the default \
+             secret comes from the cluster name, which anyone who can read the config knows. \
+             Give every process of the cluster the same secret, for example \
+             `export BEX_SECRET=$(head -c 32 /dev/urandom | base64)`, or set \
+             `[cluster] allow_insecure = true` to accept the risk"
+        )),
+    }
 }
 
 impl Node {
@@ -154,6 +181,22 @@ pub mod anyhow_like {
 
 #[cfg(test)]
 mod tests {
+    use super::secret_from;
+
+    #[test]
+    fn no_default_secret_off_loopback() {
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let lan: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        let set = || Some("s3cret".to_string());
+        assert_eq!(secret_from(set(), "c", lan, false).unwrap(), b"s3cret");
+        assert_eq!(secret_from(None, "c", lo, false).unwrap(), b"bex-cluster:c");
+        assert_eq!(secret_from(Some(String::new()), "c", lo, false).unwrap(), b"bex-cluster:c");
+        let e = secret_from(None, "c", lan, false).unwrap_err();
+        assert!(e.contains("BEX_SECRET") && e.contains("allow_insecure"), "{e}");
+        assert!(secret_from(Some(String::new()), "c", lan, false).is_err(), "empty is unset");
+        assert_eq!(secret_from(None, "c", lan, true).unwrap(), b"bex-cluster:c");
+    }
+
     use super::*;
 
     #[test]

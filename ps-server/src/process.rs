@@ -246,7 +246,8 @@ pub async fn connect_client(
             topo.pods()
         )));
     }
-    let tcfg = transport_config(&cfg.transport, &cluster_secret(&cfg.cluster.name));
+    let secret = cluster_secret(cfg, bind).map_err(anyhow_like::Error)?;
+    let tcfg = transport_config(&cfg.transport, &secret);
     let node = Node::start(SocketAddr::new(bind, 0), SocketAddr::new(bind, 0), tcfg).await?;
     let (rdma, tcp) = node.transports();
     let rdma = (kind == TransportKind::Rdma).then_some(rdma);

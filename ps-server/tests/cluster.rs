@@ -231,7 +231,7 @@ fn keys(n: u64) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
     let mut c = Cluster::new("repl", 0).await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let trainer = c.client(0, &secret).await;
     let ks = keys(200);
     let before = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
@@ -287,7 +287,7 @@ async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly() {
     let mut c = Cluster::new("dedupe", 1).await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let cl = c.client(0, &secret).await;
     // Keys of shard 0 only, pushed twice with the same (client, seq).
     let ks: Vec<u64> =
@@ -345,7 +345,7 @@ fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
     let c = Cluster::with("rdma", 3, |cfg| cfg.rpc.rdma_reprobe_s = 1).await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let cl = c.client(0, &secret).await;
     // Admin commands go over TCP, which the drill leaves alone.
     let admin = c.client_on(0, &secret, false).await;
@@ -395,7 +395,7 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
         cfg.rpc.quarantine_s = 60;
     })
     .await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     c.kill9(1, 0);
     // A ranker in pod 1 asks shard 0: its local replica is dead.
     let cl = c.client(1, &secret).await;
@@ -425,7 +425,7 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
     let c = Cluster::new("bad", 5).await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let cl = c.client(0, &secret).await;
     let ks = keys(8);
     let h = DataHeader { table: TABLE, dim: DIM, client: 5, seq: 0, flags: 0 };
@@ -488,7 +488,7 @@ async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
     let mut c = Cluster::new("bootstrap", 6).await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let trainer = c.client(0, &secret).await;
     let ks = keys(300);
     trainer.push(TABLE, DIM, &ks, &vec![0.25f32; ks.len() * DIM as usize]).await.unwrap();
@@ -557,7 +557,7 @@ async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
     use bex_ps_core::config::TransportKind;
     use bex_ps_server::process::connect_client;
     let mut c = Cluster::new("restarts", 7).await;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let ks = keys(100);
     let grads = vec![0.5f32; ks.len() * DIM as usize];
     let local = std::net::IpAddr::from([127, 0, 0, 1]);
@@ -633,7 +633,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
     })
     .await;
     const COUNT: u32 = 1;
-    let secret = cluster_secret(&c.cfg.cluster.name);
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let ks: Vec<u64> =
         keys(500).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(20).collect();
     let local = std::net::IpAddr::from([127, 0, 0, 1]);
@@ -710,4 +710,24 @@ async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
     let m = client.call(&[0], Op::Checkpoint as u16, &frame).await.unwrap();
     let r = wire::decode_response(m.as_slice(), &Limits::default()).unwrap();
     assert_eq!(r.header.status, Status::Ok, "checkpoint: {}", r.message());
+}
+
+// Issue 14, item 6: off loopback the name-derived secret is refused, before anything binds.
+#[test]
+fn a_server_off_loopback_without_a_secret_refuses_to_start() {
+    let dir = std::env::temp_dir().join(format!("bex-insecure-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = Config::local(1, 1, base_port(0));
+    cfg.cluster.host = "192.0.2.1".parse().unwrap(); // TEST-NET-1: never this host's
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+        .env_remove("BEX_SECRET")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    assert!(err.contains("BEX_SECRET") && err.contains("allow_insecure"), "{err}");
 }

@@ -958,7 +958,7 @@ fn rss_mib(pid: u32) -> Option<f64> {
 }
 
 async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Result<Value, String> {
-    let secret = cluster_secret(&cfg.cluster.name);
+    let secret = cluster_secret(cfg, std::net::Ipv4Addr::LOCALHOST.into())?;
     let tcfg = transport_config(&cfg.transport, &secret);
     let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
     let node = Node::start(any, any, tcfg).await.map_err(|e| format!("client node: {e}"))?;
