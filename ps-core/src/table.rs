@@ -711,7 +711,7 @@ impl Table {
 
     /// Inserts whole rows (values, state, steps, version) from records as written by
     /// [`export_records`](Self::export_records) (or, `Unversioned`, by checkpoint versions
-    /// 1 and 2: version 0), each only over an older stored row (see the module docs).
+    /// 1 and 2: version 1), each only over an older stored row (see the module docs).
     /// `records.len()` must be a multiple of the record length. `seen` gets every record's
     /// key and version. Returns the number of records.
     pub fn import_records(
@@ -738,7 +738,9 @@ impl Table {
             let key = u64_at(rec, 0);
             let (version, rest) = match format {
                 RecordFormat::Versioned => (u64_at(rec, 8), &rec[16..]),
-                RecordFormat::Unversioned => (0, &rec[8..]),
+                // Before versions: every stored row counts as pushed once, so it travels in
+                // snapshots and to replicas (version 0 would leave it behind).
+                RecordFormat::Unversioned => (1, &rec[8..]),
             };
             seen(key, version);
             let mut st = [0u8; 4];

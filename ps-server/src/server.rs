@@ -288,10 +288,15 @@ pub struct PsServer {
     repl_client: Option<Arc<Client>>,
     push_ack: PushAck,
     push_ack_timeout: Duration,
-    /// Held shared from a push's dedupe admission to the end of its apply (no await in
-    /// between), exclusively for a moment by a retry answered Duplicate before it reads the
-    /// rows to replicate: so those rows hold the first attempt's apply.
-    applying: parking_lot::RwLock<()>,
+    /// `push_ack = replicated`: held by each push from before its apply until a replica has
+    /// recorded it, and by every read of rows to replicate. So rows read for replication
+    /// hold no effect of a push that no replica has recorded (but the push they are sent
+    /// for): a restarted training shard that copies them knows every push they hold. (Reads
+    /// without it sent a later push's effect under an earlier push's identity; after a kill,
+    /// the later push's retry was applied twice — found in review.) Pushes of a shard are
+    /// replicated one at a time; batching them under several identities per Replicate would
+    /// lift that.
+    replication_order: Arc<tokio::sync::Mutex<()>>,
     /// Pushes waiting for a replica's acknowledgement (the drain waits for them too).
     acks_in_flight: AtomicU64,
     repl_lag: Arc<ReplLag>,
@@ -309,6 +314,16 @@ impl std::fmt::Debug for PsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PsServer").field("pod", &self.pod).field("shard", &self.shard).finish()
     }
+}
+
+/// How a push's replication went.
+enum Replicated {
+    /// Acknowledged by replica `i`.
+    To(usize),
+    /// Not yet (the deadline passed).
+    NotYet,
+    /// Refused for good: the rows cannot be sent or the replica refuses them.
+    Refused,
 }
 
 /// What [`PsServer::drain`] achieved.
@@ -389,6 +404,8 @@ impl PsServer {
         let repl_lag = Arc::new(ReplLag::default());
         let tables = Arc::new(parts.tables);
         tables.raise_version_floor(parts.version_floor);
+        let order = Arc::new(tokio::sync::Mutex::new(()));
+        let replicated = parts.push_ack == PushAck::Replicated;
         let mut repl = Vec::new();
         let repl_client =
             replicas.as_ref().map(|(c, _)| c.clone()).filter(|_| role == Role::Training);
@@ -405,6 +422,7 @@ impl PsServer {
                         lag: repl_lag.clone(),
                         metrics: metrics.clone(),
                         batch_keys: batch_keys.max(1),
+                        order: replicated.then(|| order.clone()),
                     },
                     backlog,
                 ));
@@ -432,7 +450,7 @@ impl PsServer {
             repl_client,
             push_ack: parts.push_ack,
             push_ack_timeout: parts.push_ack_timeout,
-            applying: parking_lot::RwLock::new(()),
+            replication_order: order.clone(),
             acks_in_flight: AtomicU64::new(0),
             repl_lag,
             checkpoint_path: parts.checkpoint_path,
@@ -463,6 +481,11 @@ impl PsServer {
             ServingState::Draining => 4,
         };
         self.state.store(v, Ordering::Release);
+    }
+
+    /// Restoring → Serving (a training shard caught up), unless a drain began meanwhile.
+    pub fn finish_restoring(&self) {
+        let _ = self.state.compare_exchange(1, 3, Ordering::AcqRel, Ordering::Acquire);
     }
 
     fn state(&self) -> ServingState {
@@ -595,47 +618,97 @@ impl PsServer {
     }
 
     /// `push_ack = replicated`: sends the current rows of `push`'s keys, under its identity,
-    /// to the replicas in turn until one acknowledges them or `push_ack_timeout` passes; the
-    /// others (all, on a timeout) get it through their backlogs. True if one acknowledged.
-    async fn replicate_push(&self, push: PendingPush, dim: u32) -> bool {
-        let Some(client) = self.repl_client.clone().filter(|_| !self.repl.is_empty()) else {
+    /// to the replicas in turn until one acknowledges them; the others get it through their
+    /// backlogs. True if one did within `push_ack_timeout`. Otherwise a task keeps trying,
+    /// holding `order` (the replication order taken before the apply) until one does: no
+    /// other push of the shard is applied before this one is recorded somewhere.
+    async fn replicate_push(
+        self: &Arc<Self>,
+        push: PendingPush,
+        dim: u32,
+        order: tokio::sync::OwnedMutexGuard<()>,
+    ) -> bool {
+        if self.repl_client.is_none() || self.repl.is_empty() {
             return true; // one pod: nothing to replicate to
-        };
+        }
         self.acks_in_flight.fetch_add(1, Ordering::AcqRel);
         let deadline = tokio::time::Instant::now() + self.push_ack_timeout;
-        let mut acked = None;
+        match self.replicate_until(&push, Some(deadline)).await {
+            Replicated::To(target) => {
+                drop(order);
+                self.queue_for_replicas(push, dim, Some(target));
+                self.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+                true
+            }
+            Replicated::Refused => {
+                drop(order);
+                self.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+                false
+            }
+            Replicated::NotYet => {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let to = match me.replicate_until(&push, None).await {
+                        Replicated::To(t) => Some(t),
+                        _ => None,
+                    };
+                    drop(order);
+                    me.queue_for_replicas(push, dim, to);
+                    me.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+                });
+                false
+            }
+        }
+    }
+
+    /// Sends `push`'s current rows under its identity to the replicas in turn until one
+    /// acknowledges them, or `deadline` passes, or a replica refuses the rows themselves.
+    async fn replicate_until(
+        &self,
+        push: &PendingPush,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Replicated {
+        let Some(client) = self.repl_client.clone() else { return Replicated::Refused };
+        let passed = || deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
         let mut backoff = Duration::from_millis(2);
-        'replicas: loop {
+        loop {
             for target in 0..self.repl.len() {
                 // Rows read per attempt: a later attempt carries anything applied since.
                 let Ok(frame) =
                     state_frame(&self.tables, push.table, &push.keys, push.client, push.seq)
                 else {
-                    break 'replicas;
+                    return Replicated::Refused;
                 };
                 let to = [target];
                 let call = client.call(&to, Op::Replicate as u16, &frame);
-                if let Ok(Ok(m)) = tokio::time::timeout_at(deadline, call).await {
-                    if wire::decode_response(m.as_slice(), &Limits::default())
-                        .is_ok_and(|r| r.header.status.is_success())
-                    {
-                        acked = Some(target);
-                        break 'replicas;
+                let answer = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, call).await.ok(),
+                    None => Some(call.await),
+                };
+                if let Some(Ok(m)) = answer {
+                    match wire::decode_response(m.as_slice(), &Limits::default()) {
+                        Ok(r) if r.header.status.is_success() => return Replicated::To(target),
+                        Ok(r) if r.header.status == Status::BadValue => {
+                            tracing::error!("replica refuses rows: {}", r.message());
+                            return Replicated::Refused;
+                        }
+                        _ => {}
                     }
                 }
-                if tokio::time::Instant::now() >= deadline {
-                    break 'replicas;
+                if passed() {
+                    return Replicated::NotYet;
                 }
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(50));
-            if tokio::time::Instant::now() >= deadline {
-                break;
+            backoff = (backoff * 2).min(Duration::from_millis(if deadline.is_some() {
+                50
+            } else {
+                1000
+            }));
+            if passed() {
+                return Replicated::NotYet;
             }
         }
-        self.queue_for_replicas(push, dim, acked);
-        self.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
-        acked.is_some()
     }
 
     fn reply(&self, bytes: &[u8]) -> Result<Msg, RpcError> {
@@ -737,6 +810,13 @@ impl PsServer {
                 if self.read_only.load(Ordering::Acquire) {
                     return self.error(Some(op), Status::Unavailable, seq, "read-only");
                 }
+                // Replicated: the replication order first (see the field), then the gate.
+                let order = match (op, self.push_ack) {
+                    (Op::Push, PushAck::Replicated) if !self.repl.is_empty() => {
+                        Some(self.replication_order.clone().lock_owned().await)
+                    }
+                    _ => None,
+                };
                 let applying = self.apply_gate.read().await;
                 // Checked under the gate: once the drain held it, no update gets past here.
                 // A training shard takes pushes only once it has caught up (Serving).
@@ -766,14 +846,15 @@ impl PsServer {
                 }
                 if state {
                     // Whole versioned rows apply over older ones whatever the verdict: a
-                    // copy is never wrong to apply. Admitting records the identity it
-                    // carries (a push's, when its own replication), so a restarted training
-                    // shard that copies these rows knows that push is in them.
-                    if self.dedupe.admit(h.client, seq) == Verdict::Duplicate {
-                        self.metrics.duplicates.inc();
-                    }
+                    // copy is never wrong to apply. Admitting, once they are applied,
+                    // records the identity they carry (a push's, when its own replication),
+                    // so a restarted training shard that copies these rows knows that push
+                    // is in them.
                     return match t.apply_replica_state_le(v.keys, v.values) {
                         Ok(_) => {
+                            if self.dedupe.admit(h.client, seq) == Verdict::Duplicate {
+                                self.metrics.duplicates.inc();
+                            }
                             self.update_seq.fetch_add(1, Ordering::AcqRel);
                             self.status(op, Status::Ok, seq, h.count)
                         }
@@ -791,7 +872,6 @@ impl PsServer {
                     );
                 }
                 let verdict = {
-                    let _one_apply = self.applying.read();
                     let verdict = self.dedupe.admit(h.client, seq);
                     if verdict == Verdict::New {
                         let applied = if op == Op::Replicate {
@@ -806,6 +886,16 @@ impl PsServer {
                     }
                     verdict
                 };
+                let push = PendingPush {
+                    table: h.table,
+                    keys: if op == Op::Push { v.keys.iter().collect() } else { Vec::new() },
+                    client: h.client,
+                    seq,
+                };
+                if op == Op::Push && verdict == Verdict::New && self.push_ack == PushAck::Applied {
+                    // Queued under the gate: a drain that holds it next sees this push.
+                    self.queue_for_replicas(push.clone(), h.dim, None);
+                }
                 drop(applying);
                 match verdict {
                     Verdict::New => {}
@@ -829,26 +919,11 @@ impl PsServer {
                 if verdict == Verdict::New {
                     self.metrics.pushed_keys.add(u64::from(h.count));
                 }
-                let push = PendingPush {
-                    table: h.table,
-                    keys: v.keys.iter().collect(),
-                    client: h.client,
-                    seq,
-                };
-                let acked = match self.push_ack {
-                    PushAck::Replicated => {
-                        if verdict == Verdict::Duplicate {
-                            // Wait out the first attempt's apply if it is still running.
-                            drop(self.applying.write());
-                        }
-                        self.replicate_push(push, h.dim).await
-                    }
-                    PushAck::Applied => {
-                        if verdict == Verdict::New {
-                            self.queue_for_replicas(push, h.dim, None);
-                        }
-                        true
-                    }
+                let acked = match order {
+                    // A retry answered Duplicate replicates too: the first attempt's
+                    // replication may have failed.
+                    Some(order) => self.replicate_push(push, h.dim, order).await,
+                    None => true,
                 };
                 if !acked {
                     self.metrics.push_not_replicated.inc();
@@ -986,6 +1061,8 @@ struct Forwarder {
     lag: Arc<ReplLag>,
     metrics: Arc<Metrics>,
     batch_keys: usize,
+    /// `push_ack = replicated`: rows are read under the server's replication order.
+    order: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 /// Forwards to one replica, one request at a time, retrying each until acknowledged: first
@@ -1035,7 +1112,13 @@ async fn forward(f: Forwarder, backlog: Arc<Backlog>) {
 async fn send_until_acked(f: &Forwarder, frame: impl Fn() -> Result<Vec<u8>, String>) -> bool {
     let mut backoff = Duration::from_millis(5);
     loop {
-        let buf = match frame() {
+        let order = match &f.order {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        };
+        let built = frame();
+        drop(order);
+        let buf = match built {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(%e, "cannot build a replication request");
@@ -1045,6 +1128,12 @@ async fn send_until_acked(f: &Forwarder, frame: impl Fn() -> Result<Vec<u8>, Str
         match f.client.call(&[f.target], Op::Replicate as u16, &buf).await {
             Ok(m) => match wire::decode_response(m.as_slice(), &Limits::default()) {
                 Ok(r) if r.header.status.is_success() => return true,
+                // Rows the replica refuses (not finite: the optimizer overflowed) are refused
+                // again however often they are sent.
+                Ok(r) if r.header.status == Status::BadValue => {
+                    tracing::error!(target = f.target, "replica refuses rows: {}", r.message());
+                    return false;
+                }
                 Ok(r) => tracing::warn!(
                     status = r.header.status.name(),
                     target = f.target,

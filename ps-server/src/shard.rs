@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_ps_core::checkpoint;
+use bex_ps_core::config::PushAck;
 use bex_ps_core::control::{ServingState, SnapshotCursor, SnapshotRequest};
 use bex_ps_core::dedupe::{DedupeConfig, WindowState};
 use bex_ps_core::topology::Topology;
@@ -29,8 +30,9 @@ pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(60);
 /// empty under load, found by the chaos run).
 const SNAPSHOT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a restarted training shard keeps trying to copy each replica's rows before it
-/// takes pushes without them (then every pushed row it holds is queued for that replica).
+/// Under `push_ack = applied`, how long a restarted training shard keeps trying to copy each
+/// replica's rows before it takes pushes without them (then every pushed row it holds is
+/// queued for that replica); under `replicated` it waits as long as it takes.
 pub const CATCH_UP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What [`copy_shard`] copied.
@@ -98,7 +100,7 @@ async fn copy_with_retries(
     tables: &TableSet,
     chunk_bytes: u32,
     mut versions: Option<&mut RowVersions>,
-    (deadline, what): (Duration, &str),
+    (deadline, what): (Option<Duration>, &str),
     log: &impl Fn(&str),
 ) -> Option<Copied> {
     let attempts = async {
@@ -117,7 +119,10 @@ async fn copy_with_retries(
             attempt += 1;
         }
     };
-    tokio::time::timeout(deadline, attempts).await.ok()
+    match deadline {
+        Some(d) => tokio::time::timeout(d, attempts).await.ok(),
+        None => Some(attempts.await),
+    }
 }
 
 /// What a shard starts from.
@@ -239,17 +244,21 @@ pub async fn start_shard(
         // Serving at once (Snapshot and Health; data ops are Unavailable until caught up,
         // in the background), so replicas bootstrapping from this shard meanwhile, and a
         // cluster whose replicas start after it, are not stuck waiting for each other.
+        let catching_up = cfg.server.bootstrap_from_peer && n_targets > 0;
+        // Before serving: a push must not land ahead of the catch-up.
+        server.set_state(if catching_up { ServingState::Restoring } else { ServingState::Serving });
         let mut tasks = serve_both();
-        if cfg.server.bootstrap_from_peer && n_targets > 0 {
-            server.set_state(ServingState::Restoring);
+        if catching_up {
             let peers = Client::new(Some(rdma.clone()), tcp.clone(), targets.clone(), copy_cfg);
             let s = server.clone();
+            // Replicated: a replica holds every acknowledged push, so the shard waits for
+            // each replica however long; applied: it goes on without one after a while.
+            let deadline = (cfg.server.push_ack == PushAck::Applied).then_some(CATCH_UP_DEADLINE);
             tasks.push(tokio::spawn(async move {
-                catch_up(&s, &peers, chunk, &log).await;
-                s.set_state(ServingState::Serving);
+                catch_up(&s, &peers, chunk, deadline, &log).await;
+                // Not over a drain begun meanwhile.
+                s.finish_restoring();
             }));
-        } else {
-            server.set_state(ServingState::Serving);
         }
         tasks
     } else {
@@ -265,7 +274,7 @@ pub async fn start_shard(
                 vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
                 copy_cfg,
             );
-            let deadline = (BOOTSTRAP_DEADLINE, "bootstrap");
+            let deadline = (Some(BOOTSTRAP_DEADLINE), "bootstrap");
             match copy_with_retries((&peer, 0), server.tables(), chunk, None, deadline, &log).await
             {
                 Some(c) => {
@@ -290,7 +299,13 @@ pub async fn start_shard(
 /// only) and dedupe windows, so it holds at least the freshest replica's state and knows
 /// which pushes that state holds; then queues for each replica the rows it lacks, and
 /// raises the version floor above every version seen.
-async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, log: &impl Fn(&str)) {
+async fn catch_up(
+    server: &Arc<PsServer>,
+    peers: &Client,
+    chunk: u32,
+    deadline: Option<Duration>,
+    log: &impl Fn(&str),
+) {
     let mut theirs = Vec::new();
     for target in 0..server.replica_count() {
         let mut versions = RowVersions::new();
@@ -301,7 +316,7 @@ async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, log: &impl
             server.tables(),
             chunk,
             Some(&mut versions),
-            (CATCH_UP_DEADLINE, &what),
+            (deadline, &what),
             log,
         )
         .await;
@@ -315,7 +330,7 @@ async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, log: &impl
                     c.windows.len()
                 ));
             }
-            None => log(&format!("{what}: unreachable for {CATCH_UP_DEADLINE:?}; going on")),
+            None => log(&format!("{what}: unreachable for {deadline:?}; going on")),
         }
         theirs.push(got.map(|_| versions));
     }
