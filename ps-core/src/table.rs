@@ -216,6 +216,16 @@ impl Stripe {
         (r, true)
     }
 
+    /// Appends row `r`'s record (see [`Table::record_len`]).
+    fn put_record(&self, r: usize, l: &Layout, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.keys[r].to_le_bytes());
+        out.extend_from_slice(&self.versions[r].to_le_bytes());
+        out.extend_from_slice(&self.steps[r].to_le_bytes());
+        for v in self.row(r, l) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
     fn bytes(&self) -> u64 {
         (self.keys.capacity() * 8
             + self.steps.capacity() * 4
@@ -612,22 +622,30 @@ impl Table {
             let Some(row) = rows.row(i, w) else { break };
             let word = |j: usize| row.get(l.stride + j).map_or(0, f32::to_bits);
             let version = u64::from(word(1)) | u64::from(word(2)) << 32;
-            let mut s = self.stripe(key).write();
-            let (r, created) = s.get_or_insert(key, l);
-            if created {
-                self.rows.fetch_add(1, Ordering::Relaxed);
+            let values = row.row(0, l.stride).unwrap_or_default();
+            if self.put_if_newer(key, version, word(0), values) {
+                n += 1;
             }
-            if !created && version <= s.versions[r] {
-                continue;
-            }
-            if let Some(values) = row.row(0, l.stride) {
-                values.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
-            }
-            s.steps[r] = word(0);
-            s.versions[r] = version;
-            n += 1;
         }
         Ok(n)
+    }
+
+    /// Stores a whole row copy (values and state, steps, version) of `key` unless the stored
+    /// row is at least as new (a missing row is created). True if it was written.
+    fn put_if_newer(&self, key: u64, version: u64, steps: u32, values: LeF32s<'_>) -> bool {
+        let l = &self.layout;
+        let mut s = self.stripe(key).write();
+        let (r, created) = s.get_or_insert(key, l);
+        if created {
+            self.rows.fetch_add(1, Ordering::Relaxed);
+        }
+        if !created && version <= s.versions[r] {
+            return false;
+        }
+        values.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
+        s.steps[r] = steps;
+        s.versions[r] = version;
+        true
     }
 
     /// Rows in stripe `stripe` now (0 for a stripe out of range).
@@ -668,12 +686,7 @@ impl Table {
         }
         out.reserve((end - from) * self.record_len());
         for r in from..end {
-            out.extend_from_slice(&s.keys[r].to_le_bytes());
-            out.extend_from_slice(&s.versions[r].to_le_bytes());
-            out.extend_from_slice(&s.steps[r].to_le_bytes());
-            for v in s.row(r, l) {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
+            s.put_record(r, l, out);
         }
         end - from
     }
@@ -696,12 +709,7 @@ impl Table {
         let (mut r, mut written) = (from, 0);
         while r < s.len() && written < max_rows {
             if s.versions[r] > 0 {
-                out.extend_from_slice(&s.keys[r].to_le_bytes());
-                out.extend_from_slice(&s.versions[r].to_le_bytes());
-                out.extend_from_slice(&s.steps[r].to_le_bytes());
-                for v in s.row(r, l) {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
+                s.put_record(r, l, out);
                 written += 1;
             }
             r += 1;
@@ -728,7 +736,6 @@ impl Table {
                 got: records.len(),
             });
         }
-        let l = &self.layout;
         let u64_at = |rec: &[u8], at: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&rec[at..at + 8]);
@@ -746,17 +753,7 @@ impl Table {
             let mut st = [0u8; 4];
             st.copy_from_slice(&rest[..4]);
             let vals = LeF32s::new(&rest[4..]).unwrap_or_default();
-            let mut s = self.stripe(key).write();
-            let (r, created) = s.get_or_insert(key, l);
-            if created {
-                self.rows.fetch_add(1, Ordering::Relaxed);
-            }
-            if !created && version <= s.versions[r] {
-                continue;
-            }
-            s.steps[r] = u32::from_le_bytes(st);
-            s.versions[r] = version;
-            vals.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
+            self.put_if_newer(key, version, u32::from_le_bytes(st), vals);
         }
         Ok(records.len() / rl)
     }
