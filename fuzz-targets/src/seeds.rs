@@ -69,6 +69,13 @@ fn transport() -> Vec<Vec<u8>> {
             aux: 0x7f00_1234,
             aux32: 0xabcd,
             slot: i as u32,
+            // Data, RTS and CTS carry standing grants.
+            grant: (i < 3).then_some(proto::RemoteTarget {
+                addr: 0x7f00_8000,
+                rkey: 0x99,
+                slot: 40 + i as u32,
+                len: 1 << 17,
+            }),
         };
         let mut b = vec![0u8; proto::HEADER_LEN + 8];
         h.encode(&mut b);

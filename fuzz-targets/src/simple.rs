@@ -8,7 +8,7 @@ fn array<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
     data.get(at..at + N)?.try_into().ok()
 }
 
-/// The engine's 40-byte header (at offset 0), and the TCP transport's frame header (offset
+/// The engine's 64-byte header (at offset 0), and the TCP transport's frame header (offset
 /// 0, with the limit read from bytes 16..24), hello (offset 0) and proof (two hellos and a
 /// proof from offset 0): decoders never panic, decoded headers re-encode to their bytes, a
 /// decoded data frame respects the limit, and only the right proof verifies.

@@ -475,6 +475,11 @@ pub struct TransportConfig {
     pub eager_max: usize,
     /// Fragment size `S` of large messages.
     pub fragment_bytes: usize,
+    /// Largest standing grant: after a large message arrives on a connection, the receiver
+    /// offers a buffer for the next one (the next power of two above it, at most this many
+    /// bytes) with its next reply, so repeated large requests skip the RTS/CTS round trip.
+    /// Costs at most this much registered memory per connection; 0: off.
+    pub grant_max_bytes: usize,
     /// Send window per engine in bytes; 0 = off (the paper's baseline).
     pub cwnd_bytes: u64,
     /// Path MTU in bytes: 256, 512, 1024, 2048, 4096, or a software-RNIC MTU up to 61440.
@@ -502,6 +507,7 @@ impl Default for TransportConfig {
             cq_depth: 8192,
             eager_max: 8 * 1024,
             fragment_bytes: 64 * 1024,
+            grant_max_bytes: 1 << 20,
             cwnd_bytes: 0,
             path_mtu: 4096,
             keepalive_interval_ms: 100,
@@ -740,6 +746,9 @@ impl Config {
         }
         if t.fragment_bytes < 256 || t.fragment_bytes > 1 << 30 {
             bad("fragment_bytes", "must be in 256..=1073741824");
+        }
+        if t.grant_max_bytes > 1 << 30 {
+            bad("grant_max_bytes", "must be at most 1073741824");
         }
         if ![256, 512, 1024, 2048, 4096].contains(&t.path_mtu)
             && !(4096..=61440).contains(&t.path_mtu)

@@ -35,6 +35,7 @@ pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
         cq_depth: t.cq_depth,
         eager_max: t.eager_max,
         fragment_bytes: t.fragment_bytes,
+        grant_max_bytes: t.grant_max_bytes,
         cwnd_bytes: (t.cwnd_bytes > 0).then_some(t.cwnd_bytes),
         path_mtu: Mtu::from_bytes(t.path_mtu).unwrap_or(Mtu::Mtu4096),
         keepalive_interval: Duration::from_millis(t.keepalive_interval_ms),

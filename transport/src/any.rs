@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use bemalloc::Pool;
 
 use crate::config::CounterSnapshot;
-use crate::engine::RemoteTarget;
 use crate::error::{Result, TransportError};
 use crate::msg::{Msg, Payload, SharedMsg};
+use crate::proto::RemoteTarget;
 use crate::rdma::{RdmaSocket, RdmaTransport};
 use crate::simio::{SimTransport, SimTransportSocket};
 use crate::tcp::{TcpSocket, TcpTransport};

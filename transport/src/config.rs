@@ -35,6 +35,11 @@ pub struct Config {
     /// written, so their CTS is there when it comes (0: one RTS/CTS round trip per large
     /// message, in turn). Each makes the receiver allocate the message's buffer early.
     pub rts_ahead: usize,
+    /// Largest standing grant (bytes): after a large message arrives on a socket, the
+    /// receiver offers the sender a buffer of the next power of two above it (at most this
+    /// much) on the next Data message it sends there, so the sender's next large message
+    /// goes straight to it without RTS/CTS. At most one per socket is outstanding; 0: off.
+    pub grant_max_bytes: usize,
     /// Per-engine send window (bytes outstanding); `None` = off, the paper's baseline.
     pub cwnd_bytes: Option<u64>,
     /// Copy eager payloads into a registered bounce buffer instead of posting the caller's
@@ -79,6 +84,7 @@ impl Default for Config {
             eager_max: 8 * 1024,
             fragment_bytes: 64 * 1024,
             rts_ahead: 4,
+            grant_max_bytes: 1 << 20,
             cwnd_bytes: None,
             eager_copy: false,
             path_mtu: Mtu::Mtu4096,
@@ -127,6 +133,9 @@ impl Config {
         if self.rts_ahead > 1024 {
             return bad("rts_ahead", "must be at most 1024");
         }
+        if self.grant_max_bytes as u64 > self.max_message_bytes {
+            return bad("grant_max_bytes", "must be at most max_message_bytes");
+        }
         if self.cwnd_bytes == Some(0) {
             return bad("cwnd_bytes", "must be positive (or off)");
         }
@@ -164,6 +173,10 @@ pub struct Counters {
     pub eager_messages: AtomicU64,
     /// Messages sent by RTS/CTS/WRITE.
     pub large_messages: AtomicU64,
+    /// Large messages written into a standing grant (no RTS/CTS round trip).
+    pub granted_messages: AtomicU64,
+    /// Standing grants offered to peers.
+    pub grants_offered: AtomicU64,
     /// Scheduler turns that found no credit (ordinary use).
     pub credit_stalls: AtomicU64,
     /// Scheduler turns that found the send window full.
@@ -206,6 +219,8 @@ pub struct CounterSnapshot {
     pub bytes_received: u64,
     pub eager_messages: u64,
     pub large_messages: u64,
+    pub granted_messages: u64,
+    pub grants_offered: u64,
     pub credit_stalls: u64,
     pub window_stalls: u64,
     pub window_high_water: u64,
@@ -238,6 +253,8 @@ impl Counters {
             bytes_received: g(&self.bytes_received),
             eager_messages: g(&self.eager_messages),
             large_messages: g(&self.large_messages),
+            granted_messages: g(&self.granted_messages),
+            grants_offered: g(&self.grants_offered),
             credit_stalls: g(&self.credit_stalls),
             window_stalls: g(&self.window_stalls),
             window_high_water: g(&self.window_high_water),

@@ -32,9 +32,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use crate::clock;
 use crate::config::Counters;
 use crate::endpoint::{Done, Endpoint, PostWhen};
-use crate::engine::RemoteTarget;
 use crate::error::{Result, TransportError};
 use crate::msg::{Msg, Payload};
+use crate::proto::RemoteTarget;
 
 /// Longest the driver waits with nothing due (a safety net: events are what wake it).
 const MAX_WAIT: Duration = Duration::from_millis(100);

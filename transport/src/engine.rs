@@ -36,26 +36,16 @@ use crate::policy::credits::{SendCredits, Use};
 use crate::policy::keepalive::Keepalive;
 use crate::policy::sched::RoundRobin;
 use crate::policy::window::SendWindow;
-use crate::proto::{Header, Kind, HEADER_LEN};
+pub use crate::proto::RemoteTarget;
+use crate::proto::{
+    decode_grant_prefix, encode_grant_prefix, Header, Kind, GRANT_PREFIX_LEN, HEADER_LEN,
+};
 use crate::recv::RecvRing;
 
 /// Receive work requests carry this bit in their id (send ids are chain slots).
 pub(crate) const RECV_TAG: u64 = 1 << 63;
 /// A CTS with this slot refuses the message (the receiver could not allocate it).
 const REFUSED: u32 = u32::MAX;
-
-/// Where a large message goes when the receiver's buffer is known in advance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RemoteTarget {
-    /// Destination address at the receiver.
-    pub addr: u64,
-    /// Its rkey.
-    pub rkey: u32,
-    /// The receiver's slot for it (from [`crate::RdmaSocket::expose`]).
-    pub slot: u32,
-    /// Capacity in bytes.
-    pub len: u64,
-}
 
 /// What the application learns from an engine.
 #[derive(Debug)]
@@ -97,8 +87,9 @@ enum Phase {
     Rts,
     /// Large: waiting for the receiver's CTS.
     AwaitCts,
-    /// Large: writing fragments.
-    Write { addr: u64, rkey: u32, slot: u32, offset: u64 },
+    /// Large: writing fragments; `offset` counts bytes written, the length prefix of a
+    /// message going into a standing grant (`prefixed`) included.
+    Write { addr: u64, rkey: u32, slot: u32, offset: u64, prefixed: bool },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,11 +106,42 @@ struct SocketState<T> {
     next_msg_id: u32,
     /// Large messages behind the front whose RTS may already go (`Config::rts_ahead`).
     rts_ahead: usize,
+    /// A standing grant from the peer, not used yet: the next large message that fits is
+    /// written into it without RTS/CTS.
+    grant: Option<RemoteTarget>,
+    /// The slot of the standing grant this side gave the peer and the peer has not used yet.
+    granted: Option<u32>,
+    /// Capacity of the grant to offer the peer with the next Data message (0: none).
+    grant_want: u64,
+    /// Capacity of the last grant offered: offers never shrink, so a socket whose large
+    /// messages vary in size keeps a grant that fits the largest (at most
+    /// `Config::grant_max_bytes`) instead of falling back to RTS after each small one.
+    grant_size: u64,
 }
 
 impl<T> SocketState<T> {
     fn new(peer: u32, state: SockState, rts_ahead: usize) -> SocketState<T> {
-        SocketState { peer, state, sendq: VecDeque::new(), next_msg_id: 1, rts_ahead }
+        SocketState {
+            peer,
+            state,
+            sendq: VecDeque::new(),
+            next_msg_id: 1,
+            rts_ahead,
+            grant: None,
+            granted: None,
+            grant_want: 0,
+            grant_size: 0,
+        }
+    }
+
+    /// Takes the standing grant if a large message of `len` bytes fits it.
+    fn take_grant(&mut self, len: usize) -> Option<RemoteTarget> {
+        let fits = self.grant.is_some_and(|g| (len + GRANT_PREFIX_LEN) as u64 <= g.len);
+        if fits {
+            self.grant.take()
+        } else {
+            None
+        }
     }
 
     /// The queued message the scheduler can work on now, by index. Writes and eager sends
@@ -150,6 +172,18 @@ impl<T> SocketState<T> {
 struct LargeIn {
     buf: Msg,
     socket: u32,
+    landing: Landing,
+}
+
+/// How a buffer the peer writes into came about, which decides what is delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Landing {
+    /// Allocated for an RTS: exactly the message.
+    Rts,
+    /// Exposed by the application: delivered whole (its protocol knows what was written).
+    Exposed,
+    /// A standing grant: the message is behind its length prefix.
+    Grant,
 }
 
 /// What a chain slot holds until its request completes.
@@ -365,10 +399,23 @@ impl<T> Engine<T> {
             return;
         }
         let s = self.sockets.get_mut(&socket).expect("checked above");
+        let into = |t: RemoteTarget, prefixed| Phase::Write {
+            addr: t.addr,
+            rkey: t.rkey,
+            slot: t.slot,
+            offset: 0,
+            prefixed,
+        };
         let phase = match target {
-            Some(t) => Phase::Write { addr: t.addr, rkey: t.rkey, slot: t.slot, offset: 0 },
+            Some(t) => into(t, false),
             None if payload.len() <= eager_max => Phase::Eager,
-            None => Phase::Rts,
+            None => match s.take_grant(payload.len()) {
+                Some(g) => {
+                    Counters::add(&self.counters.granted_messages, 1);
+                    into(g, true)
+                }
+                None => Phase::Rts,
+            },
         };
         let msg_id = s.next_msg_id;
         s.next_msg_id = s.next_msg_id.wrapping_add(1);
@@ -394,7 +441,7 @@ impl<T> Engine<T> {
             slot,
             len: buf.len() as u64,
         };
-        self.large_in.insert(slot, LargeIn { buf, socket });
+        self.large_in.insert(slot, LargeIn { buf, socket, landing: Landing::Exposed });
         Ok(t)
     }
 
@@ -534,6 +581,9 @@ impl<T> Engine<T> {
         };
         // A socket blocked on credits kept its place at the head of the scheduler.
         self.credits.grant(u32::from(h.credits));
+        if let (Some(g), Kind::Data | Kind::Rts | Kind::Cts) = (h.grant, h.kind) {
+            self.on_grant(h.dst_socket, g);
+        }
         match h.kind {
             Kind::Data => {
                 let payload = byte_len.saturating_sub(HEADER_LEN);
@@ -580,6 +630,12 @@ impl<T> Engine<T> {
                 if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
                     if s.state != SockState::PeerClosed {
                         s.state = SockState::PeerClosed;
+                        // The peer writes nothing after its Close (RC keeps order): the
+                        // grant it did not use is free again.
+                        if let Some(slot) = s.granted.take() {
+                            self.large_in.remove(&slot);
+                        }
+                        s.grant = None;
                         let queued = std::mem::take(&mut s.sendq);
                         for m in queued {
                             let result = Err(TransportError::Closed);
@@ -598,8 +654,12 @@ impl<T> Engine<T> {
     }
 
     fn on_rts(&mut self, h: &Header) {
+        if h.slot != 0 {
+            self.on_grant_returned(h.dst_socket, h.slot);
+        }
         let mut reply = Header::new(Kind::Cts);
         reply.dst_socket = h.src_socket;
+        reply.src_socket = h.dst_socket;
         reply.msg_id = h.msg_id;
         reply.len = h.len;
         let socket = h.dst_socket;
@@ -611,7 +671,7 @@ impl<T> Engine<T> {
                 reply.aux = buf.addr(0);
                 reply.aux32 = buf.rkey(self.dev);
                 reply.slot = slot;
-                self.large_in.insert(slot, LargeIn { buf, socket });
+                self.large_in.insert(slot, LargeIn { buf, socket, landing: Landing::Rts });
             }
             _ => reply.slot = REFUSED,
         }
@@ -631,7 +691,13 @@ impl<T> Engine<T> {
             let e = TransportError::Alloc("the receiver could not allocate the message".into());
             self.events.push_back(Event::Sent { done: m.done, result: Err(e) });
         } else {
-            s.sendq[i].phase = Phase::Write { addr: h.aux, rkey: h.aux32, slot: h.slot, offset: 0 };
+            s.sendq[i].phase = Phase::Write {
+                addr: h.aux,
+                rkey: h.aux32,
+                slot: h.slot,
+                offset: 0,
+                prefixed: false,
+            };
         }
         if s.sendable() {
             self.rr.activate(h.dst_socket);
@@ -661,11 +727,101 @@ impl<T> Engine<T> {
             Counters::add(&self.counters.malformed, 1);
             return;
         };
-        if self.sockets.contains_key(&large.socket) {
-            Counters::add(&self.counters.messages_received, 1);
-            Counters::add(&self.counters.bytes_received, large.buf.len() as u64);
-            self.events.push_back(Event::Received { socket: large.socket, msg: large.buf });
+        let socket = large.socket;
+        let Some(s) = self.sockets.get_mut(&socket) else { return };
+        let msg = match large.landing {
+            Landing::Rts | Landing::Exposed => large.buf,
+            Landing::Grant => {
+                s.granted = None;
+                let room = large.buf.len().saturating_sub(GRANT_PREFIX_LEN) as u64;
+                let prefix = decode_grant_prefix(large.buf.as_slice());
+                let Some((len, offer)) = prefix.filter(|(len, _)| *len <= room) else {
+                    // The peer named more than it could have written: drop the message.
+                    Counters::add(&self.counters.malformed, 1);
+                    return;
+                };
+                if let Some(g) = offer {
+                    self.on_grant(socket, g);
+                }
+                Msg::view(large.buf.into_buf(), GRANT_PREFIX_LEN, len as usize)
+            }
+        };
+        // Another large message will likely follow (request/response traffic): offer a
+        // buffer for it with whatever goes to the peer on this socket next.
+        let grant_max = self.cfg.grant_max_bytes.min(self.pool.max_allocation()) as u64;
+        let want = (msg.len() + GRANT_PREFIX_LEN) as u64;
+        if let Some(s) = self.sockets.get_mut(&socket) {
+            if large.landing != Landing::Exposed && s.granted.is_none() && want <= grant_max {
+                s.grant_want = want.next_power_of_two().max(s.grant_size).min(grant_max);
+            }
         }
+        Counters::add(&self.counters.messages_received, 1);
+        Counters::add(&self.counters.bytes_received, msg.len() as u64);
+        self.events.push_back(Event::Received { socket, msg });
+    }
+
+    /// The peer offered a standing grant for `socket`'s next large message: a queued message
+    /// still waiting to send its RTS takes it at once, else the next one.
+    fn on_grant(&mut self, socket: u32, grant: RemoteTarget) {
+        let Some(s) = self.sockets.get_mut(&socket) else { return };
+        if s.state != SockState::Open {
+            return;
+        }
+        s.grant = Some(grant);
+        let waiting = s.sendq.iter().position(|m| m.phase == Phase::Rts);
+        if let Some(i) = waiting {
+            if let Some(g) = s.take_grant(s.sendq[i].payload.len()) {
+                Counters::add(&self.counters.granted_messages, 1);
+                s.sendq[i].phase = Phase::Write {
+                    addr: g.addr,
+                    rkey: g.rkey,
+                    slot: g.slot,
+                    offset: 0,
+                    prefixed: true,
+                };
+                if s.sendable() {
+                    self.rr.activate(socket);
+                }
+            }
+        }
+    }
+
+    /// The peer gave back the standing grant `slot` of `socket` (its next message did not fit
+    /// and went by RTS, which RC orders after anything it wrote): the buffer is free again.
+    fn on_grant_returned(&mut self, socket: u32, slot: u32) {
+        let ours = self
+            .large_in
+            .get(&slot)
+            .is_some_and(|l| l.landing == Landing::Grant && l.socket == socket);
+        if !ours {
+            Counters::add(&self.counters.malformed, 1);
+            return;
+        }
+        self.large_in.remove(&slot);
+        if let Some(s) = self.sockets.get_mut(&socket) {
+            s.granted = None;
+        }
+    }
+
+    /// The grant `socket` owes its peer, for whatever goes there next (a header or a grant
+    /// prefix), if one is due and its buffer can be had (else the offer is dropped: grants
+    /// only save round trips).
+    fn grant_offer(&mut self, socket: u32) -> Option<RemoteTarget> {
+        let s = self.sockets.get_mut(&socket)?;
+        let want = std::mem::take(&mut s.grant_want);
+        if want == 0 || s.granted.is_some() {
+            return None;
+        }
+        s.grant_size = want;
+        let buf = Msg::alloc(self.pool, want as usize).ok()?;
+        let slot = self.alloc_large_slot();
+        let (addr, rkey, len) = (buf.addr(0), buf.rkey(self.dev), buf.len() as u64);
+        self.large_in.insert(slot, LargeIn { buf, socket, landing: Landing::Grant });
+        if let Some(s) = self.sockets.get_mut(&socket) {
+            s.granted = Some(slot);
+        }
+        Counters::add(&self.counters.grants_offered, 1);
+        Some(RemoteTarget { addr, rkey, slot, len })
     }
 
     /// Timers: keepalive sends and expiry.
@@ -787,6 +943,9 @@ impl<T> Engine<T> {
     /// credits; the slot owns `m` until it retires (moving a message does not move its
     /// registered buffer, so the gathered address stays valid).
     fn prepare_send(&mut self, mut h: Header, m: Option<OutMsg<T>>) {
+        if matches!(h.kind, Kind::Data | Kind::Rts | Kind::Cts) {
+            h.grant = self.grant_offer(h.src_socket);
+        }
         let slot = self.chain.reserve().expect("caller checked for a free slot");
         h.credits = match &mut self.recv {
             Receives::Own(r) => r.credits.take_owed(u32::from(u16::MAX)) as u16,
@@ -861,13 +1020,20 @@ impl<T> Engine<T> {
                 h.src_socket = id;
                 h.msg_id = front.msg_id;
                 h.len = front.payload.len() as u64;
+                // A grant this message does not fit goes back, so the receiver can offer one
+                // of the larger size after it.
+                if let Some(g) = s.grant.take() {
+                    h.slot = g.slot;
+                }
                 Counters::add(&self.counters.large_messages, 1);
                 self.prepare_send(h, None);
                 Turn::Prepared { more: false }
             }
-            Phase::Write { addr, rkey, slot, offset } => {
+            Phase::Write { addr, rkey, slot, offset, prefixed } => {
                 debug_assert_eq!(at, 0, "writes go in queue order");
-                let total = front.payload.len() as u64;
+                let payload_len = front.payload.len() as u64;
+                let prefix = if prefixed { GRANT_PREFIX_LEN as u64 } else { 0 };
+                let total = payload_len + prefix;
                 let frag = frag_max.min(total - offset);
                 let last = offset + frag == total;
                 if !self.window.try_admit(frag) {
@@ -885,19 +1051,36 @@ impl<T> Engine<T> {
                 } else {
                     SendOp::Write { remote_addr, rkey }
                 };
-                let sg_list = if frag == 0 {
-                    SgList::new()
-                } else {
-                    SgList::one(front.payload.sge(self.dev, offset as usize, frag as usize))
-                };
+                let chain_slot = self.chain.reserve().expect("caller checked for a free slot");
+                let mut sg_list = SgList::new();
+                let mut from = offset;
+                if from < prefix {
+                    // The prefix (length, and this side's own offer) from this chain slot's
+                    // header space (unused by a WRITE), then the payload. Fragments are at
+                    // least 256 B, so the prefix is always whole in the first one; the offer
+                    // is made only now that the fragment surely goes.
+                    debug_assert!(from == 0 && frag >= prefix, "the prefix goes whole, first");
+                    let offer = self.grant_offer(id);
+                    let at = chain_slot * HEADER_LEN;
+                    let dst = &mut self.headers.as_mut_slice()[at..at + GRANT_PREFIX_LEN];
+                    encode_grant_prefix(payload_len, offer, dst);
+                    sg_list.push(self.headers.sge(self.dev, at, GRANT_PREFIX_LEN));
+                    from = prefix;
+                }
+                let s = self.sockets.get_mut(&id).expect("the socket of this turn");
+                let body = offset + frag - from;
+                if body > 0 {
+                    let p = (from - prefix) as usize;
+                    sg_list.push(s.sendq[0].payload.sge(self.dev, p, body as usize));
+                }
                 let release = if last {
                     Some(s.sendq.pop_front().expect("front exists"))
                 } else {
-                    front.phase = Phase::Write { addr, rkey, slot, offset: offset + frag };
+                    let next = offset + frag;
+                    s.sendq[0].phase = Phase::Write { addr, rkey, slot, offset: next, prefixed };
                     None
                 };
                 let more = s.sendable();
-                let chain_slot = self.chain.reserve().expect("caller checked for a free slot");
                 self.prepared[chain_slot] = SendWr { wr_id: 0, op, sg_list, signaled: false };
                 self.slots[chain_slot] = SlotData { bytes: frag, release };
                 Turn::Prepared { more }

@@ -319,3 +319,109 @@ fn a_closed_socket_refuses_sends_and_the_peer_learns_it() {
     p.a.settle();
     assert!(matches!(p.a.sent(2), Some(Err(TransportError::Invalid(_)))));
 }
+
+/// a sends each size to b and b answers each with a 10-byte reply; returns the messages b
+/// received, in order.
+fn exchange(p: &mut Pair, sa: u32, sb: u32, sizes: &[usize]) {
+    for (i, &len) in sizes.iter().enumerate() {
+        let before = p.b.received(sb).len();
+        p.a.engine.enqueue(sa, p.msg(len, i as u8).into(), None, 1000 + i as u64);
+        p.a.settle();
+        assert!(p.run(Duration::from_secs(2), |p| p.b.received(sb).len() == before + 1));
+        assert!(intact(p.b.received(sb)[before], len, i as u8), "request {i} ({len} B)");
+        let replies = p.a.received(sa).len();
+        p.b.engine.enqueue(sb, p.msg(10, 0).into(), None, 2000 + i as u64);
+        p.b.settle();
+        assert!(p.run(Duration::from_secs(2), |p| p.a.received(sa).len() == replies + 1));
+    }
+}
+
+#[test]
+fn large_requests_answered_by_small_replies_take_standing_grants_instead_of_rts() {
+    let mut p = Pair::new(6, Config::default());
+    let (sa, sb) = p.open();
+    // 100 kB then smaller and equal ones fit the 128 KiB grant the first one earned; 200 kB
+    // does not: it goes by RTS, gives the grant back and earns a 256 KiB one, which the last
+    // two use.
+    exchange(&mut p, sa, sb, &[100_000, 90_000, 100_000, 200_000, 150_000, 200_000]);
+    let c = p.a.engine.counters.snapshot();
+    assert_eq!(c.large_messages, 2, "RTS only for the first and the one that grew: {c:?}");
+    assert_eq!(c.granted_messages, 4, "{c:?}");
+    let cb = p.b.engine.counters.snapshot();
+    assert_eq!(cb.grants_offered, 6, "one per large request: {cb:?}");
+    assert_eq!(cb.malformed, 0);
+    // b holds exactly the one grant a has not used yet, of the size the last request earned.
+    assert_eq!(p.b.engine.large_in.len(), 1);
+    assert!(p.b.engine.large_in.values().all(|l| l.buf.len() >= 256 * 1024));
+    // a's close frees it: a writes nothing after its Close.
+    p.a.engine.close_socket(sa);
+    p.a.settle();
+    assert!(p.run(Duration::from_millis(50), |p| p.b.engine.large_in.is_empty()));
+}
+
+#[test]
+fn standing_grants_survive_loss_duplication_and_reordering() {
+    let mut p = Pair::new(7, Config::default());
+    let (sa, sb) = p.open();
+    p.fabric.with_faults(|f| {
+        f.set_rates(FaultRates { drop: 0.02, duplicate: 0.02, corrupt: 0.01, reorder: 0.02 })
+    });
+    let sizes: Vec<usize> = (0..30).map(|i| [20_000, 70_000, 9_000][i % 3]).collect();
+    exchange(&mut p, sa, sb, &sizes);
+    // Offers never shrink: after the second message (70 kB) the 128 KiB grant fits all.
+    let c = p.a.engine.counters.snapshot();
+    assert_eq!((c.large_messages, c.granted_messages), (2, 28), "{c:?}");
+}
+
+#[test]
+fn without_grants_every_large_message_pays_rts() {
+    let mut p = Pair::new(8, Config { grant_max_bytes: 0, ..Config::default() });
+    let (sa, sb) = p.open();
+    exchange(&mut p, sa, sb, &[100_000, 100_000, 100_000]);
+    let c = p.a.engine.counters.snapshot();
+    assert_eq!((c.large_messages, c.granted_messages), (3, 0), "{c:?}");
+    assert_eq!(p.b.engine.counters.snapshot().grants_offered, 0);
+}
+
+#[test]
+fn a_grant_written_with_a_false_length_is_dropped_and_counted() {
+    let mut p = Pair::new(9, Config::default());
+    let (sa, sb) = p.open();
+    exchange(&mut p, sa, sb, &[50_000]);
+    let grant = p.a.engine.sockets.get_mut(&sa).and_then(|s| s.grant.take()).expect("a grant");
+    // A peer that writes the grant itself, naming more bytes than it holds.
+    let mut m = p.msg(1000, 1);
+    m.as_mut_slice()[..8].copy_from_slice(&(grant.len * 2).to_le_bytes());
+    let before = p.b.received(sb).len();
+    p.a.engine.enqueue(sa, m.into(), Some(grant), 77);
+    p.a.settle();
+    assert!(p.run(Duration::from_secs(1), |p| p.b.engine.counters.snapshot().malformed == 1));
+    assert_eq!(p.b.received(sb).len(), before, "nothing delivered");
+    assert!(p.b.engine.large_in.is_empty(), "the grant is used up");
+    // The socket still works, and the next large message earns a grant again.
+    exchange(&mut p, sa, sb, &[50_000, 50_000]);
+}
+
+#[test]
+fn large_messages_both_ways_renew_grants_in_their_prefixes_and_skip_rts() {
+    // A ping-pong of 50 kB messages (a large reply to each large request): each side's
+    // offer rides in the prefix of the message it writes into the other's grant.
+    let mut p = Pair::new(10, Config::default());
+    let (sa, sb) = p.open();
+    for i in 0..10u8 {
+        let before = (p.a.received(sa).len(), p.b.received(sb).len());
+        p.a.engine.enqueue(sa, p.msg(50_000, i).into(), None, u64::from(i));
+        p.a.settle();
+        assert!(p.run(Duration::from_secs(1), |p| p.b.received(sb).len() == before.1 + 1));
+        p.b.engine.enqueue(sb, p.msg(50_000, i + 100).into(), None, u64::from(i));
+        p.b.settle();
+        assert!(p.run(Duration::from_secs(1), |p| p.a.received(sa).len() == before.0 + 1));
+        assert!(intact(p.b.received(sb)[before.1], 50_000, i));
+        assert!(intact(p.a.received(sa)[before.0], 50_000, i + 100));
+    }
+    let (ca, cb) = (p.a.engine.counters.snapshot(), p.b.engine.counters.snapshot());
+    // a's first request and b's first reply pay RTS; everything after rides on grants.
+    assert_eq!((ca.large_messages, ca.granted_messages), (1, 9), "{ca:?}");
+    assert_eq!((cb.large_messages, cb.granted_messages), (1, 9), "{cb:?}");
+    assert_eq!(ca.malformed + cb.malformed, 0);
+}

@@ -31,8 +31,8 @@ pub mod tcp;
 
 pub use any::{Socket, Transport, TransportKind};
 pub use config::{Config, CounterSnapshot, Counters};
-pub use engine::RemoteTarget;
 pub use error::{Result, TransportError};
 pub use msg::{Msg, Payload, SharedMsg};
+pub use proto::RemoteTarget;
 pub use rdma::{RdmaSocket, RdmaTransport};
 pub use tcp::{TcpSocket, TcpTransport};

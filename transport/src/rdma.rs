@@ -33,7 +33,8 @@ use crate::msg::{Msg, Payload, SharedMsg};
 use crate::proto::HEADER_LEN;
 use crate::recv::RecvRing;
 
-const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x01";
+// Version 2: engine headers of 48 bytes (standing grants).
+const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x02";
 const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2;
 const PROOF_LEN: usize = 32;
 

@@ -30,6 +30,7 @@ use bex_ps_core::Config;
 use bex_ps_server::client::PsClient;
 use bex_ps_server::node::{client_config, cluster_secret, transport_config, ClientRole, Node};
 use bex_ps_server::process::{context_switches, CpuTimes};
+use bex_rnic_perf::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
@@ -57,9 +58,15 @@ options:
                           quarter of that)
   --server PATH           the ps-server executable (default: next to this one)
   --base-port P           ports P..P+2 for the server (default: free ports below 32000)
-  --transport-set K=N     override [transport] K (eager_max, fragment_bytes, path_mtu,
-                          spin_us, endpoints, sq_depth, rq_depth, cwnd_bytes) for the
+  --transport-set K=N     override [transport] K (eager_max, fragment_bytes,
+                          grant_max_bytes, path_mtu, spin_us, endpoints, sq_depth,
+                          rq_depth, cwnd_bytes) for the
                           server and the client; repeatable (default: the config defaults)
+  --pin PLACEMENT         split (default: client on the first allowed CPU, server(s) on
+                          the second, like two hosts), same (both on the first) or none
+                          (the scheduler decides). On small VMs placement dominates
+                          latency: unpinned, the scheduler sometimes runs client and
+                          server on one vCPU (no cross-CPU wake-up) and sometimes not
   --push-ack MODE          two pods: a replica server too, and the shard's [server]
                           push_ack = replicated (a push answered once the replica applied
                           it) or applied (answered after the training server's apply);
@@ -102,6 +109,8 @@ struct Args {
     transport_set: Vec<(String, u64)>,
     /// Two pods with this acknowledgement mode (one pod without).
     push_ack: Option<PushAck>,
+    /// Where client and server(s) run.
+    pin: Pin,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +183,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         quiet: false,
         transport_set: Vec::new(),
         push_ack: None,
+        pin: Pin::Split,
     };
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -186,7 +196,8 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => {}
         }
-        const VALUED: [&str; 14] = [
+        const VALUED: [&str; 15] = [
+            "--pin",
             "--push-ack",
             "--json",
             "--svg",
@@ -264,6 +275,14 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--base-port" => {
                 a.base_port = Some(v.parse().map_err(|_| format!("--base-port: not a port: {v}"))?)
             }
+            "--pin" => {
+                a.pin = match v.as_str() {
+                    "split" => Pin::Split,
+                    "same" => Pin::Same,
+                    "none" => Pin::None,
+                    _ => return Err(format!("--pin: split, same or none, not {v:?}")),
+                }
+            }
             "--push-ack" => {
                 a.push_ack = Some(match v.as_str() {
                     "replicated" => PushAck::Replicated,
@@ -330,6 +349,7 @@ fn apply_transport_set(cfg: &mut Config, set: &[(String, u64)]) -> Result<(), St
         match k.as_str() {
             "eager_max" => t.eager_max = n as usize,
             "fragment_bytes" => t.fragment_bytes = n as usize,
+            "grant_max_bytes" => t.grant_max_bytes = n as usize,
             "path_mtu" => t.path_mtu = small()?,
             "spin_us" => t.spin_us = n,
             "endpoints" => t.endpoints = n as usize,
@@ -957,7 +977,13 @@ fn rss_mib(pid: u32) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Result<Value, String> {
+async fn bench(
+    args: &Args,
+    cfg: &Config,
+    ready: &str,
+    server_pid: u32,
+    placement: Placement,
+) -> Result<Value, String> {
     let secret = cluster_secret(cfg, std::net::Ipv4Addr::LOCALHOST.into())?;
     let tcfg = transport_config(&cfg.transport, &secret);
     let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
@@ -1039,6 +1065,8 @@ async fn bench(args: &Args, cfg: &Config, ready: &str, server_pid: u32) -> Resul
             "seconds_per_cell": args.seconds, "warmup_seconds_per_cell": args.warmup,
             "max_insert_rows_per_cell": args.max_insert_rows,
             "cpus": cpus,
+            "pin": format!("{:?}", args.pin).to_lowercase(),
+            "placement": placement.to_string(),
             "client_tokio_workers": 2,
         },
         "results": results.iter().map(CellResult::to_json).collect::<Vec<_>>(),
@@ -1083,12 +1111,22 @@ fn run(args: &Args) -> Result<(), String> {
     let mut cfg = bench_config(&dir, base_port, args.push_ack);
     apply_transport_set(&mut cfg, &args.transport_set)?;
     cfg.validate().map_err(|e| e.to_string())?;
+    // Children inherit the affinity of the thread that starts them: the servers are started
+    // from the server CPU, then this thread moves to the client's before any other exists.
+    let placement =
+        choose(args.pin, &allowed_cpus().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    if let Some(cpu) = placement.server_cpu {
+        pin_self(cpu).map_err(|e| e.to_string())?;
+    }
     let replica = match args.push_ack {
         Some(_) => Some(spawn_server(&exe, &cfg, dir.join("replica"), 1)?.0),
         None => None,
     };
     let (server, ready) = spawn_server(&exe, &cfg, dir, 0)?;
     let server_pid = server.child.id();
+    if let Some(cpu) = placement.client_cpu {
+        pin_self(cpu).map_err(|e| e.to_string())?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1098,7 +1136,7 @@ fn run(args: &Args) -> Result<(), String> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("SIGTERM handler: {e}"))?;
         tokio::select! {
-            r = bench(args, &cfg, &ready, server_pid) => r,
+            r = bench(args, &cfg, &ready, server_pid, placement) => r,
             _ = term.recv() => Err("interrupted (SIGTERM)".to_string()),
             _ = tokio::signal::ctrl_c() => Err("interrupted (SIGINT)".to_string()),
         }

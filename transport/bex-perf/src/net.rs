@@ -78,6 +78,7 @@ pub fn counter_map(c: &CounterSnapshot) -> std::collections::BTreeMap<String, u6
         ("bytes_received", c.bytes_received),
         ("eager_messages", c.eager_messages),
         ("large_messages", c.large_messages),
+        ("granted_messages", c.granted_messages),
         ("credit_stalls", c.credit_stalls),
         ("window_stalls", c.window_stalls),
         ("credit_messages", c.credit_messages),

@@ -402,3 +402,46 @@ fn a_closing_device_acks_what_it_received() {
     let wc = wc.expect("the sender got an answer");
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
 }
+
+/// Runs one signaled request of `len` bytes from a to b (MTU 1 KiB) and returns how many ACKs
+/// b sent and how long the request took.
+fn one_request(seed: u64, op: SendOp, len: usize) -> (u64, Duration, bex_rnic::soft::Counters) {
+    let (f, da, db) = sim_pair(seed);
+    let (a, b) = (end(&da, 1 << 20, 8, 8), end(&db, 1 << 20, 8, 8));
+    connect(&a, &b, Mtu::Mtu1024, 14);
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, len)) }]).unwrap();
+    let op = match op {
+        SendOp::Write { .. } => SendOp::Write { remote_addr: b.keys().addr, rkey: b.keys().rkey },
+        other => other,
+    };
+    a.qp.post_send(&[SendWr { wr_id: 1, op, sg_list: SgList::one(a.sge(0, len)), signaled: true }])
+        .unwrap();
+    let t0 = f.now();
+    assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
+    (db.counters().acks_sent, f.now() - t0, da.counters())
+}
+
+#[test]
+fn a_message_that_fits_the_window_draws_no_ack_from_its_middle() {
+    // 100 packets < the 128-PSN window: the responder ACKs once, at the end (a SEND's end
+    // waits for the delayed-ACK timer here, since nothing replies to carry it).
+    let (acks, took, ca) = one_request(11, SendOp::Send, 100 * 1024);
+    assert_eq!(acks, 1, "one ACK for the whole message");
+    assert_eq!(ca.ack_timeouts, 0);
+    assert!(took >= NicConfig::default().ack_delay, "{took:?}");
+    // A plain WRITE is ACKed at once at its end: nobody there answers it.
+    let (acks, took, _) = one_request(12, SendOp::Write { remote_addr: 0, rkey: 0 }, 100 * 1024);
+    assert_eq!(acks, 1);
+    assert!(took < Duration::from_millis(1), "{took:?}");
+}
+
+#[test]
+fn a_stream_longer_than_the_window_asks_for_acks_and_never_stalls() {
+    // 1000 packets, eight windows' worth: the requester asks every `ack_req_every` packets
+    // while the rest outruns the window, so it never waits for a timer.
+    let (acks, took, ca) = one_request(13, SendOp::Write { remote_addr: 0, rkey: 0 }, 1000 * 1024);
+    let every = u64::from(NicConfig::default().ack_req_every);
+    assert!(acks >= 1000 / 128 && acks <= 1000 / every + 2, "{acks} ACKs");
+    assert_eq!((ca.ack_timeouts, ca.retransmitted_packets), (0, 0), "{ca:?}");
+    assert!(took < Duration::from_millis(1), "{took:?}");
+}

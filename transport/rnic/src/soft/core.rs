@@ -7,7 +7,8 @@
 //! then transmit until it returns `None`.
 //!
 //! The protocol follows Linux rxe (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`): a window of
-//! unacknowledged PSNs, AckReq at message end and every `ack_req_every` packets, cumulative
+//! unacknowledged PSNs, AckReq at message end and every `ack_req_every` packets while more is
+//! queued than the window has room for, cumulative
 //! ACKs, one sequence NAK per gap, duplicates re-ACKed and never re-executed, go-back-N from
 //! any PSN (also mid-message), a retransmit timer bounded by `retry_cnt`, RNR NAKs bounded by
 //! `rnr_retry` (7 = infinite), and access violations that NAK and move both QPs to ERROR.
@@ -36,7 +37,10 @@ pub struct NicConfig {
     pub check_icrc: bool,
     /// Most PSNs a QP may have unacknowledged (rxe: 128).
     pub max_unacked_psns: u32,
-    /// Set AckReq at least every this many packets within a message (rxe: 64).
+    /// Set AckReq every this many packets while the queued packets would outrun the PSN
+    /// window (a quarter of it by default): the responder ACKs inside a message only when
+    /// asked, so a message that fits the window costs the requester no wake-up for an ACK
+    /// in its middle.
     pub ack_req_every: u32,
     /// Deepest send/receive queue.
     pub max_qp_wr: u32,
@@ -55,8 +59,7 @@ pub struct NicConfig {
     /// retransmit timeout.
     pub ack_delay: Duration,
     /// Most message ends one delayed ACK may cover before it goes at once (bounds how much
-    /// of the sender's send queue waits for it); a quarter of `max_unacked_psns` packets
-    /// received unacknowledged also sends it at once.
+    /// of the sender's send queue waits for it).
     pub ack_coalesce_max: u32,
 }
 
@@ -65,7 +68,7 @@ impl Default for NicConfig {
         NicConfig {
             check_icrc: true,
             max_unacked_psns: 128,
-            ack_req_every: 64,
+            ack_req_every: 32,
             max_qp_wr: 16 * 1024,
             max_qps: 64 * 1024,
             max_msg_size: 1 << 31,
@@ -212,8 +215,6 @@ struct Qp {
     write_cur: Option<WriteInProgress>,
     nak_sent: bool,
     pending_ack: Option<PendingAck>,
-    /// Packets executed since the last ACK left: the sender's window waits on them.
-    rx_unacked: u32,
     in_ctrl_queue: bool,
     in_data_queue: bool,
 }
@@ -569,7 +570,6 @@ impl NicCore {
             recv_cur: None,
             write_cur: None,
             nak_sent: false,
-            rx_unacked: 0,
             pending_ack: None,
             in_ctrl_queue: false,
             in_data_queue: false,
@@ -960,21 +960,20 @@ impl NicCore {
                 if op.is_last() {
                     qp.msn = psn::add(qp.msn, 1);
                 }
-                qp.rx_unacked += 1;
                 // Every executed packet is acknowledged, cumulatively, within the ACK delay
                 // (sooner if data leaves for the peer, which takes the ACK along). At once:
-                // - when the sender's PSN window (`max_unacked_psns`) would otherwise wait;
                 // - for an AckReq nobody here will answer (a signaled plain WRITE, or the
                 //   sender's window asking inside a message): the sender waits for it;
                 // - for every `ack_coalesce_max`-th delivered message.
                 // The end of a message the application receives (a SEND, a WRITE with
                 // immediate) waits: the reply that usually follows carries its ACK, which
-                // saves the peer a wake-up for a lone ACK.
-                let window_wants = qp.rx_unacked >= self.cfg.max_unacked_psns / 4;
+                // saves the peer a wake-up for a lone ACK. The window is the requester's to
+                // watch: it asks (AckReq) while it has more queued than the window holds.
+                // (This side used to ACK on its own at a quarter window: a 65-packet reply
+                // then woke its sender twice for ACKs nobody waited for.)
                 let delivers = op.is_last() && (op.is_send() || op.has_imm());
                 let covers = qp.pending_ack.map_or(0, |a| a.covers) + u32::from(delivers);
-                let prompt =
-                    window_wants || (h.ack_req && !delivers) || covers >= self.cfg.ack_coalesce_max;
+                let prompt = (h.ack_req && !delivers) || covers >= self.cfg.ack_coalesce_max;
                 let due = if prompt { now } else { ack_due };
                 let ack = PendingAck { syndrome: Syndrome::Ack, psn: h.psn, due, covers };
                 qp.queue_ack(ack, &mut self.ctrl_queue);
@@ -1155,7 +1154,6 @@ impl NicCore {
             self.ctrl_queue.remove(i);
             qp.in_ctrl_queue = false;
             qp.pending_ack = None;
-            qp.rx_unacked = 0;
             let Some(dest) = qp.remote_addr else { continue };
             let mut h = Header::new(Opcode::Acknowledge, qp.remote_qpn, ack.psn);
             h.aeth = Some(Aeth { syndrome: ack.syndrome, msn: qp.msn });
@@ -1183,6 +1181,26 @@ impl NicCore {
         None
     }
 
+    /// True when, after packet `psn`, the send queue holds more packets than the PSN window
+    /// has room for: the requester would stall without an ACK from inside the stream.
+    fn outruns_window(qp: &Qp, cfg: &NicConfig, psn: u32) -> bool {
+        let outstanding = psn::diff(psn, qp.una_psn).max(0) as u64 + 1;
+        let room = u64::from(cfg.max_unacked_psns).saturating_sub(outstanding);
+        let mut queued = 0u64;
+        for (i, wqe) in qp.sq.iter().enumerate().skip(qp.sq_next) {
+            queued += if i == qp.sq_next && wqe.started {
+                let sent = psn::diff(psn, wqe.first_psn).max(0) as u64 + 1;
+                u64::from(wqe.npkts).saturating_sub(sent)
+            } else {
+                u64::from(wqe.npkts)
+            };
+            if queued > room {
+                return true;
+            }
+        }
+        false
+    }
+
     fn next_data_packet(
         qp: &mut Qp,
         mrs: &MrTable,
@@ -1204,6 +1222,9 @@ impl NicCore {
             wqe.first_psn = req_psn;
             wqe.started = true;
         }
+        let window_asks = qp.pkts_since_ack_req + 1 >= cfg.ack_req_every
+            && Self::outruns_window(qp, cfg, req_psn);
+        let wqe = qp.sq.get_mut(qp.sq_next)?;
         let index = psn::diff(req_psn, wqe.first_psn) as u64;
         let offset = index * qp.mtu;
         let len = qp.mtu.min(wqe.total_len.saturating_sub(offset)) as usize;
@@ -1249,10 +1270,10 @@ impl NicCore {
         h.imm = imm;
         qp.pkts_since_ack_req += 1;
         // AckReq where this side waits for the ACK: the end of a signaled request (the
-        // application wants its completion), and every `ack_req_every` packets (the window).
-        // An unsignaled request is retired by a later signaled one; the responder ACKs it
-        // within its ACK delay all the same.
-        if (last && wqe.wr.signaled) || qp.pkts_since_ack_req >= cfg.ack_req_every {
+        // application wants its completion), and every `ack_req_every` packets while what is
+        // queued would outrun the window. An unsignaled request is retired by a later
+        // signaled one; the responder ACKs it within its ACK delay all the same.
+        if (last && wqe.wr.signaled) || window_asks {
             h.ack_req = true;
             qp.pkts_since_ack_req = 0;
         }
