@@ -1,4 +1,6 @@
-//! The canary client: `+1` pushes to its own keys, counting acknowledgements and failures.
+//! The canary client: `+1` pushes to canary keys, counting acknowledgements and failures.
+//! Each canary adds to one component of a row, so several canaries can share keys (race on
+//! every row, under their own identities) and still be counted apart.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -7,7 +9,7 @@ use std::time::Duration;
 use bex_ps_server::client::PsClient;
 use serde::{Deserialize, Serialize};
 
-use crate::canary_key;
+use crate::{canary_key, shared_canary_key};
 
 /// What happened to one canary key's pushes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +35,8 @@ pub struct CanaryReport {
     pub table: u32,
     /// Row width.
     pub dim: u32,
+    /// The component of each row this canary adds 1 to.
+    pub component: u32,
     /// Per key.
     pub keys: Vec<KeyCount>,
     /// Sum of acked.
@@ -47,21 +51,36 @@ pub struct CanaryReport {
     pub interrupted: bool,
 }
 
-/// Pushes `+1` to `keys` canary keys, round-robin, `in_flight` at a time, until `seconds`
-/// passed or `stop` is set; each key's pushes are sequential (one outstanding per key), so
-/// counts are exact.
+/// Where a canary pushes: `keys` keys of `owner`'s (its push identity) or, without an owner,
+/// the shared ones, `+1` to `component` of each row.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// Table id and row width.
+    pub table: (u32, u32),
+    /// Whose canary keys ([`crate::canary_key`]); `None`: [`crate::shared_canary_key`]s.
+    pub owner: Option<u64>,
+    /// How many.
+    pub keys: u32,
+    /// The component added to (`< dim`).
+    pub component: u32,
+}
+
+/// Pushes `+1` to the target's keys, round-robin, `in_flight` at a time, until `seconds`
+/// passed or `stop` is set; each key's pushes are sequential (one outstanding per key and
+/// canary), so counts are exact.
 pub async fn run(
     ps: Arc<PsClient>,
-    (table, dim): (u32, u32),
-    keys: u32,
+    target: Target,
     in_flight: u32,
     seconds: f64,
     stop: Arc<AtomicBool>,
 ) -> CanaryReport {
+    let Target { table: (table, dim), owner, keys, component } = target;
     let start = tokio::time::Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
     let client = ps.push_id();
-    let grads = vec![-1.0f32; dim as usize];
+    let mut grads = vec![0.0f32; dim as usize];
+    grads[component as usize] = -1.0;
     let mut tasks = Vec::new();
     // Worker w owns keys w, w + in_flight, ...: no key has two pushes outstanding.
     let workers = in_flight.clamp(1, keys.max(1));
@@ -71,7 +90,10 @@ pub async fn run(
             let mine: Vec<u32> = (w..keys).step_by(workers as usize).collect();
             let mut counts: Vec<KeyCount> = mine
                 .iter()
-                .map(|&i| KeyCount { key: canary_key(client, i), ..KeyCount::default() })
+                .map(|&i| {
+                    let key = owner.map_or(shared_canary_key(i), |o| canary_key(o, i));
+                    KeyCount { key, ..KeyCount::default() }
+                })
                 .collect();
             let mut first_error = None;
             let mut n = 0usize;
@@ -91,8 +113,14 @@ pub async fn run(
             (counts, first_error)
         }));
     }
-    let mut report =
-        CanaryReport { kind: "canary".into(), client, table, dim, ..CanaryReport::default() };
+    let mut report = CanaryReport {
+        kind: "canary".into(),
+        client,
+        table,
+        dim,
+        component,
+        ..CanaryReport::default()
+    };
     for t in tasks {
         if let Ok((counts, err)) = t.await {
             if report.first_error.is_none() {

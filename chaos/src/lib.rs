@@ -41,6 +41,12 @@ pub fn canary_key(client: u64, i: u32) -> u64 {
     0xCA << 56 | (client & 0xFF_FFFF) << 32 | u64::from(i)
 }
 
+/// Canary key `i` shared by every canary that pushes to shared keys (its own tag, so no
+/// client's own keys are among them).
+pub fn shared_canary_key(i: u32) -> u64 {
+    0xCB << 56 | u64::from(i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +56,7 @@ mod tests {
         assert_ne!(canary_key(1, 0), canary_key(2, 0));
         assert_ne!(canary_key(1, 0), canary_key(1, 1));
         assert_eq!(canary_key(7, 3) >> 56, 0xCA);
+        assert_ne!(shared_canary_key(3), canary_key(0, 3));
     }
 
     #[test]

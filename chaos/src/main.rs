@@ -78,6 +78,14 @@ enum Cmd {
         /// The canary table: init zeros, optimizer sgd with lr = 1.
         #[arg(long, default_value = "canary")]
         table: String,
+        /// Push to the keys every canary with this flag shares, not keys of its own: several
+        /// canaries then race on every row under their own identities (each adds to its own
+        /// component, so each is counted apart).
+        #[arg(long)]
+        shared_keys: bool,
+        /// The row component this canary adds 1 to [default: --id modulo the table's dim].
+        #[arg(long)]
+        component: Option<u32>,
     },
     /// Reads every canary key and the trainer's rows from every pod: replicas must converge
     /// within --settle-s, and on the training pod acked ≤ value ≤ acked + failed per key.
@@ -157,7 +165,7 @@ fn write_json(path: &Option<PathBuf>, v: &impl serde::Serialize) -> Result<(), S
 async fn run(cli: Cli) -> Result<bool, (u8, String)> {
     let usage = |e: String| (2u8, e);
     match cli.cmd {
-        Cmd::Canary { common, pod: _, seconds, keys, in_flight, table } => {
+        Cmd::Canary { common, pod: _, seconds, keys, in_flight, table, shared_keys, component } => {
             let cfg = load(&common.config).map_err(usage)?;
             let t = canary_table(&cfg, &table).map_err(usage)?;
             if !(seconds.is_finite() && seconds > 0.0) || keys == 0 || in_flight == 0 {
@@ -165,6 +173,13 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             }
             let k = kind(&cfg, common.transport);
             let id = common.id.unwrap_or(u64::from(std::process::id()));
+            let component = component.unwrap_or((id % u64::from(t.1)) as u32);
+            if component >= t.1 {
+                return Err(usage(format!(
+                    "--component {component}: the canary table's rows have {} components",
+                    t.1
+                )));
+            }
             let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
             let node =
                 connect_client(&cfg, topo.training_pod(), common.bind, k, id, ClientRole::Training)
@@ -181,7 +196,9 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
                 }
                 s.store(true, Ordering::Relaxed);
             });
-            let mut report = canary::run(node.ps.clone(), t, keys, in_flight, seconds, stop).await;
+            let owner = (!shared_keys).then(|| node.ps.push_id());
+            let target = canary::Target { table: t, owner, keys, component };
+            let mut report = canary::run(node.ps.clone(), target, in_flight, seconds, stop).await;
             report.transport = kind_name(k).into();
             write_json(&common.json, &report).map_err(|e| (1, e))?;
             println!(

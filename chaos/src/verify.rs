@@ -94,35 +94,41 @@ fn first_difference(
     })
 }
 
-/// The canary invariants on the training pod's rows: `acked ≤ value ≤ acked + failed` and
-/// the value a whole number (every push adds exactly 1).
+/// The canary invariants on the training pod's rows, per key and component (the counts of
+/// every canary adding to it summed): `acked ≤ value ≤ acked + failed` and the value a whole
+/// number (every push adds exactly 1).
 pub fn check_canaries(
     canaries: &[CanaryReport],
     rows: &BTreeMap<u64, Vec<f32>>,
 ) -> (Invariant, Invariant) {
+    let mut counts: BTreeMap<(u64, u32), (u64, u64)> = BTreeMap::new();
+    for c in canaries {
+        for k in &c.keys {
+            let e = counts.entry((k.key, c.component)).or_default();
+            e.0 += k.acked;
+            e.1 += k.failed;
+        }
+    }
     let (mut lost, mut twice, mut keys, mut acked) = (Vec::new(), Vec::new(), 0u64, 0u64);
     // Pushes missing (acknowledged beyond the value) and extra (beyond acked + failed).
     let (mut missing, mut extra) = (0u64, 0u64);
-    for c in canaries {
-        for k in &c.keys {
-            keys += 1;
-            acked += k.acked;
-            let v = rows.get(&k.key).and_then(|r| r.first()).copied().unwrap_or(f32::NAN);
-            if v.is_nan() || v.fract() != 0.0 || (v as u64) < k.acked {
-                missing += k.acked.saturating_sub(if v.is_finite() { v as u64 } else { 0 });
-                lost.push(format!("key {:#x}: value {v} < {} acknowledged", k.key, k.acked));
-            } else if v as u64 > k.acked + k.failed {
-                extra += v as u64 - (k.acked + k.failed);
-                twice.push(format!(
-                    "key {:#x}: value {v} > {} acknowledged + {} failed",
-                    k.key, k.acked, k.failed
-                ));
-            }
+    for (&(key, component), &(k_acked, k_failed)) in &counts {
+        keys += 1;
+        acked += k_acked;
+        let v = rows.get(&key).and_then(|r| r.get(component as usize)).copied();
+        let v = v.unwrap_or(f32::NAN);
+        let at = format!("key {key:#x}[{component}]");
+        if v.is_nan() || v.fract() != 0.0 || (v as u64) < k_acked {
+            missing += k_acked.saturating_sub(if v.is_finite() { v as u64 } else { 0 });
+            lost.push(format!("{at}: value {v} < {k_acked} acknowledged"));
+        } else if v as u64 > k_acked + k_failed {
+            extra += v as u64 - (k_acked + k_failed);
+            twice.push(format!("{at}: value {v} > {k_acked} acknowledged + {k_failed} failed"));
         }
     }
     let detail = |v: &[String], pushes: u64, what: &str| {
         if v.is_empty() {
-            format!("{keys} canary keys, {acked} acknowledged pushes")
+            format!("{keys} canary key components, {acked} acknowledged pushes")
         } else {
             format!(
                 "{} of {keys} keys violate it, {pushes} of {acked} acknowledged pushes {what}; \
@@ -211,7 +217,10 @@ pub async fn run(
             None => format!("not within {:.0} s: {last_problem}", settle.as_secs_f64()),
         },
     });
-    let canary_set: Vec<u64> = canaries.iter().flat_map(|c| c.keys.iter().map(|k| k.key)).collect();
+    // Canaries may share keys: each once.
+    let canary_set: std::collections::BTreeSet<u64> =
+        canaries.iter().flat_map(|c| c.keys.iter().map(|k| k.key)).collect();
+    let canary_set: Vec<u64> = canary_set.into_iter().collect();
     if let Some(c) = canaries.first() {
         let set = KeySet { name: "canary".into(), table: c.table, dim: c.dim, keys: canary_set };
         match rows_of(&ps, training, &set).await {
@@ -271,6 +280,26 @@ mod tests {
         let (lost, twice) = check_canaries(&[c], &rows);
         assert!(!lost.ok && lost.detail.contains("2 of 3"), "{lost:?}");
         assert!(!twice.ok && twice.detail.contains("value 7"), "{twice:?}");
+    }
+
+    #[test]
+    fn canaries_sharing_keys_are_counted_per_component() {
+        let mut a = report(&[(1, 10, 0)]);
+        let mut b = report(&[(1, 7, 1)]);
+        b.component = 1;
+        // Components: a's 10 pushes, b's 7 acknowledged and 1 failed (applied or not).
+        let rows = BTreeMap::from([(1, vec![10.0, 8.0])]);
+        let (lost, twice) = check_canaries(&[a.clone(), b.clone()], &rows);
+        assert!(lost.ok && twice.ok, "{lost:?} {twice:?}");
+        // One of b's pushes applied twice: visible, though a alone is fine.
+        let rows = BTreeMap::from([(1, vec![10.0, 9.0])]);
+        let (_, twice) = check_canaries(&[a.clone(), b.clone()], &rows);
+        assert!(!twice.ok && twice.detail.contains("[1]"), "{twice:?}");
+        // Two canaries adding to one component are summed.
+        a.component = 1;
+        let rows = BTreeMap::from([(1, vec![0.0, 18.0])]);
+        let (lost, twice) = check_canaries(&[a, b], &rows);
+        assert!(lost.ok && twice.ok, "{lost:?} {twice:?}");
     }
 
     #[test]

@@ -61,10 +61,14 @@
 //! | 56 | … | row records as in the checkpoint body (version 3), or dedupe windows |
 //!
 //! A cursor past the last table (a client asks for it first, and it follows the last table's
-//! rows) gets the windows chunk (table `u32::MAX`): the source's dedupe windows encoded as in
-//! the checkpoint body, flagged last. A restarted training shard learns which pushes the
-//! rows it copies already hold, so their retries are answered Duplicate rather than applied
-//! twice; asked for before the rows, the windows name no push whose rows the copy lacks.
+//! rows) gets windows chunks (table `u32::MAX`): the source's dedupe windows encoded as in
+//! the checkpoint body, in client order, paged by client: the cursor's stripe and row are the
+//! high and low halves of the first client id wanted, each chunk holds the windows from there
+//! that fit `max_bytes`, and the last one is flagged last. (One unpaged chunk of every window
+//! could outgrow the RPC frame limit with large windows, and then every copy failed.) A
+//! restarted training shard learns which pushes the rows it copies already hold, so their
+//! retries are answered Duplicate rather than applied twice; asked for before the rows, the
+//! windows name no push whose rows the copy lacks.
 //!
 //! Rows are never removed and stripes only grow, so a (table, stripe, row) cursor visits
 //! every row that existed when the snapshot began; rows created later may or may not be
@@ -531,13 +535,21 @@ pub struct ChunkInfo {
     pub rows: u32,
     /// Cursor for the next request; `None` after the last chunk.
     pub next: Option<SnapshotCursor>,
-    /// The source's dedupe windows (the windows chunk; empty otherwise).
+    /// The source's dedupe windows (a windows chunk; empty otherwise).
     pub windows: Vec<WindowState>,
+}
+
+impl ChunkInfo {
+    /// True for a chunk of dedupe windows (rows chunks name a table).
+    pub fn is_windows(&self) -> bool {
+        self.table == WINDOWS_TABLE
+    }
 }
 
 /// Appends to `out` the chunk that continues `cursor` over `tables`, at most `max_bytes`
 /// (but always at least one row when rows remain; `max_bytes` must hold the header and one
-/// row of every table); past the last table, the windows chunk of `windows()` (any size).
+/// row of every table); past the last table, the windows chunk of `windows()` from the
+/// cursor's client on (as many whole windows as fit, and at least one).
 /// Returns the number of rows (or windows) in it. A cursor from another epoch is
 /// [`CheckpointError::StaleCursor`]; [`SnapshotCursor::START`] is accepted by any epoch.
 pub fn snapshot_chunk(
@@ -553,12 +565,36 @@ pub fn snapshot_chunk(
     let start = out.len();
     out.resize(start + CHUNK_HEADER_LEN, 0);
     if cursor.table as usize >= tables.len() {
-        let windows = windows();
-        encode_windows(&windows, out)?;
-        let n = u32::try_from(windows.len())
+        let from = (u64::from(cursor.stripe) << 32) | u64::from(cursor.row);
+        let mut windows = windows();
+        windows.retain(|w| w.client >= from);
+        windows.sort_unstable_by_key(|w| w.client);
+        let mut n = 0usize;
+        for w in &windows {
+            // At least one window per chunk, so paging always advances: a window is at most
+            // 128 KiB, well inside a frame, even where `max_bytes` is smaller.
+            let len = 20 + w.bits.len() * 8;
+            if n > 0 && out.len() - start + len > max_bytes {
+                break;
+            }
+            encode_windows(std::slice::from_ref(w), out)?;
+            n += 1;
+        }
+        let (flags, next) = match windows.get(n) {
+            Some(w) => {
+                let (stripe, row) = ((w.client >> 32) as u32, w.client as u32);
+                (
+                    CHUNK_WINDOWS,
+                    SnapshotCursor { epoch: tables.epoch(), table: WINDOWS_TABLE, stripe, row },
+                )
+            }
+            None => {
+                (CHUNK_LAST | CHUNK_WINDOWS, SnapshotCursor { epoch: tables.epoch(), ..cursor })
+            }
+        };
+        let n = u32::try_from(n)
             .map_err(|_| CheckpointError::Truncated("too many dedupe windows".into()))?;
-        let next = SnapshotCursor { epoch: tables.epoch(), ..cursor };
-        finish_chunk(&mut out[start..], WINDOWS_TABLE, (0, 0), n, CHUNK_LAST | CHUNK_WINDOWS, next);
+        finish_chunk(&mut out[start..], WINDOWS_TABLE, (0, 0), n, flags, next);
         return Ok(n);
     }
     let (mut table, mut stripe, mut row) =
@@ -966,6 +1002,7 @@ mod tests {
         assert_eq!(n, 2);
         let dst = TableSet::new(specs()).unwrap();
         let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap();
+        assert!(info.is_windows());
         assert_eq!((info.rows, info.next, info.windows), (0, None, windows));
         // Truncated or padded windows are refused (the CRC fixed up, so the parse decides).
         for bad in [buf[..buf.len() - 8].to_vec(), [&buf[..], &[0u8; 8]].concat()] {
@@ -975,6 +1012,43 @@ mod tests {
             bad[28..32].copy_from_slice(&crc.to_le_bytes());
             assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _, _| {}).is_err());
         }
+    }
+
+    #[test]
+    fn dedupe_windows_are_paged_by_client_within_max_bytes() {
+        let src = filled();
+        // 300 windows of 1024 sequence numbers (148 B each): 44 kB, paged into 4 kB chunks.
+        let windows: Vec<WindowState> = (0..300u64)
+            .map(|i| WindowState {
+                client: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                high: i,
+                bits: vec![i; 16],
+            })
+            .collect();
+        let dst = TableSet::new(specs()).unwrap();
+        let mut cursor = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
+        let (mut got, mut chunks) = (Vec::new(), 0);
+        loop {
+            let mut buf = Vec::new();
+            snapshot_chunk(&src, cursor, 4096, || windows.clone(), &mut buf).unwrap();
+            assert!(buf.len() <= 4096, "{} bytes", buf.len());
+            let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap();
+            assert!(info.is_windows() && !info.windows.is_empty());
+            got.extend(info.windows);
+            chunks += 1;
+            match info.next {
+                Some(c) => cursor = c,
+                None => break,
+            }
+        }
+        assert!(chunks >= 11, "{chunks} chunks");
+        let mut want = windows.clone();
+        want.sort_by_key(|w| w.client);
+        assert_eq!(got, want, "every window once, in client order");
+        // Too small for one window: one per chunk all the same, so paging always advances.
+        let mut buf = Vec::new();
+        let first = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
+        assert_eq!(snapshot_chunk(&src, first, 100, || windows.clone(), &mut buf).unwrap(), 1);
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //! the least recently seen client is evicted (counted in [`Dedupe::evictions`]); its next
 //! request starts a new window, so exactly-once holds only for clients that stay among the
 //! `max_clients` most recent — size it above the number of live trainers (and replication
-//! sources).
+//! sources). [`Dedupe::merge`] never evicts: the clients it adds count as the least recently
+//! seen (a live one is promoted by its next push), and the table shrinks back to its bound
+//! at the next new client.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,13 +152,7 @@ impl Dedupe {
             w.last_used = now;
             return w.admit(seq);
         }
-        if p.clients.len() >= self.per_part {
-            let oldest = p.clients.iter().min_by_key(|(_, w)| w.last_used).map(|(&c, _)| c);
-            if let Some(c) = oldest {
-                p.clients.remove(&c);
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.make_room(&mut p);
         let mut w = Window {
             high: seq,
             bits: vec![0u64; self.words].into_boxed_slice(),
@@ -216,67 +212,98 @@ impl Dedupe {
 
     /// Adds `s` as a newly seen client's window (see [`Dedupe::import`]).
     fn import_one(&self, s: &WindowState) {
-        let w = self.window();
-        {
-            let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
-            let mut p = part.lock();
-            p.clock += 1;
-            let now = p.clock;
-            if p.clients.len() >= self.per_part {
-                let oldest = p.clients.iter().min_by_key(|(_, w)| w.last_used).map(|(&c, _)| c);
-                if let Some(c) = oldest {
-                    p.clients.remove(&c);
-                    self.evictions.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            let stored = s.bits.len() as u64 * 64;
-            // A smaller stored window knows nothing below its own: those numbers are TooOld.
-            let floor = (stored < w).then(|| s.high.saturating_sub(stored));
-            let mut win = Window {
-                high: s.high,
-                bits: vec![0u64; self.words].into_boxed_slice(),
-                last_used: now,
-                floor,
-            };
-            if stored > 0 {
-                for x in s.high.saturating_sub(w.min(stored) - 1)..=s.high {
-                    let i = x % stored;
-                    if s.bits[(i / 64) as usize] & (1 << (i % 64)) != 0 {
-                        let (word, mask) = win.bit(x);
-                        win.bits[word] |= mask;
-                    }
-                }
-            }
-            p.clients.insert(s.client, win);
+        let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
+        let mut p = part.lock();
+        p.clock += 1;
+        let now = p.clock;
+        self.make_room(&mut p);
+        let win = self.window_from(s, now);
+        p.clients.insert(s.client, win);
+    }
+
+    /// Evicts least recently seen clients until a new one fits the part's bound.
+    fn make_room(&self, p: &mut Part) {
+        while p.clients.len() >= self.per_part {
+            let oldest = p.clients.iter().min_by_key(|(_, w)| w.last_used).map(|(&c, _)| c);
+            let Some(c) = oldest else { return };
+            p.clients.remove(&c);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    /// This table's window for a stored one (maybe of another size): the bits that fall in
+    /// this window; below a smaller stored window everything is unknown (a floor).
+    fn window_from(&self, s: &WindowState, last_used: u64) -> Window {
+        let w = self.window();
+        let stored = s.bits.len() as u64 * 64;
+        let floor = (stored < w).then(|| s.high.saturating_sub(stored));
+        let mut win = Window {
+            high: s.high,
+            bits: vec![0u64; self.words].into_boxed_slice(),
+            last_used,
+            floor,
+        };
+        for x in admitted(s, w) {
+            let (word, mask) = win.bit(x);
+            win.bits[word] |= mask;
+        }
+        win
+    }
+}
+
+/// The sequence numbers `s` records as admitted, within the last `w` below its high.
+fn admitted(s: &WindowState, w: u64) -> impl Iterator<Item = u64> + '_ {
+    let stored = s.bits.len() as u64 * 64;
+    // An empty stored window admits nothing (and `1..=0` is empty).
+    let (from, to) =
+        if stored == 0 { (1, 0) } else { (s.high.saturating_sub(w.min(stored) - 1), s.high) };
+    (from..=to).filter(move |&x| {
+        let i = x % stored;
+        s.bits[(i / 64) as usize] & (1 << (i % 64)) != 0
+    })
 }
 
 impl Dedupe {
     /// Adds what `windows` (another server's [`Dedupe::export`]) know to this state: every
     /// number admitted there is admitted here too (numbers already below a window here stay
-    /// too old). A restarted training shard merges its replicas' windows, which know the
-    /// pushes whose replication reached them, into its checkpoint's.
+    /// too old), and numbers neither side can vouch for are too old. A restarted training
+    /// shard merges its replicas' windows, which know the pushes whose replication reached
+    /// them, into its checkpoint's.
+    ///
+    /// It never evicts a client this table knows: the peer's other clients are added as the
+    /// least recently seen (the peer may hold windows of long-gone incarnations, which must
+    /// not push out live trainers), so the table may exceed its bound until the next new
+    /// client shrinks it back (at most twice the bound; past that they are dropped and
+    /// counted as evictions).
     pub fn merge(&self, windows: &[WindowState]) {
+        let w = self.window();
         for s in windows {
-            let known = {
-                let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
-                part.lock().clients.contains_key(&s.client)
-            };
-            if !known {
-                // The import's rules (a smaller window's floor included) for a new client.
-                self.import_one(s);
+            let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
+            let mut p = part.lock();
+            if !p.clients.contains_key(&s.client) {
+                if p.clients.len() >= 2 * self.per_part {
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let win = self.window_from(s, 0);
+                p.clients.insert(s.client, win);
                 continue;
             }
+            let win = p.clients.get_mut(&s.client).expect("checked above");
             let stored = s.bits.len() as u64 * 64;
             if stored == 0 {
                 continue;
             }
-            for x in s.high.saturating_sub(stored - 1)..=s.high {
-                let i = x % stored;
-                if s.bits[(i / 64) as usize] & (1 << (i % 64)) != 0 {
-                    self.admit(s.client, x);
-                }
+            let old_high = win.high;
+            for x in admitted(s, stored) {
+                win.admit(x);
+            }
+            // A smaller peer window forgot what lies below it. Where that is above what this
+            // side knew, nobody can say whether those numbers were applied: too old, not New
+            // (which would apply a late retry twice).
+            let peer_floor = s.high.saturating_sub(stored);
+            if stored < w && peer_floor > old_high {
+                win.floor = Some(win.floor.map_or(peer_floor, |f| f.max(peer_floor)));
             }
         }
     }
@@ -324,6 +351,63 @@ mod tests {
 
     fn d(window: u32, max_clients: usize) -> Dedupe {
         Dedupe::new(DedupeConfig { window, max_clients })
+    }
+
+    /// `n` clients that all fall in `client`'s part.
+    fn same_part(client: u64, n: usize) -> Vec<u64> {
+        let part_of = |c: u64| crate::shard::mix64(c) % PARTS as u64;
+        (client + 1..).filter(|&c| part_of(c) == part_of(client)).take(n).collect()
+    }
+
+    #[test]
+    fn merging_never_evicts_a_client_this_side_knows() {
+        // One client per part: the local trainer fills its part.
+        let (a, b) = (d(64, 16), d(64, 16));
+        let live = 1u64;
+        let stale = same_part(live, 1)[0];
+        a.admit(live, 5);
+        b.admit(stale, 9);
+        a.merge(&b.export());
+        assert_eq!(a.evictions(), 0);
+        assert_eq!(a.admit(live, 5), Verdict::Duplicate, "the live trainer's window survived");
+        assert_eq!(a.admit(stale, 9), Verdict::Duplicate, "and the peer's was added");
+        // Over the bound until the next new client, which brings the part back to it.
+        let fresh = same_part(live, 2)[1];
+        a.admit(fresh, 1);
+        assert_eq!(a.clients(), 1);
+        assert_eq!(a.admit(fresh, 1), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn merged_in_clients_go_first_when_room_is_needed() {
+        let (a, b) = (d(64, 32), d(64, 32));
+        let live = 3u64;
+        let others = same_part(live, 3);
+        a.admit(live, 1);
+        b.admit(others[0], 1);
+        a.merge(&b.export());
+        // A new client in that part (bound 2): the merged-in, never-seen-since one goes.
+        a.admit(others[1], 1);
+        assert_eq!(a.admit(live, 1), Verdict::Duplicate);
+        assert_eq!(a.admit(others[1], 1), Verdict::Duplicate);
+        assert_eq!(a.admit(others[0], 1), Verdict::New, "evicted, so unknown again");
+    }
+
+    #[test]
+    fn a_smaller_peer_window_leaves_what_it_forgot_too_old() {
+        // Local: W = 256, knows client 7 up to 100. Peer: W = 64, knows 7 up to 400, so
+        // numbers up to 336 are unknown to it; 101..=336 are unknown to both.
+        let (a, b) = (d(256, 8), d(64, 8));
+        a.admit(7, 100);
+        for s in [390, 400] {
+            b.admit(7, s);
+        }
+        a.merge(&b.export());
+        assert_eq!(a.admit(7, 400), Verdict::Duplicate);
+        assert_eq!(a.admit(7, 390), Verdict::Duplicate);
+        assert_eq!(a.admit(7, 300), Verdict::TooOld, "forgotten by the peer, unseen here");
+        assert_eq!(a.admit(7, 336), Verdict::TooOld);
+        assert_eq!(a.admit(7, 337), Verdict::New, "inside the peer's window, never admitted");
     }
 
     #[test]

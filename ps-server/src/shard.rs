@@ -60,8 +60,7 @@ pub async fn copy_shard(
     chunk_bytes: u32,
     mut versions: Option<&mut RowVersions>,
 ) -> Result<Copied, String> {
-    let past_tables = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
-    let mut cursor = past_tables;
+    let mut cursor = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
     let mut out = Copied::default();
     for seq in 1.. {
         let req = SnapshotRequest { cursor, max_bytes: chunk_bytes };
@@ -82,10 +81,13 @@ pub async fn copy_shard(
         let info = checkpoint::apply_snapshot_chunk(tables, r.body, &mut seen)
             .map_err(|e| e.to_string())?;
         out.rows += u64::from(info.rows);
+        let windows_chunk = info.is_windows();
         out.windows.extend(info.windows);
         match info.next {
-            _ if cursor == past_tables => cursor = SnapshotCursor::START,
-            // The windows chunk again, now after the rows: not wanted.
+            // The windows come in pages, then the rows from the start.
+            Some(c) if windows_chunk => cursor = c,
+            None if windows_chunk => cursor = SnapshotCursor::START,
+            // The windows again, now after the rows: not wanted.
             Some(c) if (c.table as usize) < tables.len() => cursor = c,
             _ => break,
         }

@@ -6,12 +6,19 @@
 //! clock, on one thread. Each host has two simulated NICs standing for its RDMA and TCP
 //! paths, so an RDMA failure is a fabric fault on one of them.
 //!
-//! Every scenario runs a canary (pushes of +1 to its own keys of a zero-initialised table
-//! trained by SGD with rate 1, so a row's value counts the pushes applied to it; one push in
-//! flight per key), a trainer pushing gradients to an embedding table, and readers in both
-//! pods, while its faults happen on schedule. Then the network heals and the run checks:
-//! - no acknowledged push lost: every canary row ≥ its acknowledged pushes;
-//! - no push applied twice: every canary row ≤ acknowledged + failed pushes;
+//! Every scenario runs two canaries pushing +1 to the same keys of a zero-initialised table
+//! trained by SGD with rate 1, each to its own component of the row, so a component counts
+//! one canary's pushes applied to it. They push to a key on one schedule, one push in flight
+//! per key each, so two identities race on every row. The first is a serving client (one
+//! attempt per push); the second a training client, which retries a failed push under its
+//! sequence number as trainers do, so its failures are rare and a push applied twice shows.
+//! A trainer pushes gradients to an embedding table and readers in both pods fetch, while the
+//! scenario's faults happen on schedule. Then the network heals and the run checks:
+//! - no acknowledged push lost: every canary component ≥ its acknowledged pushes;
+//! - no push applied twice: every canary component ≤ acknowledged + failed pushes (with one
+//!   writer per row, a push whose effect reached a replica under another push's identity
+//!   was invisible; with two, its retry after a kill of the training shard is applied
+//!   again);
 //! - every request answered or failed by its deadline (the client's worst case, derived from
 //!   its attempts and deadlines);
 //! - replicas converge: every pod's rows equal the training pod's, bit for bit;
@@ -34,7 +41,7 @@ use bex_ps_core::{Config, TableSet};
 use bex_ps_server::client::PsClient;
 use bex_ps_server::node::{client_config, transport_config, ClientRole};
 use bex_ps_server::shard::{start_shard, RunningShard, ShardStart};
-use bex_rnic::soft::{FaultRates, LinkModel};
+use bex_rnic::soft::{FaultRates, LinkFault, LinkModel};
 use bex_transport::sim::SimNet;
 use bex_transport::simio::{SimHub, SimTransport};
 use bex_transport::{Transport, TransportKind};
@@ -75,7 +82,10 @@ pub enum Scenario {
     /// A training shard killed under load, as by SIGKILL (no drain, no final checkpoint),
     /// and started again from an older checkpoint: it catches up from the replica (rows by
     /// version, dedupe windows), so no push acknowledged under `push_ack = replicated` is
-    /// lost, none applied twice, and the pods converge bit-exactly.
+    /// lost, none applied twice, and the pods converge bit-exactly. Before the kill its
+    /// replication links are cut for 1.2 s, so replication requests fail and go again
+    /// (rebuilt from the rows of the moment) while the two canaries' pushes to each row race:
+    /// a push's effect must never reach the replica under another push's identity.
     TrainingKill,
 }
 
@@ -131,8 +141,12 @@ pub struct Report {
     pub train_pushes: (u64, u64),
     /// Reader fetches answered / failed.
     pub fetches: (u64, u64),
-    /// The slowest request, in ms, and the deadline every request had to meet.
+    /// The slowest request of the serving calls (the first canary's pushes, the trainer's,
+    /// the readers' fetches), in ms, and the deadline every one of them had to meet.
     pub slowest_ms: (u64, u64),
+    /// The slowest push of the second (training, retrying) canary, in ms, and its bound: its
+    /// retry budget plus one training call's deadline.
+    pub slowest_retrying_push_ms: (u64, u64),
     /// RDMA → TCP fallbacks, RDMA recoveries, quarantines, calls served over TCP (all
     /// clients).
     pub fallbacks: u64,
@@ -144,7 +158,7 @@ pub struct Report {
     pub tcp_calls: u64,
     /// Engines failed by keepalive expiry, on every node.
     pub keepalive_failures: u64,
-    /// Each client's RPC counters: canary, trainer, reader in pod 0, reader in pod 1.
+    /// Each client's RPC counters: canary, second canary, trainer, reader in pod 0, reader in pod 1.
     pub clients: Vec<bex_rpc::ClientCounts>,
     /// Virtual ms from the RDMA failure to the first push served after it (rdma-fallback).
     pub fallback_ms: Option<u64>,
@@ -169,6 +183,8 @@ const CANARY: u32 = 0;
 const EMB: u32 = 1;
 const EMB_DIM: u32 = 8;
 const CANARY_KEYS: u64 = 8;
+/// Canaries, each pushing to its own component of every canary row.
+const CANARY_WRITERS: usize = 2;
 /// Pod 1, shard 1 in the client's endpoint order (pod-major).
 const POD1_SHARD1: usize = (SHARDS + 1) as usize;
 const EMB_KEYS: u64 = 400;
@@ -188,7 +204,7 @@ fn cluster_config() -> Config {
     cfg.tables = vec![
         TableConfig {
             name: "canary".into(),
-            dim: 1,
+            dim: CANARY_WRITERS as u32,
             seed: None,
             init: InitConfig::Zeros,
             optimizer: OptimizerConfig::Sgd { lr: 1.0 },
@@ -215,8 +231,12 @@ fn cluster_config() -> Config {
 /// run its own (3 Tc) and then the request (Tr); plus tokio's 1 ms timer resolution per
 /// deadline.
 fn call_deadline(cfg: &Config, replicas: u32) -> Duration {
+    call_deadline_of(cfg, replicas, cfg.rpc.request_timeout_ms)
+}
+
+/// [`call_deadline`] with request deadline `tr` (ms).
+fn call_deadline_of(cfg: &Config, replicas: u32, tr: u64) -> Duration {
     let tc = cfg.rpc.connect_timeout_ms;
-    let tr = cfg.rpc.request_timeout_ms;
     let attempts = u64::from(replicas) + u64::from(cfg.rpc.max_attempts.saturating_sub(1));
     Duration::from_millis(attempts * (6 * tc + tr + 8))
 }
@@ -385,6 +405,25 @@ impl Cluster {
         });
     }
 
+    /// The links from training shard `shard`'s nodes to the other pods' nodes.
+    fn replication_links(&self, shard: u32) -> Vec<(usize, usize)> {
+        let from = &self.shards[&(self.topo.training_pod(), shard)];
+        let from = [self.hub.node_of(&from.rdma), self.hub.node_of(&from.tcp)];
+        let to: Vec<usize> = (0..PODS)
+            .filter(|p| *p != self.topo.training_pod())
+            .flat_map(|p| self.nodes_of(p))
+            .collect();
+        from.iter().flat_map(|&f| to.iter().map(move |&t| (f, t))).collect()
+    }
+
+    fn set_links(&self, links: &[(usize, usize)], fault: LinkFault) {
+        self.hub.with_net(|n| {
+            for &(from, to) in links {
+                n.fabric().set_link_fault(from, to, fault);
+            }
+        });
+    }
+
     fn nodes_of(&self, pod: u32) -> Vec<usize> {
         self.shards
             .iter()
@@ -407,27 +446,29 @@ impl Cluster {
         });
     }
 
-    fn client(&mut self, pod: u32, id: u64) -> Arc<PsClient> {
+    fn client(&mut self, pod: u32, id: u64, role: ClientRole) -> Arc<PsClient> {
         self.next_client += 1;
         let ip =
             std::net::Ipv4Addr::new(10, 9, (self.next_client >> 8) as u8, self.next_client as u8);
         let (rdma, tcp) = self.host((ip, 1).into(), (ip, 2).into());
         // The retry decisions depend on the run's seed too.
-        let ccfg = client_config(
-            &self.cfg.rpc,
-            pod,
-            self.seed ^ id.wrapping_mul(0x9e37_79b9),
-            ClientRole::Serving,
-        );
+        let ccfg =
+            client_config(&self.cfg.rpc, pod, self.seed ^ id.wrapping_mul(0x9e37_79b9), role);
         // Like a process's random identity, fresh for every client, but from the seed.
         let push_id = bex_ps_core::shard::mix64(self.seed ^ u64::from(self.next_client) << 48);
-        Arc::new(PsClient::new(
+        let ps = PsClient::new(
             Some(Transport::Sim(rdma)),
             Transport::Sim(tcp),
             self.topo.clone(),
             ccfg,
             push_id,
-        ))
+        );
+        Arc::new(match role {
+            ClientRole::Serving => ps,
+            ClientRole::Training => {
+                ps.with_push_retry(Duration::from_millis(self.cfg.rpc.push_retry_ms))
+            }
+        })
     }
 
     /// Keys of `table` whose rows differ between the training pod and a replica (an empty
@@ -474,10 +515,14 @@ impl Cluster {
         Some(rows)
     }
 
-    fn canary_values(&self) -> Vec<Option<f32>> {
+    /// Each canary row's components on the training pod (`None`: its shard is down).
+    fn canary_values(&self) -> Vec<Option<[f32; CANARY_WRITERS]>> {
         let pod = self.topo.training_pod();
         (0..CANARY_KEYS)
-            .map(|k| Some(self.rows(pod, self.topo.shard_of(k), CANARY, &[k])?[0]))
+            .map(|k| {
+                let row = self.rows(pod, self.topo.shard_of(k), CANARY, &[k])?;
+                Some(std::array::from_fn(|w| row[w]))
+            })
             .collect()
     }
 }
@@ -492,6 +537,8 @@ struct Tally {
     fetch_ok: AtomicU64,
     fetch_failed: AtomicU64,
     slowest_ms: AtomicU64,
+    /// The slowest push of the retrying (training) canary.
+    slowest_retrying_ms: AtomicU64,
     late: Mutex<Vec<String>>,
     /// Virtual ms (since start) of each acknowledged canary push to shard 0.
     shard0_acks: Mutex<Vec<u64>>,
@@ -508,9 +555,17 @@ impl Clock {
     }
 }
 
-fn note_latency(t: &Tally, what: &str, took: Duration, bound: Duration, at_ms: u64) {
+/// Records a call's latency in `slowest` and a violation if it passed `bound`.
+fn note_latency(
+    t: &Tally,
+    slowest: &AtomicU64,
+    what: &str,
+    took: Duration,
+    bound: Duration,
+    at_ms: u64,
+) {
     let ms = took.as_millis() as u64;
-    t.slowest_ms.fetch_max(ms, Ordering::Relaxed);
+    slowest.fetch_max(ms, Ordering::Relaxed);
     if took > bound {
         t.late.lock().push(format!("{what} at {at_ms} ms took {ms} ms (deadline {bound:?})"));
     }
@@ -543,34 +598,48 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     }
     let clock = Arc::new(Clock(tokio::time::Instant::now()));
     let tally = Arc::new(Tally {
-        acked: (0..CANARY_KEYS).map(|_| AtomicU64::new(0)).collect(),
-        failed: (0..CANARY_KEYS).map(|_| AtomicU64::new(0)).collect(),
+        acked: (0..CANARY_KEYS as usize * CANARY_WRITERS).map(|_| AtomicU64::new(0)).collect(),
+        failed: (0..CANARY_KEYS as usize * CANARY_WRITERS).map(|_| AtomicU64::new(0)).collect(),
         ..Tally::default()
     });
     let push_bound = call_deadline(&c.cfg, 1);
+    // A training push's attempts go on until the retry budget is spent; the last may take
+    // the whole training deadline.
     let fetch_bound = call_deadline(&c.cfg, PODS);
-    let canary = Arc::new(Mutex::new(c.client(0, 1)));
-    let trainer = c.client(0, 2);
-    let readers = [c.client(0, 3), c.client(1, 4)];
+    let retrying_push_bound = Duration::from_millis(c.cfg.rpc.push_retry_ms)
+        + call_deadline_of(&c.cfg, 1, c.cfg.rpc.training_request_timeout_ms);
+    let canary = Arc::new(Mutex::new(c.client(0, 1, ClientRole::Serving)));
+    let canary2 = Arc::new(Mutex::new(c.client(0, 5, ClientRole::Training)));
+    let trainer = c.client(0, 2, ClientRole::Serving);
+    let readers = [c.client(0, 3, ClientRole::Serving), c.client(1, 4, ClientRole::Serving)];
     let mut tasks = Vec::new();
-    for key in 0..CANARY_KEYS {
-        let (current, t, clock) = (canary.clone(), tally.clone(), clock.clone());
+    for (writer, key) in (0..CANARY_WRITERS).flat_map(|w| (0..CANARY_KEYS).map(move |k| (w, k))) {
+        let (current, bound) = match writer {
+            0 => (canary.clone(), push_bound),
+            _ => (canary2.clone(), retrying_push_bound),
+        };
+        let (t, clock) = (tally.clone(), clock.clone());
         let shard = c.topo.shard_of(key);
+        // Both writers of a key on one schedule: their pushes to the row meet.
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (key << 40));
+        let at = writer * CANARY_KEYS as usize + key as usize;
         tasks.push(tokio::spawn(async move {
+            // SGD with rate 1: a gradient of −1 adds 1, to this writer's component.
+            let mut grad = [0f32; CANARY_WRITERS];
+            grad[writer] = -1.0;
             while clock.ms() < WORKLOAD_END.as_millis() as u64 {
                 let start = tokio::time::Instant::now();
                 let cl = current.lock().clone();
-                // SGD with rate 1: a gradient of −1 adds 1.
-                let r = cl.push(CANARY, 1, &[key], &[-1.0]).await;
-                note_latency(&t, "canary push", start.elapsed(), push_bound, clock.ms());
+                let r = cl.push(CANARY, CANARY_WRITERS as u32, &[key], &grad).await;
+                let slowest = if writer == 0 { &t.slowest_ms } else { &t.slowest_retrying_ms };
+                note_latency(&t, slowest, "canary push", start.elapsed(), bound, clock.ms());
                 if r.is_ok() {
-                    t.acked[key as usize].fetch_add(1, Ordering::Relaxed);
+                    t.acked[at].fetch_add(1, Ordering::Relaxed);
                     if shard == 0 {
                         t.shard0_acks.lock().push(clock.ms());
                     }
                 } else {
-                    t.failed[key as usize].fetch_add(1, Ordering::Relaxed);
+                    t.failed[at].fetch_add(1, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(rng.random_range(5..25))).await;
             }
@@ -590,7 +659,14 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                 let start = tokio::time::Instant::now();
                 let r = cl.push(EMB, EMB_DIM, &keys, &grads).await;
                 // The shards' parts go concurrently: one call's deadline.
-                note_latency(&t, "trainer push", start.elapsed(), push_bound, clock.ms());
+                note_latency(
+                    &t,
+                    &t.slowest_ms,
+                    "trainer push",
+                    start.elapsed(),
+                    push_bound,
+                    clock.ms(),
+                );
                 match r {
                     Ok(()) => t.train_ok.fetch_add(1, Ordering::Relaxed),
                     Err(_) => t.train_failed.fetch_add(1, Ordering::Relaxed),
@@ -608,7 +684,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                 let keys: Vec<u64> = (0..32).map(|_| rng.random_range(0..EMB_KEYS)).collect();
                 let start = tokio::time::Instant::now();
                 let r = cl.fetch(EMB, EMB_DIM, &keys).await;
-                note_latency(&t, "fetch", start.elapsed(), fetch_bound, clock.ms());
+                note_latency(&t, &t.slowest_ms, "fetch", start.elapsed(), fetch_bound, clock.ms());
                 match r {
                     Ok(rows) if rows.len() == keys.len() * EMB_DIM as usize => {
                         t.fetch_ok.fetch_add(1, Ordering::Relaxed)
@@ -676,9 +752,19 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
             if let Err(e) = server.checkpoint().await {
                 violations.push(format!("checkpoint of pod 0 shard 0: {e}"));
             }
-            clock.at(900).await;
+            // Replication of shard 0 cut for 1.2 s, past the keepalive timeout: its requests
+            // fail and are sent again, rebuilt from the rows of the moment, while pushes keep
+            // coming; 25 ms after the heal, while the backlog drains, the kill. (Without one
+            // push replicated at a time, a row's newer push reached the replica under an
+            // older push's identity, and its retry was applied twice: 4 of 20 seeds.)
+            let links = c.replication_links(0);
+            clock.at(700).await;
+            c.set_links(&links, LinkFault { partitioned: true, ..LinkFault::default() });
+            clock.at(1_900).await;
+            c.set_links(&links, LinkFault::default());
+            clock.at(1_925).await;
             c.kill(0, 0);
-            clock.at(1_100).await;
+            clock.at(2_125).await;
             if let Err(e) = c.start_restored(0, 0).await {
                 violations.push(e);
             }
@@ -686,7 +772,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         Scenario::ClientRestart => {
             clock.at(1_500).await;
             // The same id, a new client: pushes in flight on the old one finish on it.
-            let next = c.client(0, 1);
+            let next = c.client(0, 1, ClientRole::Serving);
             *canary.lock() = next;
         }
         Scenario::Quarantine => {
@@ -728,28 +814,35 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         violations
             .push(format!("replicas did not converge within {SETTLE:?}: {}", left.join("; ")));
     }
-    // Canary: acked ≤ value ≤ acked + failed.
+    // Canary: acked ≤ value ≤ acked + failed, per key and writer.
     let values = c.canary_values();
     let mut pushes_acked = 0;
     let mut pushes_failed = 0;
-    for (k, v) in values.iter().enumerate() {
-        let acked = tally.acked[k].load(Ordering::Relaxed);
-        let failed = tally.failed[k].load(Ordering::Relaxed);
-        pushes_acked += acked;
-        pushes_failed += failed;
-        match v {
-            None => violations.push(format!("canary key {k}: its training shard is down")),
-            Some(v) if (*v as u64) < acked || v.fract() != 0.0 => violations
-                .push(format!("canary key {k}: value {v} < {acked} acknowledged pushes (lost)")),
-            Some(v) if *v as u64 > acked + failed => violations.push(format!(
-                "canary key {k}: value {v} > {acked} acknowledged + {failed} failed (applied twice)"
-            )),
-            Some(_) => {}
+    for (k, row) in values.iter().enumerate() {
+        let Some(row) = row else {
+            violations.push(format!("canary key {k}: its training shard is down"));
+            continue;
+        };
+        for (w, &v) in row.iter().enumerate() {
+            let at = w * CANARY_KEYS as usize + k;
+            let acked = tally.acked[at].load(Ordering::Relaxed);
+            let failed = tally.failed[at].load(Ordering::Relaxed);
+            pushes_acked += acked;
+            pushes_failed += failed;
+            let what = format!("canary key {k}, writer {w}: value {v}");
+            if (v as u64) < acked || v.fract() != 0.0 {
+                violations.push(format!("{what} < {acked} acknowledged pushes (lost)"));
+            } else if v as u64 > acked + failed {
+                violations.push(format!(
+                    "{what} > {acked} acknowledged + {failed} failed (applied twice)"
+                ));
+            }
         }
     }
     violations.extend(tally.late.lock().iter().take(5).cloned());
     let canary = canary.lock().clone();
-    let stats: Vec<_> = [&canary, &trainer, &readers[0], &readers[1]]
+    let canary2 = canary2.lock().clone();
+    let stats: Vec<_> = [&canary, &canary2, &trainer, &readers[0], &readers[1]]
         .iter()
         .map(|c| c.rpc().stats().snapshot())
         .collect();
@@ -807,6 +900,10 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         ),
         fetches,
         slowest_ms: (tally.slowest_ms.load(Ordering::Relaxed), fetch_bound.as_millis() as u64),
+        slowest_retrying_push_ms: (
+            tally.slowest_retrying_ms.load(Ordering::Relaxed),
+            retrying_push_bound.as_millis() as u64,
+        ),
         fallbacks,
         recoveries,
         quarantines,
@@ -820,7 +917,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     };
     let mut h = Fnv::default();
     h.write(serde_json::to_string(&report).unwrap_or_default().as_bytes());
-    for v in values.iter().flatten() {
+    for v in values.iter().flatten().flatten() {
         h.write(&v.to_bits().to_le_bytes());
     }
     for shard in 0..SHARDS {
