@@ -2,11 +2,12 @@
 # Installs everything the tests and demos need on a fresh Debian machine (as root), and
 # checks the Rust toolchain components. Idempotent.
 #   iproute2, iptables   network namespaces, veth links and loss for the netns tests
+#   tcpdump              the RoCE capture test (scripts/roce-capture.sh)
 #   + the verbs build dependencies (scripts/install-verbs-deps.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(iproute2 iptables)
+packages=(iproute2 iptables tcpdump)
 if [ "$(id -u)" -eq 0 ]; then
     missing=()
     for p in "${packages[@]}"; do

@@ -22,24 +22,9 @@ command -v iptables >/dev/null || { echo "netns-loss: iptables missing (apt-get 
 cargo build --release --locked -q --example stream_check
 BIN=target/release/examples/stream_check
 
+. scripts/lib-netns.sh
 TAG="bexl$$"
-NA="${TAG}a"; NB="${TAG}b"
-cleanup() {
-    ip netns pids "$NA" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns pids "$NB" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns del "$NA" 2>/dev/null || true
-    ip netns del "$NB" 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-
-ip netns add "$NA"; ip netns add "$NB"
-ip link add "${TAG}x" type veth peer name "${TAG}y"
-ip link set "${TAG}x" netns "$NA"; ip link set "${TAG}y" netns "$NB"
-ip -n "$NA" addr add 10.199.0.1/24 dev "${TAG}x"
-ip -n "$NB" addr add 10.199.0.2/24 dev "${TAG}y"
-# Jumbo frames so a 4096-byte path MTU needs no IP fragmentation.
-ip -n "$NA" link set "${TAG}x" mtu 9000 up; ip -n "$NB" link set "${TAG}y" mtu 9000 up
-ip -n "$NA" link set lo up; ip -n "$NB" link set lo up
+netns_pair "$TAG" 10.199.0.1 10.199.0.2
 
 status=0
 for loss in "${LOSSES[@]}"; do

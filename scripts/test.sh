@@ -29,6 +29,10 @@ cargo test --locked --workspace
 step "cargo test (--features bex-rnic-verbs/verbs)"
 cargo test --locked -p bex-rnic-verbs --features verbs
 
+step "the hardware build: nic = \"verbs\" without a device stops ps-server with the cause, exit 2"
+cargo test --locked -p bex-ps-server --features bex-transport/verbs --test cluster -- \
+    a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause
+
 step "alloc-bench --quick (bemalloc against glibc/jemalloc/mimalloc/rpmalloc, Figures 4 and 5)"
 cargo build --locked --release -q -p bemalloc-bench
 target/release/alloc-bench --quick --out target/alloc-bench
@@ -51,6 +55,7 @@ FUZZ_NICE=0 scripts/fuzz.sh --smoke
 step "end-to-end: a 2x2 cluster replays inference traffic and trains; asserts on its report"
 cargo build --locked --release -q -p bex-ps-server -p bex-ranker -p bex-trainer -p bex-launcher \
     -p bex-experiments
+target/release/bex-cluster doctor --config configs/local.toml
 target/release/bex-cluster run --config configs/local.toml --out target/e2e \
     --set ranker.seconds=4.0
 target/release/bex-exp check target/e2e/report.json --min-auc 0.75
@@ -66,8 +71,10 @@ fi
 if [ "$(id -u)" -eq 0 ]; then
     step "software RNIC across two network namespaces with 1% and 5% iptables loss"
     scripts/netns-loss.sh 0.01 0.05
+    step "RoCEv2 on the wire: captured packets' ICRCs (IPv4, IPv6, GSO segments) against the spec"
+    scripts/roce-capture.sh target/roce-capture
 else
-    echo "SKIPPED: netns loss test (needs root)"
+    echo "SKIPPED: netns loss test and RoCE capture (need root)"
 fi
 
 step "all checks passed"

@@ -44,12 +44,12 @@ fn roce() -> Vec<Vec<u8>> {
         } else {
             (0..(i * 7) % 23).map(|b| b as u8).collect()
         };
-        out.push(packet::encode(&h, &payload));
+        out.push(packet::encode(&h, &payload, &crate::roce::ROUTE));
     }
     for s in [Syndrome::Ack, Syndrome::NakSequence, Syndrome::NakRemoteAccess] {
         let mut h = Header::new(Opcode::Acknowledge, 7, 100);
         h.aeth = Some(Aeth { syndrome: s, msn: 3 });
-        out.push(packet::encode(&h, &[]));
+        out.push(packet::encode(&h, &[], &crate::roce::ROUTE));
     }
     out
 }

@@ -5,12 +5,14 @@
 //!
 //! [`plan`] turns the configuration into processes, ids, namespaces, addresses and commands
 //! without I/O (unit-tested); [`exec`] runs a plan; [`cleanup`] removes what dead launchers
-//! left behind; [`overrides`] applies `--set section.key=value`.
+//! left behind; [`overrides`] applies `--set section.key=value`; [`doctor`] checks a host for
+//! the configured NIC before anything starts.
 
 #![forbid(unsafe_code)]
 
 pub mod cleanup;
 pub mod clock;
+pub mod doctor;
 pub mod exec;
 pub mod launch;
 pub mod overrides;

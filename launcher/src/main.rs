@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use bex_launcher::doctor::{self, Level};
 use bex_launcher::exec::Executor;
 use bex_launcher::launch::Mode;
 use bex_launcher::plan::{Plan, PlanInput};
@@ -49,6 +50,12 @@ enum Cmd {
     /// checkpoint) and write OUT/report.json.
     #[command(after_help = RUN_AFTER)]
     Run(RunArgs),
+    /// Check this host for the NIC the cluster file configures, before starting anything:
+    /// the device, its port, the RoCE v2 GID of the address, link MTU, ECN (from sysfs); the
+    /// memlock limit and huge pages; the secret; with --peers, whether the servers answer.
+    /// Every finding comes with its fix. Exit status 1 if any is an error. `run` does this
+    /// first and stops on errors.
+    Doctor(DoctorArgs),
     /// Remove leftovers of dead launchers: network namespaces `bex-PID-*` whose launcher
     /// is gone and the processes such launchers recorded (also done at the start of `run`).
     Cleanup,
@@ -78,6 +85,57 @@ struct RunArgs {
     sets: Vec<String>,
 }
 
+#[derive(Debug, clap::Args)]
+struct DoctorArgs {
+    /// The cluster file.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// The address this host's processes bind (default: the `[cluster]` host).
+    #[arg(long, value_name = "IP")]
+    ip: Option<std::net::IpAddr>,
+    /// Also connect to every server's RDMA and TCP ports.
+    #[arg(long)]
+    peers: bool,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Overrides a key of the file, as for `run`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+/// The address servers of a loopback run bind (the `[cluster]` host), for the doctor.
+fn cluster_ip(cfg: &bex_ps_core::Config) -> std::net::IpAddr {
+    cfg.cluster.host
+}
+
+fn doctor_cmd(args: DoctorArgs) -> i32 {
+    let text = match std::fs::read_to_string(&args.config) {
+        Ok(t) => t,
+        Err(e) => return usage(&format!("{}: {e}", args.config.display())),
+    };
+    let cfg = match load_config(&text, &args.sets) {
+        Ok((c, _)) => c,
+        Err(e) => return usage(&format!("{}:\n{e}", args.config.display())),
+    };
+    let input = doctor::Input {
+        cfg: &cfg,
+        ip: args.ip.unwrap_or_else(|| cluster_ip(&cfg)),
+        secret: std::env::var("BEX_SECRET").ok(),
+        peers: args.peers,
+    };
+    let findings = doctor::examine(&input, &doctor::Host::default());
+    if args.json {
+        match serde_json::to_string_pretty(&findings) {
+            Ok(j) => println!("{j}"),
+            Err(e) => return usage(&e.to_string()),
+        }
+    } else {
+        print!("{}", doctor::render(&findings));
+    }
+    i32::from(doctor::worst(&findings) == Level::Error)
+}
+
 fn main() {
     // First: a Ctrl-C from now on leads to a full teardown.
     let stop = match Stop::install() {
@@ -100,16 +158,9 @@ fn main() {
             0
         }
         Cmd::Run(args) => run(args, stop),
+        Cmd::Doctor(args) => doctor_cmd(args),
     };
     std::process::exit(code);
-}
-
-/// Effective uid 0, from `/proc/self/status` (`Uid: real effective saved fs`).
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|u| u.split_whitespace().nth(1))
-            == Some("0")
-    })
 }
 
 fn usage(msg: &str) -> i32 {
@@ -136,7 +187,7 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
         Err(e) => return usage(&format!("{}:\n{e}", args.config.display())),
     };
     if launch.mode == Mode::Netns {
-        if !is_root() {
+        if !doctor::is_root() {
             return usage("mode = \"netns\" needs root (network namespaces, veth, tc)");
         }
         for tool in ["ip", "tc"] {
@@ -167,6 +218,32 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
     }
     // Absolute, so children and the report name the same files whatever their cwd.
     let out = std::fs::canonicalize(&out).unwrap_or(out);
+    // The host first: a NIC, GID or limit that cannot work fails here, not in every process.
+    let input = doctor::Input {
+        cfg: &cfg,
+        // netns hosts get their addresses later; the host-wide checks still apply.
+        ip: if launch.mode == Mode::Netns {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        } else {
+            cluster_ip(&cfg)
+        },
+        // Without one in the environment, every process of the run gets a random secret.
+        secret: Some(std::env::var("BEX_SECRET").unwrap_or_else(|_| "per-run".into())),
+        peers: false,
+    };
+    let findings = doctor::examine(&input, &doctor::Host::default());
+    if let Ok(j) = serde_json::to_string_pretty(&findings) {
+        let _ = std::fs::write(out.join("doctor.json"), j + "\n");
+    }
+    let notable: Vec<_> = findings.iter().filter(|f| f.level >= Level::Warn).cloned().collect();
+    if !notable.is_empty() {
+        eprint!("bex-cluster: doctor:\n{}", doctor::render(&notable));
+    }
+    if doctor::worst(&findings) == Level::Error {
+        return usage(
+            "this host cannot run the cluster as configured (see the doctor's fixes above)",
+        );
+    }
     for d in cleanup::stale() {
         println!("bex-cluster: {d}");
     }

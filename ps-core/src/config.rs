@@ -450,13 +450,35 @@ pub enum TransportKind {
     Tcp,
 }
 
+/// Which NIC carries RDMA.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NicKind {
+    /// The software RNIC: RoCEv2 over a UDP socket (runs anywhere).
+    #[default]
+    Soft,
+    /// A hardware RNIC through libibverbs (a build with the `verbs` feature).
+    Verbs,
+}
+
 /// `[transport]`: mirrors `bex_transport::Config` (same names, times in ms/µs, `cwnd_bytes =
-/// 0` for off, `path_mtu` in bytes).
+/// 0` for off, `path_mtu` in bytes), plus the NIC.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {
     /// RDMA or TCP.
     pub kind: TransportKind,
+    /// The NIC that carries RDMA: "soft" or "verbs".
+    pub nic: NicKind,
+    /// Verbs: the device name (`ibv_devices`); empty: the first device.
+    pub device: String,
+    /// Verbs: the physical port, from 1.
+    pub port: u8,
+    /// Verbs: the source GID index; -1: the port's first RoCEv2 GID (0 on InfiniBand).
+    pub gid_index: i16,
+    /// Soft: the RNIC's UDP port (RoCEv2's 4791). Where another process on the same address
+    /// has it, a free port is taken instead (bex peers learn it at bootstrap). 0: always free.
+    pub udp_port: u16,
     /// RDMA endpoints per transport: a completion queue and a driver task each (the paper's
     /// I/O threads, run as tasks on the application threads). On the software RNIC each one
     /// also watches the device's socket, so more than one costs wake-ups.
@@ -500,6 +522,11 @@ impl Default for TransportConfig {
     fn default() -> Self {
         TransportConfig {
             kind: TransportKind::Rdma,
+            nic: NicKind::Soft,
+            device: String::new(),
+            port: 1,
+            gid_index: -1,
+            udp_port: 4791,
             endpoints: 1,
             app_threads: 2,
             sq_depth: 32,
@@ -728,6 +755,12 @@ impl Config {
         let mut bad = |f: &str, m: &str| e.push(FieldError::new(format!("transport.{f}"), m));
         if t.endpoints == 0 || t.endpoints > 256 {
             bad("endpoints", "must be in 1..=256");
+        }
+        if t.port == 0 {
+            bad("port", "ports count from 1");
+        }
+        if !(-1..=255).contains(&t.gid_index) {
+            bad("gid_index", "must be -1 (automatic) or in 0..=255");
         }
         if t.app_threads == 0 || t.app_threads > 256 {
             bad("app_threads", "must be in 1..=256");

@@ -17,7 +17,7 @@ use bex_ps_core::checkpoint;
 use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
 use bex_ps_server::http;
-use bex_ps_server::node::{cluster_secret, transport_config, Node};
+use bex_ps_server::node::{cluster_secret, nic_spec, transport_config};
 use bex_ps_server::process::incarnation_id;
 use bex_ps_server::server::PsServer;
 use bex_ps_server::shard::{start_shard, ShardStart};
@@ -66,7 +66,7 @@ fn die(code: i32, msg: &str) -> ! {
     std::process::exit(code)
 }
 
-struct Endpoints(Arc<PsServer>, bex_rnic::soft::SoftDevice);
+struct Endpoints(Arc<PsServer>, Arc<bex_transport::Stack>);
 
 impl http::Endpoints for Endpoints {
     fn health(&self) -> (bool, String) {
@@ -76,13 +76,13 @@ impl http::Endpoints for Endpoints {
     }
     fn metrics(&self) -> String {
         let mut text = self.0.metrics.registry.render();
-        text.push_str(&rnic_metrics(&bex_rnic::Device::stats(&self.1)));
+        text.push_str(&rnic_metrics(&self.1.nic_stats()));
         text
     }
 }
 
-/// The software RNIC's protocol counters in the Prometheus text format.
-fn rnic_metrics(s: &bex_rnic::DeviceStats) -> String {
+/// The NIC's protocol counters in the Prometheus text format.
+fn rnic_metrics(s: &bex_transport::NicStats) -> String {
     let mut out = String::new();
     for (name, help, v) in [
         (
@@ -150,8 +150,11 @@ async fn serve(args: Args, cfg: Config) {
             (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
         };
     let incarnation = incarnation_id().unwrap_or_else(|e| die(1, &e));
-    let node =
-        Node::start(addrs.rdma, addrs.tcp, tcfg).await.unwrap_or_else(|e| die(1, &e.to_string()));
+    let nic = nic_spec(&cfg.transport);
+    let stack = bex_transport::Stack::open(&nic, addrs.rdma, addrs.tcp, tcfg)
+        .await
+        .unwrap_or_else(|e| die(e.exit_code().into(), &e.to_string()));
+    let stack = Arc::new(stack);
     let running = start_shard(
         &cfg,
         &topo,
@@ -165,14 +168,14 @@ async fn serve(args: Args, cfg: Config) {
             incarnation,
             version_floor: bex_ps_server::process::version_floor(),
         },
-        node.transports(),
+        stack.transports(),
         |m| eprintln!("ps-server: {m}"),
     )
     .await;
     let server = running.server.clone();
-    server.set_rdma(node.rdma.clone());
+    server.set_rdma(stack.rdma.clone());
     let (http_addr, _http) =
-        http::serve(addrs.http, Arc::new(Endpoints(server.clone(), node.device.clone())))
+        http::serve(addrs.http, Arc::new(Endpoints(server.clone(), stack.clone())))
             .await
             .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
     if cfg.server.checkpoint_interval_s > 0 {
@@ -192,8 +195,8 @@ async fn serve(args: Args, cfg: Config) {
         "ready pod={} shard={} rdma={} tcp={} http={http_addr}",
         args.pod,
         args.shard,
-        node.rdma.local_addr(),
-        node.tcp.local_addr()
+        stack.rdma.local_addr(),
+        stack.tcp.local_addr()
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .unwrap_or_else(|e| die(1, &format!("SIGTERM handler: {e}")));
@@ -224,6 +227,6 @@ async fn serve(args: Args, cfg: Config) {
             Err(e) => eprintln!("ps-server: shutdown checkpoint failed: {e}"),
         }
     }
-    Transport::Rdma(node.rdma.clone()).shutdown();
+    Transport::Rdma(stack.rdma.clone()).shutdown();
     std::process::exit(0);
 }

@@ -1,29 +1,39 @@
-//! What every bex process needs to talk: a software RNIC, a registered pool, an RDMA
-//! transport and a TCP transport on the addresses the cluster config gives, and RPC clients
-//! configured from it.
+//! What every bex process needs to talk, from the cluster config: the NIC it names and the
+//! transports on it ([`bex_transport::Stack`]), and RPC clients.
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::time::Duration;
 
-use bemalloc::Pool;
-use bex_ps_core::config::{RpcConfig, TransportConfig};
-use bex_rnic::soft::{SoftDevice, UdpConfig};
-use bex_rnic::verbs::Mtu;
-use bex_rnic::Device;
+use bex_ps_core::config::{NicKind, RpcConfig, TransportConfig};
 use bex_rpc::ClientConfig;
-use bex_transport::tcp::TcpTransport;
-use bex_transport::{Config, RdmaTransport, Transport};
+use bex_transport::{Config, Mtu, NicSpec, SoftNic, VerbsNic};
 
-/// A process's transports.
-#[derive(Clone, Debug)]
-pub struct Node {
-    /// RDMA over the software RNIC.
-    pub rdma: RdmaTransport,
-    /// TCP (fallback and baseline).
-    pub tcp: TcpTransport,
-    /// The software RNIC (its counters).
-    pub device: SoftDevice,
+/// The NIC `[transport]` names.
+pub fn nic_spec(t: &TransportConfig) -> NicSpec {
+    match t.nic {
+        NicKind::Soft => NicSpec::Soft(SoftNic { udp_port: t.udp_port, ..SoftNic::default() }),
+        NicKind::Verbs => NicSpec::Verbs(VerbsNic {
+            device: (!t.device.is_empty()).then(|| t.device.clone()),
+            port: t.port,
+            gid_index: u8::try_from(t.gid_index).ok(),
+        }),
+    }
+}
+
+/// Writes `spec` into `[transport]` (the inverse of [`nic_spec`]).
+pub fn set_nic(t: &mut TransportConfig, spec: &NicSpec) {
+    match spec {
+        NicSpec::Soft(s) => {
+            t.nic = NicKind::Soft;
+            t.udp_port = s.udp_port;
+        }
+        NicSpec::Verbs(v) => {
+            t.nic = NicKind::Verbs;
+            t.device = v.device.clone().unwrap_or_default();
+            t.port = v.port;
+            t.gid_index = v.gid_index.map_or(-1, i16::from);
+        }
+    }
 }
 
 /// Maps the cluster's transport section (and the cluster secret) to the transport's config.
@@ -43,6 +53,7 @@ pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
         connect_timeout: Duration::from_millis(t.connect_timeout_ms),
         spin: Duration::from_micros(t.spin_us),
         max_queued_sends: t.max_queued_sends,
+        qp_port: t.port,
         secret: secret.to_vec(),
         ..Config::default()
     }
@@ -120,63 +131,39 @@ fn secret_from(
     }
 }
 
-impl Node {
-    /// Starts both transports: RDMA bootstrap on `rdma` (the soft RNIC on its IP), TCP on
-    /// `tcp`; port 0 picks free ports.
-    pub async fn start(
-        rdma: SocketAddr,
-        tcp: SocketAddr,
-        cfg: Config,
-    ) -> anyhow_like::Result<Node> {
-        let device = SoftDevice::open_udp(UdpConfig::new(SocketAddr::new(rdma.ip(), 0)))
-            .map_err(|e| anyhow_like::err("open the software RNIC", e))?;
-        let pd = device.alloc_pd().map_err(|e| anyhow_like::err("alloc pd", e))?;
-        let pool: &'static Pool = Pool::new(vec![Arc::new(device.registrar(&pd))])
-            .map_err(|e| anyhow_like::err("registered pool", e))?
-            .leak();
-        let r = RdmaTransport::start(
-            Arc::new(device.clone()),
-            Arc::new(pd),
-            pool,
-            0,
-            rdma,
-            cfg.clone(),
-        )
-        .await
-        .map_err(|e| anyhow_like::err(&format!("RDMA transport on {rdma}"), e))?;
-        let t = TcpTransport::start(pool, tcp, cfg)
-            .await
-            .map_err(|e| anyhow_like::err(&format!("TCP transport on {tcp}"), e))?;
-        Ok(Node { rdma: r, tcp: t, device })
+/// Why a process could not set up its side of the cluster: what failed, and the exit status
+/// to report it with (2 for configuration, such as a NIC that does not exist; 1 otherwise).
+#[derive(Debug)]
+pub struct SetupError {
+    /// What failed and why.
+    pub message: String,
+    /// The process's exit status for it.
+    pub exit_code: u8,
+}
+
+impl SetupError {
+    /// `what: cause`, a runtime failure (exit 1).
+    pub fn new(what: &str, cause: impl std::fmt::Display) -> SetupError {
+        SetupError { message: format!("{what}: {cause}"), exit_code: 1 }
     }
 
-    /// The registered pool.
-    pub fn pool(&self) -> &'static Pool {
-        self.rdma.pool()
-    }
-
-    /// Both transports as the RPC layer takes them.
-    pub fn transports(&self) -> (Transport, Transport) {
-        (Transport::Rdma(self.rdma.clone()), Transport::Tcp(self.tcp.clone()))
+    /// A configuration problem (exit 2).
+    pub fn config(message: impl Into<String>) -> SetupError {
+        SetupError { message: message.into(), exit_code: 2 }
     }
 }
 
-/// A minimal error type for setup paths: what failed and why, as text.
-pub mod anyhow_like {
-    /// A setup error.
-    #[derive(Debug)]
-    pub struct Error(pub String);
-    impl std::fmt::Display for Error {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(&self.0)
-        }
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
-    impl std::error::Error for Error {}
-    /// Result of setup paths.
-    pub type Result<T> = std::result::Result<T, Error>;
-    /// `what: cause`.
-    pub fn err(what: &str, cause: impl std::fmt::Display) -> Error {
-        Error(format!("{what}: {cause}"))
+}
+
+impl std::error::Error for SetupError {}
+
+impl From<bex_transport::StackError> for SetupError {
+    fn from(e: bex_transport::StackError) -> SetupError {
+        SetupError { message: e.to_string(), exit_code: e.exit_code() }
     }
 }
 
@@ -199,6 +186,17 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn nic_specs_round_trip_through_the_config() {
+        for text in ["soft:4791", "soft:0", "verbs::1", "verbs:mlx5_0:2:3"] {
+            let spec: NicSpec = text.parse().unwrap();
+            let mut t = TransportConfig::default();
+            set_nic(&mut t, &spec);
+            assert_eq!(nic_spec(&t), spec, "{text}");
+        }
+        assert_eq!(nic_spec(&TransportConfig::default()), NicSpec::default());
+    }
 
     #[test]
     fn every_rpc_setting_reaches_the_client() {

@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
+use bex_transport::Stack;
 use serde::{Deserialize, Serialize};
 
 use crate::client::PsClient;
-use crate::node::{anyhow_like, client_config, cluster_secret, transport_config, ClientRole, Node};
+use crate::node::{
+    client_config, cluster_secret, nic_spec, transport_config, ClientRole, SetupError,
+};
 
 /// Asks the kernel to send this process SIGTERM when its parent dies (Linux
 /// `PR_SET_PDEATHSIG`), and exits at once if the parent is already gone. Every bex binary
@@ -217,8 +220,8 @@ impl SystemCpu {
 /// A client process's transports and its PS client.
 #[derive(Debug)]
 pub struct ClientNode {
-    /// Both transports and the software RNIC (its counters: `node.device`).
-    pub node: Node,
+    /// The NIC and both transports (NIC counters: `stack.nic_stats()`).
+    pub stack: Stack,
     /// The fan-out PS client.
     pub ps: Arc<PsClient>,
     /// What the client sends on.
@@ -238,20 +241,21 @@ pub async fn connect_client(
     kind: TransportKind,
     client_id: u64,
     role: ClientRole,
-) -> anyhow_like::Result<ClientNode> {
-    let topo = cfg.topology().map_err(|e| anyhow_like::err("cluster config", e))?;
+) -> Result<ClientNode, SetupError> {
+    let topo = cfg.topology().map_err(|e| SetupError::config(format!("cluster config: {e}")))?;
     if pod >= topo.pods() {
-        return Err(anyhow_like::Error(format!(
+        return Err(SetupError::config(format!(
             "--pod {pod}: the cluster has {} pods",
             topo.pods()
         )));
     }
-    let secret = cluster_secret(cfg, bind).map_err(anyhow_like::Error)?;
+    let secret = cluster_secret(cfg, bind).map_err(SetupError::config)?;
     let tcfg = transport_config(&cfg.transport, &secret);
-    let node = Node::start(SocketAddr::new(bind, 0), SocketAddr::new(bind, 0), tcfg).await?;
-    let (rdma, tcp) = node.transports();
+    let any = SocketAddr::new(bind, 0);
+    let stack = Stack::open(&nic_spec(&cfg.transport), any, any, tcfg).await?;
+    let (rdma, tcp) = stack.transports();
     let rdma = (kind == TransportKind::Rdma).then_some(rdma);
-    let push_id = incarnation_id().map_err(anyhow_like::Error)?;
+    let push_id = incarnation_id().map_err(|e| SetupError::new("push identity", e))?;
     tracing::info!(client_id, push_id = format_args!("{push_id:#018x}"), "push identity");
     let mut ps =
         PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id);
@@ -259,7 +263,7 @@ pub async fn connect_client(
         ps = ps.with_push_retry(Duration::from_millis(cfg.rpc.push_retry_ms));
     }
     let ps = Arc::new(ps);
-    Ok(ClientNode { node, ps, kind })
+    Ok(ClientNode { stack, ps, kind })
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use std::time::Duration;
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
 use bex_ps_core::Config;
 use bex_ps_server::client::{PsClient, PsError};
-use bex_ps_server::node::{client_config, cluster_secret, transport_config, ClientRole, Node};
+use bex_ps_server::node::{client_config, cluster_secret, nic_spec, transport_config, ClientRole};
+use bex_transport::Stack;
 
 struct Cluster {
     dir: PathBuf,
@@ -152,8 +153,8 @@ impl Cluster {
     async fn client_on(&self, local_pod: u32, secret: &[u8], rdma: bool) -> Arc<PsClient> {
         let tcfg = transport_config(&self.cfg.transport, secret);
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let node = Node::start(any, any, tcfg).await.unwrap();
-        let (r, tcp) = node.transports();
+        let stack = Stack::open(&nic_spec(&self.cfg.transport), any, any, tcfg).await.unwrap();
+        let (r, tcp) = stack.transports();
         let ccfg = client_config(&self.cfg.rpc, local_pod, 99, ClientRole::Serving);
         let id = 1000 + u64::from(local_pod) + if rdma { 0 } else { 500 };
         Arc::new(PsClient::new(rdma.then_some(r), tcp, self.cfg.topology().unwrap(), ccfg, id))
@@ -195,15 +196,15 @@ async fn direct_client(
     secret: &[u8],
     pod: u32,
     shard: u32,
-) -> (Node, bex_rpc::Client) {
+) -> (Stack, bex_rpc::Client) {
     let tcfg = transport_config(&c.cfg.transport, secret);
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let node = Node::start(any, any, tcfg).await.unwrap();
-    let (rdma, tcp) = node.transports();
+    let stack = Stack::open(&nic_spec(&c.cfg.transport), any, any, tcfg).await.unwrap();
+    let (rdma, tcp) = stack.transports();
     let a = *c.cfg.topology().unwrap().server(pod, shard).unwrap();
     let ep = bex_rpc::Endpoint { pod, rdma: a.rdma, tcp: a.tcp };
     let ccfg = client_config(&c.cfg.rpc, pod, 5, ClientRole::Training);
-    (node, bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg))
+    (stack, bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg))
 }
 
 /// Every row record (version, values, optimizer state, step count) of `pod`'s shard `shard`,
@@ -730,4 +731,28 @@ fn a_server_off_loopback_without_a_secret_refuses_to_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
     assert!(err.contains("BEX_SECRET") && err.contains("allow_insecure"), "{err}");
+}
+
+// Issue 14, item 2: a hardware NIC that is not there stops a server at start-up with the
+// cause (no device; or, in a build without the `verbs` feature, that), exit status 2. CI runs
+// this in both builds (`scripts/test.sh`).
+#[test]
+fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
+    let dir = std::env::temp_dir().join(format!("bex-nodev-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = Config::local(1, 1, base_port(0));
+    cfg.transport.nic = bex_ps_core::config::NicKind::Verbs;
+    cfg.transport.device = "bex_no_such_device".into();
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    assert!(err.contains("verbs:bex_no_such_device:1: no such RDMA device"), "{err}");
+    assert!(err.contains("nic = \"soft\""), "{err}");
+    eprintln!("ps-server said: {err}");
 }

@@ -15,7 +15,6 @@ use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes, SystemC
 use bex_ranker::report::{self, RunInfo};
 use bex_ranker::run::{run, Ranker, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};
-use bex_rnic::Device;
 use clap::{Parser, ValueEnum};
 
 /// Replays synthetic inference traffic against a bex PS cluster: open-loop Poisson arrivals
@@ -176,18 +175,21 @@ fn main() {
 
         let client = connect_client(&cfg, cli.pod, cli.bind, kind, client_id, ClientRole::Serving)
             .await
-            .unwrap_or_else(|e| fail(format!("starting the client: {e}")));
+            .unwrap_or_else(|e| {
+                eprintln!("ranker: starting the client: {e}");
+                std::process::exit(e.exit_code.into())
+            });
         let ranker = Ranker::connect(client.ps.clone(), settings.clone(), Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| {
                 fail(format!("cluster unreachable (dense weights not fetched in 10 s): {e}"))
             });
-        let (ps, device) = (client.ps.clone(), client.node.device.clone());
+        let (ps, client) = (client.ps.clone(), Arc::new(client));
         let snapshot = move || Snapshot {
             cpu: CpuTimes::of_self().unwrap_or_default(),
             system: SystemCpu::read().unwrap_or_default(),
             rpc: ps.rpc().stats().snapshot(),
-            rnic: device.stats(),
+            rnic: client.stack.nic_stats(),
         };
         let opts = RunOptions {
             quiet: cli.quiet,

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use bex_rnic::DeviceStats;
+use bex_transport::NicStats as DeviceStats;
 use serde_json::{json, Value};
 
 use bex_traffic::LatencySummary;

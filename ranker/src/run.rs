@@ -350,7 +350,7 @@ pub struct Snapshot {
     /// RPC counters.
     pub rpc: RpcCounters,
     /// Software RNIC counters.
-    pub rnic: bex_rnic::DeviceStats,
+    pub rnic: bex_transport::NicStats,
 }
 
 /// The RPC client's counters (`bex_rpc::ClientStats::snapshot`).

@@ -20,7 +20,6 @@ use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
 use bex_ps_server::node::ClientRole;
 use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes};
-use bex_rnic::Device;
 use bex_trainer::clock;
 use bex_trainer::report::{Report, RnicCounters};
 use bex_trainer::settings::{Overrides, Settings};
@@ -149,7 +148,10 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     };
     let client = connect_client(&cfg, pod, args.bind, kind, args.id, ClientRole::Training)
         .await
-        .unwrap_or_else(|e| runtime_error(format!("starting the client transports: {e}")));
+        .unwrap_or_else(|e| {
+            eprintln!("trainer: starting the client transports: {e}");
+            std::process::exit(e.exit_code.into())
+        });
     let store = PsStore(client.ps.clone());
     let seed = args.seed.unwrap_or(args.id);
     let s = settings.section.clone();
@@ -268,7 +270,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         last_error: st.last_error.clone(),
         eval_errors,
         rpc: client.ps.rpc().stats().snapshot(),
-        rnic: RnicCounters::from(&client.node.device.stats()),
+        rnic: RnicCounters::from(&client.stack.nic_stats()),
         cpu: CpuTimes::of_self().unwrap_or_default().since(&cpu0),
         interrupted: stop.load(Ordering::SeqCst),
     };

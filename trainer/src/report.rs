@@ -1,7 +1,7 @@
 //! The run's report: JSON (`--json`) and a readable summary.
 
 use bex_ps_server::process::CpuTimes;
-use bex_rnic::DeviceStats;
+use bex_transport::NicStats as DeviceStats;
 use serde::Serialize;
 
 use crate::sizes::MessageSizesReport;

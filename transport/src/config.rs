@@ -64,6 +64,8 @@ pub struct Config {
     /// Messages a socket may have queued before `send` waits (backpressure); on TCP also the
     /// received messages a socket holds before the connection stops reading.
     pub max_queued_sends: usize,
+    /// Physical port of the QPs (1 on the software RNIC; `[transport] port` on hardware).
+    pub qp_port: u8,
     /// QP local ACK timeout code (4.096 µs × 2^code).
     pub qp_timeout: u8,
     /// QP retry count for ACK timeouts and sequence NAKs.
@@ -95,6 +97,7 @@ impl Default for Config {
             spin: Duration::ZERO,
             max_queued_sends: 1024,
             max_message_bytes: 1 << 30,
+            qp_port: 1,
             qp_timeout: 14,
             qp_retry_cnt: 7,
             qp_rnr_retry: 7,
@@ -150,6 +153,9 @@ impl Config {
         }
         if self.secret.is_empty() {
             return bad("secret", "must not be empty");
+        }
+        if self.qp_port == 0 {
+            return bad("qp_port", "ports count from 1");
         }
         if self.qp_retry_cnt > 7 || self.qp_rnr_retry > 7 {
             return bad("qp_retry_cnt/qp_rnr_retry", "are 3-bit fields (0..=7)");

@@ -9,6 +9,8 @@
 //! - [`rdma`]: the RDMA transport (connection table, authenticated bootstrap, sockets);
 //! - [`tcp`]: the same socket API over TCP, one connection per socket (fallback and baseline);
 //! - [`any`]: [`Transport`] and [`Socket`], either kind behind one type;
+//! - [`stack`]: the one builder that opens a NIC (software or hardware) and the transports
+//!   on it;
 //! - [`sim`], [`simio`]: the deterministic simulation, by hand and behind the async API.
 // One unsafe block: registering a CQ's descriptor with the runtime (`driver`).
 #![deny(unsafe_code)]
@@ -27,12 +29,15 @@ pub mod rdma;
 pub(crate) mod recv;
 pub mod sim;
 pub mod simio;
+pub mod stack;
 pub mod tcp;
 
 pub use any::{Socket, Transport, TransportKind};
+pub use bex_rnic::verbs::Mtu;
 pub use config::{Config, CounterSnapshot, Counters};
 pub use error::{Result, TransportError};
 pub use msg::{Msg, Payload, SharedMsg};
 pub use proto::RemoteTarget;
 pub use rdma::{RdmaSocket, RdmaTransport};
+pub use stack::{Nic, NicSpec, NicStats, SoftNic, Stack, StackError, VerbsNic};
 pub use tcp::{TcpSocket, TcpTransport};

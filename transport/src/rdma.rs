@@ -200,7 +200,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
                 "bootstrap: the peer does not have the cluster's shared secret".into(),
             ));
         }
-        qp.to_init(&InitAttrs::default())?;
+        qp.to_init(&InitAttrs { port: self.cfg.qp_port, ..InitAttrs::default() })?;
         let peer = if initiator { stream.peer_addr()? } else { hello.listen };
         let driven = &self.endpoints[endpoint];
         let parts = EngineParts {

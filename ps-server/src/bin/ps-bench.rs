@@ -28,9 +28,12 @@ use std::time::{Duration, Instant};
 use bex_ps_core::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
 use bex_ps_core::Config;
 use bex_ps_server::client::PsClient;
-use bex_ps_server::node::{client_config, cluster_secret, transport_config, ClientRole, Node};
+use bex_ps_server::node::{
+    client_config, cluster_secret, nic_spec, set_nic, transport_config, ClientRole,
+};
 use bex_ps_server::process::{context_switches, CpuTimes};
 use bex_rnic_perf::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
+use bex_transport::{NicSpec, Stack};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
@@ -62,6 +65,9 @@ options:
                           grant_max_bytes, path_mtu, spin_us, endpoints, sq_depth,
                           rq_depth, cwnd_bytes) for the
                           server and the client; repeatable (default: the config defaults)
+  --nic SPEC              the NIC of server and client: soft[:UDP_PORT] (default: the
+                          software RNIC) or verbs[:DEVICE[:PORT[:GID_INDEX]]] (hardware;
+                          a build with the `verbs` feature)
   --pin PLACEMENT         split (default: client on the first allowed CPU, server(s) on
                           the second, like two hosts), same (both on the first) or none
                           (the scheduler decides). On small VMs placement dominates
@@ -111,6 +117,8 @@ struct Args {
     push_ack: Option<PushAck>,
     /// Where client and server(s) run.
     pin: Pin,
+    /// The NIC of both sides.
+    nic: Option<NicSpec>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +192,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         transport_set: Vec::new(),
         push_ack: None,
         pin: Pin::Split,
+        nic: None,
     };
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -196,7 +205,8 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => {}
         }
-        const VALUED: [&str; 15] = [
+        const VALUED: [&str; 16] = [
+            "--nic",
             "--pin",
             "--push-ack",
             "--json",
@@ -275,6 +285,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--base-port" => {
                 a.base_port = Some(v.parse().map_err(|_| format!("--base-port: not a port: {v}"))?)
             }
+            "--nic" => a.nic = Some(v.parse()?),
             "--pin" => {
                 a.pin = match v.as_str() {
                     "split" => Pin::Split,
@@ -987,8 +998,10 @@ async fn bench(
     let secret = cluster_secret(cfg, std::net::Ipv4Addr::LOCALHOST.into())?;
     let tcfg = transport_config(&cfg.transport, &secret);
     let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
-    let node = Node::start(any, any, tcfg).await.map_err(|e| format!("client node: {e}"))?;
-    let (rdma, tcp) = node.transports();
+    let stack = Stack::open(&nic_spec(&cfg.transport), any, any, tcfg)
+        .await
+        .map_err(|e| format!("client transports: {e}"))?;
+    let (rdma, tcp) = stack.transports();
     let topo = cfg.topology().map_err(|e| e.to_string())?;
     let ccfg = client_config(&cfg.rpc, 0, 7, ClientRole::Serving);
     let clients = Clients {
@@ -1007,8 +1020,8 @@ async fn bench(
     let mut results = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let transport_counters = || match spec.kind {
-            Kind::Rdma => node.rdma.counters(),
-            Kind::Tcp => node.tcp.counters(),
+            Kind::Rdma => stack.rdma.counters(),
+            Kind::Tcp => stack.tcp.counters(),
         };
         let done0 = clients.get(spec.kind).rpc().stats().snapshot().calls;
         let mark = UsageMark::take(server_pid, transport_counters());
@@ -1093,6 +1106,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(Err(e)) = args.nic.as_ref().map(NicSpec::probe) {
+        eprintln!("ps-bench: {e}");
+        std::process::exit(e.exit_code().into());
+    }
     if let Err(e) = run(&args) {
         eprintln!("ps-bench: {e}");
         std::process::exit(1);
@@ -1110,6 +1127,9 @@ fn run(args: &Args) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut cfg = bench_config(&dir, base_port, args.push_ack);
     apply_transport_set(&mut cfg, &args.transport_set)?;
+    if let Some(nic) = &args.nic {
+        set_nic(&mut cfg.transport, nic);
+    }
     cfg.validate().map_err(|e| e.to_string())?;
     // Children inherit the affinity of the thread that starts them: the servers are started
     // from the server CPU, then this thread moves to the client's before any other exists.

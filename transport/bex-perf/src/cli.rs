@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bex_rnic_perf::launch::ChildGuard;
 use bex_rnic_perf::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
+use bex_transport::NicSpec;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::{run_client, ClientOptions, Session};
@@ -88,6 +89,12 @@ pub struct ServerArgs {
     /// Application (tokio) threads; 1 runs the application side on one thread.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub app_threads: u16,
+    /// The NIC of the RDMA transports: `soft[:UDP_PORT]` (the software RNIC; RoCEv2's port
+    /// 4791, or a free one where another process has it) or
+    /// `verbs[:DEVICE[:PORT[:GID_INDEX]]]` (a hardware device; a build with the `verbs`
+    /// feature)
+    #[arg(long, value_name = "SPEC", default_value = "soft")]
+    pub nic: NicSpec,
     /// Print only errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -159,6 +166,10 @@ pub struct BenchArgs {
     /// Application (tokio) threads of the client (and of `run`'s server child).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub app_threads: u16,
+    /// The NIC of the RDMA transports (and of `run`'s server child): `soft[:UDP_PORT]` or
+    /// `verbs[:DEVICE[:PORT[:GID_INDEX]]]`, as for `bex-perf server --nic`
+    #[arg(long, value_name = "SPEC", default_value = "soft")]
+    pub nic: NicSpec,
     /// Write every raw number, the plan and the exact command line to this JSON file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -258,7 +269,12 @@ pub fn main_entry() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("bex-perf: error: {e}");
-            ExitCode::from(if matches!(e, BenchError::Usage(_)) { 2 } else { 1 })
+            let config = match &e {
+                BenchError::Usage(_) => true,
+                BenchError::Stack(s) => s.exit_code() == 2,
+                _ => false,
+            };
+            ExitCode::from(if config { 2 } else { 1 })
         }
     }
 }
@@ -276,6 +292,7 @@ fn execute(cli: Cli) -> Result<ExitCode> {
                 die_with_parent: a.die_with_parent,
                 quiet: a.quiet,
                 app_threads: usize::from(a.app_threads),
+                nic: a.nic,
             })?;
             Ok(ExitCode::SUCCESS)
         }
@@ -284,7 +301,8 @@ fn execute(cli: Cli) -> Result<ExitCode> {
             if let Some(cpu) = a.cpu {
                 pin_self(cpu)?;
             }
-            let opts = ClientOptions { server: a.server, quiet: a.bench.quiet };
+            let opts =
+                ClientOptions { server: a.server, quiet: a.bench.quiet, nic: a.bench.nic.clone() };
             let rt = runtime(usize::from(a.bench.app_threads))?;
             let session = rt.block_on(run_client(&opts, &plan))?;
             let placement = Placement { client_cpu: a.cpu, server_cpu: None };
@@ -309,13 +327,14 @@ fn execute(cli: Cli) -> Result<ExitCode> {
 pub fn run_local(plan: &Plan, bench: &BenchArgs, server_cpu: Option<usize>) -> Result<Session> {
     let rt = runtime(usize::from(bench.app_threads))?;
     if !plan.needs_server() {
-        let opts = ClientOptions { server: None, quiet: bench.quiet };
+        let opts = ClientOptions { server: None, quiet: bench.quiet, nic: bench.nic.clone() };
         return rt.block_on(run_client(&opts, plan));
     }
     let exe = std::env::current_exe().map_err(io("locating the bex-perf executable"))?;
     let mut cmd = Process::new(exe);
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--once", "--die-with-parent"])
         .args(["--app-threads", &bench.app_threads.to_string()])
+        .args(["--nic", &bench.nic.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -328,7 +347,7 @@ pub fn run_local(plan: &Plan, bench: &BenchArgs, server_cpu: Option<usize>) -> R
     let child = cmd.spawn().map_err(io("spawning the server child"))?;
     let mut guard = ChildGuard::named(child, READY_LINE, "bex-perf server");
     let server = guard.wait_ready(READY_TIMEOUT)?;
-    let opts = ClientOptions { server: Some(server), quiet: bench.quiet };
+    let opts = ClientOptions { server: Some(server), quiet: bench.quiet, nic: bench.nic.clone() };
     let session = rt.block_on(run_client(&opts, plan))?;
     // The runtime's transports are gone before the child is asked to exit.
     drop(rt);

@@ -12,11 +12,14 @@ use tokio::net::TcpStream;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{context_switches, counter_map, cpu_us, host_busy_us, Node, Socket, Transport};
+use crate::net::{
+    context_switches, counter_map, cpu_us, host_busy_us, LazyNode, Node, Socket, Transport,
+};
 use crate::report::{Outcome, Point};
 use crate::sim::{frag_sim, hol_sim};
 use crate::spec::{Job, Plan, ServerSetup, Work};
 use crate::workload::{broadcast, hol, pingpong, windowed};
+use bex_transport::NicSpec;
 
 /// How long connecting to the control port may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,6 +31,8 @@ pub const JOB_LIMIT: Duration = Duration::from_secs(90);
 pub struct ClientOptions {
     /// The server's control address (needed when the plan has loopback jobs).
     pub server: Option<SocketAddr>,
+    /// The NIC the RDMA transports use.
+    pub nic: NicSpec,
     /// No progress lines.
     pub quiet: bool,
 }
@@ -96,7 +101,7 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
         total: plan.jobs.len(),
         quiet: opts.quiet,
     };
-    let mut node: Option<Node> = None;
+    let mut node = LazyNode::new(opts.nic.clone());
     let mut dead: Option<String> = None;
     for job in &plan.jobs {
         let (host0, own0, t0) = (host_busy_us(), cpu_us(), Clock.now());
@@ -190,7 +195,7 @@ fn sim_point(job: &Job, flows: u32, large: u64, samples: u32, link_gbps: u32, se
 /// everything else is a point with its outcome.
 async fn remote_point(
     ctrl: &mut Control,
-    node: &mut Option<Node>,
+    node: &mut LazyNode,
     ip: IpAddr,
     job: &Job,
     setup: &ServerSetup,
@@ -218,7 +223,7 @@ async fn remote_point(
 /// Starts this side's transport, runs the work (bounded by [`JOB_LIMIT`]), and always shuts
 /// the transport down, which fails whatever is still in flight.
 async fn client_side(
-    node: &mut Option<Node>,
+    node: &mut LazyNode,
     ip: IpAddr,
     job: &Job,
     setup: &ServerSetup,
@@ -227,10 +232,7 @@ async fn client_side(
     if addrs.is_empty() {
         return Err(BenchError::Protocol("the server started no transport".into()));
     }
-    if node.is_none() {
-        *node = Some(Node::open(ip)?);
-    }
-    let node = node.as_ref().expect("opened above");
+    let node = node.get(ip)?;
     let (cpu0, csw0) = (cpu_us(), context_switches());
     let t = node.start(job.kind, ip, job.knobs.config()?).await?;
     let r = tokio::time::timeout(JOB_LIMIT, work(&t, node, job, setup, addrs)).await;

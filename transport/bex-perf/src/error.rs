@@ -15,6 +15,9 @@ pub enum BenchError {
     /// Opening the software RNIC or one of its resources failed.
     #[error("RNIC: {0}")]
     Rnic(#[from] bex_rnic::Error),
+    /// Opening the NIC (`--nic`) or starting a transport on it failed.
+    #[error(transparent)]
+    Stack(#[from] bex_transport::StackError),
     /// The shared harness (pinning, the server child) failed.
     #[error(transparent)]
     Harness(#[from] PerfError),

@@ -1,71 +1,66 @@
-//! Transports as the benchmark uses them: one software RNIC and one registered pool per
-//! process, opened once and shared by every job (a pool keeps its registered memory while it
-//! lives, so one per job would only grow the process), and transports of either kind
-//! ([`bex_transport::Transport`]) started per job on them.
+//! Transports as the benchmark uses them: one NIC (software or hardware, `--nic`) and one
+//! registered pool per process, opened once and shared by every job (a pool keeps its
+//! registered memory while it lives, so one per job would only grow the process), and
+//! transports of either kind ([`bex_transport::Transport`]) started per job on them.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use bemalloc::Pool;
-use bex_rnic::soft::{SoftDevice, SoftPd, UdpConfig};
-use bex_rnic::Device;
-use bex_transport::{Config, CounterSnapshot, RdmaTransport, TcpTransport};
+use bex_transport::{Config, CounterSnapshot, Nic, NicSpec};
 pub use bex_transport::{Socket, Transport};
 
-use crate::error::{BenchError, Result};
+use crate::error::Result;
 use crate::spec::Kind;
 
-/// This process's software RNIC and the pool registered with it.
+/// This process's NIC and the pool registered with it.
 #[derive(Debug)]
 pub struct Node {
-    device: Arc<SoftDevice>,
-    pd: Arc<SoftPd>,
-    pool: &'static Pool,
+    nic: Nic,
 }
 
 impl Node {
-    /// Opens a software RNIC on `ip` (any UDP port) and a pool registered with it. The pool
-    /// is leaked: it lives as long as the process.
-    pub fn open(ip: IpAddr) -> Result<Node> {
-        let dev = SoftDevice::open_udp(UdpConfig::new(SocketAddr::new(ip, 0)))?;
-        let pd = dev.alloc_pd()?;
-        let pool = Pool::new(vec![Arc::new(dev.registrar(&pd))])
-            .map_err(|e| {
-                BenchError::Transport(bex_transport::TransportError::Alloc(e.to_string()))
-            })?
-            .leak();
-        Ok(Node { device: Arc::new(dev), pd: Arc::new(pd), pool })
+    /// Opens the NIC `spec` names on `ip` and a pool registered with it (it lives as long as
+    /// the process).
+    pub fn open(spec: &NicSpec, ip: IpAddr) -> Result<Node> {
+        Ok(Node { nic: Nic::open(spec, ip)? })
     }
 
     /// The registered pool (both kinds of transport allocate messages from it).
     pub fn pool(&self) -> &'static Pool {
-        self.pool
-    }
-
-    /// The software RNIC's UDP address.
-    pub fn rnic_addr(&self) -> SocketAddr {
-        self.device.local_addr()
+        self.nic.pool()
     }
 
     /// Starts a transport of `kind` listening on `ip` (any port).
     pub async fn start(&self, kind: Kind, ip: IpAddr, cfg: Config) -> Result<Transport> {
         let listen = SocketAddr::new(ip, 0);
-        match kind {
-            Kind::Rdma => {
-                let t = RdmaTransport::start(
-                    self.device.clone(),
-                    self.pd.clone(),
-                    self.pool,
-                    0,
-                    listen,
-                    cfg,
-                )
-                .await?;
-                Ok(Transport::Rdma(t))
-            }
+        Ok(match kind {
+            Kind::Rdma => Transport::Rdma(self.nic.rdma(listen, cfg).await?),
             // TCP receives into the same registered pool: both kinds deliver pool memory.
-            Kind::Tcp => Ok(Transport::Tcp(TcpTransport::start(self.pool, listen, cfg).await?)),
+            Kind::Tcp => Transport::Tcp(self.nic.tcp(listen, cfg).await?),
+        })
+    }
+}
+
+/// The process's [`Node`], opened with the first job that needs it (simulated jobs need
+/// none), on the address the control connection uses.
+#[derive(Debug)]
+pub struct LazyNode {
+    spec: NicSpec,
+    node: Option<Node>,
+}
+
+impl LazyNode {
+    /// Nothing opened yet; `spec` is what will be.
+    pub fn new(spec: NicSpec) -> LazyNode {
+        LazyNode { spec, node: None }
+    }
+
+    /// The node, opened on `ip` the first time.
+    pub fn get(&mut self, ip: IpAddr) -> Result<&Node> {
+        if self.node.is_none() {
+            self.node = Some(Node::open(&self.spec, ip)?);
         }
+        Ok(self.node.as_ref().expect("opened above"))
     }
 }
 

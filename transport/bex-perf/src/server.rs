@@ -9,12 +9,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bemalloc::Pool;
-use bex_transport::Msg;
+use bex_transport::{Msg, NicSpec};
 use tokio::task::JoinHandle;
 
 use crate::control::{unexpected, Control, Ctl, PROTOCOL_VERSION};
 use crate::error::{io, BenchError, Result};
-use crate::net::{add_counters, context_switches, counter_map, cpu_us, Node, Socket, Transport};
+use crate::net::{
+    add_counters, context_switches, counter_map, cpu_us, LazyNode, Socket, Transport,
+};
 use crate::spec::ServerSetup;
 
 /// The line (followed by the control address) the server prints on stdout once listening.
@@ -36,6 +38,8 @@ pub struct ServerOptions {
     pub quiet: bool,
     /// Application (tokio) threads; 1 runs everything on one thread.
     pub app_threads: usize,
+    /// The NIC the RDMA transports use.
+    pub nic: NicSpec,
 }
 
 /// Builds the tokio runtime of a process: current-thread for 1 application thread, else a
@@ -88,7 +92,7 @@ pub fn serve(opts: &ServerOptions) -> Result<()> {
             if !opts.quiet {
                 eprintln!("bex-perf server: session from {peer}");
             }
-            let result = session(Control::new(stream)?, opts.quiet).await;
+            let result = session(Control::new(stream)?, opts.quiet, &opts.nic).await;
             match &result {
                 Ok(()) if !opts.quiet => eprintln!("bex-perf server: session from {peer} done"),
                 Ok(()) => {}
@@ -133,7 +137,7 @@ impl Active {
 }
 
 /// Serves one client session until `Bye`.
-async fn session(mut ctrl: Control, quiet: bool) -> Result<()> {
+async fn session(mut ctrl: Control, quiet: bool, nic: &NicSpec) -> Result<()> {
     match ctrl.recv().await? {
         Ctl::Hello { version } => {
             ctrl.send(&Ctl::Welcome { version: PROTOCOL_VERSION, pid: std::process::id() }).await?;
@@ -146,7 +150,7 @@ async fn session(mut ctrl: Control, quiet: bool) -> Result<()> {
         m => return Err(unexpected("hello", &m)),
     }
     let ip = ctrl.local_addr()?.ip();
-    let mut node: Option<Node> = None;
+    let mut node = LazyNode::new(nic.clone());
     let mut active: Option<Active> = None;
     loop {
         match ctrl.recv().await? {
@@ -184,11 +188,8 @@ async fn session(mut ctrl: Control, quiet: bool) -> Result<()> {
 }
 
 /// Starts a job's transports and their accept loops.
-async fn start(node: &mut Option<Node>, ip: IpAddr, setup: &ServerSetup) -> Result<Active> {
-    if node.is_none() {
-        *node = Some(Node::open(ip)?);
-    }
-    let node = node.as_ref().expect("opened above");
+async fn start(node: &mut LazyNode, ip: IpAddr, setup: &ServerSetup) -> Result<Active> {
+    let node = node.get(ip)?;
     let cfg = setup.knobs.config()?;
     let mut active = Active {
         transports: Vec::new(),

@@ -4,11 +4,12 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use bex_transport::NicSpec;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::{run_client, ClientOptions};
 use crate::error::{io, PerfError, Result};
-use crate::launch::run_local;
+use crate::launch::{run_local, LocalRun};
 use crate::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use crate::report::{self, JobResult};
 use crate::server::{serve, ServerOptions};
@@ -62,6 +63,10 @@ pub struct ServerArgs {
     /// UDP port of this process's soft RNIC (RoCEv2 uses 4791); 0 picks a free port.
     #[arg(long, value_name = "PORT", default_value_t = 0)]
     pub rnic_port: u16,
+    /// The RNIC: soft (the software RNIC, its UDP port from --rnic-port) or
+    /// `verbs[:DEVICE[:PORT[:GID_INDEX]]]` (a hardware device; a build with the `verbs` feature)
+    #[arg(long, value_name = "SPEC", default_value = "soft")]
+    pub nic: NicSpec,
     /// Serve one client session, then exit with its status (default: serve until killed).
     #[arg(long)]
     pub once: bool,
@@ -80,6 +85,10 @@ pub struct ServerArgs {
 /// What to measure and how; shared by `client` and `run`.
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
+    /// The RNIC: soft (the software RNIC, its UDP port from --rnic-port) or
+    /// `verbs[:DEVICE[:PORT[:GID_INDEX]]]` (a hardware device; a build with the `verbs` feature)
+    #[arg(long, value_name = "SPEC", default_value = "soft")]
+    pub nic: NicSpec,
     /// Tests to run, comma-separated. Each RNIC test also brings its baseline (see
     /// --no-baselines).
     #[arg(
@@ -215,7 +224,11 @@ pub fn main_entry() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("rnic-perf: error: {e}");
-            ExitCode::from(if matches!(e, PerfError::Usage(_)) { 2 } else { 1 })
+            ExitCode::from(if matches!(e, PerfError::Usage(_) | PerfError::NoNic(_)) {
+                2
+            } else {
+                1
+            })
         }
     }
 }
@@ -226,10 +239,12 @@ fn execute(cli: Cli) -> Result<ExitCode> {
             if let Some(cpu) = a.cpu {
                 pin_self(cpu)?;
             }
+            a.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
             serve(&ServerOptions {
                 bind: a.bind,
                 port: a.port,
                 rnic_port: a.rnic_port,
+                nic: a.nic,
                 once: a.once,
                 die_with_parent: a.die_with_parent,
                 quiet: a.quiet,
@@ -241,8 +256,13 @@ fn execute(cli: Cli) -> Result<ExitCode> {
             if let Some(cpu) = a.cpu {
                 pin_self(cpu)?;
             }
-            let opts =
-                ClientOptions { server: a.server, rnic_port: a.rnic_port, quiet: a.bench.quiet };
+            a.bench.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
+            let opts = ClientOptions {
+                server: a.server,
+                rnic_port: a.rnic_port,
+                nic: a.bench.nic.clone(),
+                quiet: a.bench.quiet,
+            };
             let results = run_client(&opts, &plan)?;
             let placement = Placement { client_cpu: a.cpu, server_cpu: None };
             finish(&a.bench, &plan, &placement, &results)
@@ -253,7 +273,14 @@ fn execute(cli: Cli) -> Result<ExitCode> {
             if let Some(cpu) = placement.client_cpu {
                 pin_self(cpu)?;
             }
-            let results = run_local(&plan, a.rnic_port, placement.server_cpu, a.bench.quiet)?;
+            a.bench.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
+            let local = LocalRun {
+                rnic_port: a.rnic_port,
+                nic: &a.bench.nic,
+                server_cpu: placement.server_cpu,
+                quiet: a.bench.quiet,
+            };
+            let results = run_local(&plan, &local)?;
             finish(&a.bench, &plan, &placement, &results)
         }
     }

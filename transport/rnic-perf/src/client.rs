@@ -22,6 +22,8 @@ pub struct ClientOptions {
     pub server: SocketAddr,
     /// UDP port of the client's RNIC (0: ephemeral).
     pub rnic_port: u16,
+    /// The RNIC.
+    pub nic: bex_transport::NicSpec,
     /// No progress lines.
     pub quiet: bool,
 }
@@ -105,7 +107,7 @@ pub fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Vec<JobResult>> {
         let mut on_result = |r: JobResult| progress.push(r);
         let user =
             ClientSession { ctrl: &mut ctrl, jobs: &rdma_jobs, clock, on_result: &mut on_result };
-        match backend::with_device(bind, user) {
+        match backend::with_device(&opts.nic, bind, user) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 progress.skip_rest(&jobs, &format!("the session ended after an RNIC failure: {e}"));

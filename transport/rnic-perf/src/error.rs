@@ -12,6 +12,12 @@ pub enum PerfError {
     /// Opening or using an RNIC resource failed.
     #[error("RNIC: {0}")]
     Rnic(#[from] bex_rnic::Error),
+    /// The NIC `--nic` names could not be opened.
+    #[error("NIC: {0}")]
+    Nic(String),
+    /// The NIC `--nic` names does not exist here (exit status 2).
+    #[error("NIC: {0}")]
+    NoNic(String),
     /// The QP endpoint exchange failed.
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),

@@ -113,20 +113,29 @@ impl Drop for ChildGuard {
     }
 }
 
+/// How [`run_local`] runs the two sides.
+#[derive(Debug)]
+pub struct LocalRun<'a> {
+    /// With P > 0 the client's soft RNIC uses UDP port P and the server's P + 1.
+    pub rnic_port: u16,
+    /// The RNIC of both sides.
+    pub nic: &'a bex_transport::NicSpec,
+    /// Where the server child pins itself.
+    pub server_cpu: Option<usize>,
+    /// Print only errors.
+    pub quiet: bool,
+}
+
 /// Spawns `rnic-perf server` as a child on 127.0.0.1, runs the client against it, and reaps
-/// the child. With `rnic_port` P > 0 the client's RNIC uses P and the server's P + 1; with
-/// `server_cpu`, the child pins itself there.
-pub fn run_local(
-    plan: &Plan,
-    rnic_port: u16,
-    server_cpu: Option<usize>,
-    quiet: bool,
-) -> Result<Vec<JobResult>> {
+/// the child.
+pub fn run_local(plan: &Plan, local: &LocalRun<'_>) -> Result<Vec<JobResult>> {
+    let LocalRun { rnic_port, nic, server_cpu, quiet } = *local;
     let exe = std::env::current_exe().map_err(io("locating the rnic-perf executable"))?;
     let server_rnic_port = if rnic_port == 0 { 0 } else { rnic_port.wrapping_add(1) };
     let mut cmd = Command::new(exe);
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--once", "--die-with-parent"])
         .args(["--rnic-port", &server_rnic_port.to_string()])
+        .args(["--nic", &nic.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -139,7 +148,7 @@ pub fn run_local(
     let child = cmd.spawn().map_err(io("spawning the server child"))?;
     let mut guard = ChildGuard::new(child);
     let server = guard.wait_ready(READY_TIMEOUT)?;
-    let results = run_client(&ClientOptions { server, rnic_port, quiet }, plan)?;
+    let results = run_client(&ClientOptions { server, rnic_port, nic: nic.clone(), quiet }, plan)?;
     let status = guard.finish()?;
     if !status.success() {
         eprintln!("rnic-perf: the server child exited with {status}");

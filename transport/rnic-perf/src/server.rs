@@ -22,6 +22,8 @@ pub struct ServerOptions {
     pub port: u16,
     /// UDP port of the server's RNIC (0: ephemeral).
     pub rnic_port: u16,
+    /// The RNIC.
+    pub nic: bex_transport::NicSpec,
     /// Serve one session, then return its result.
     pub once: bool,
     /// Exit when stdin closes.
@@ -101,7 +103,8 @@ fn session(stream: TcpStream, opts: &ServerOptions) -> Result<()> {
             }
             Msg::RdmaOpen => {
                 let bind = SocketAddr::new(ip, opts.rnic_port);
-                match backend::with_device(bind, ServerSession { ctrl: &mut ctrl, clock }) {
+                let user = ServerSession { ctrl: &mut ctrl, clock };
+                match backend::with_device(&opts.nic, bind, user) {
                     Ok(session) => session?,
                     Err(e) => ctrl.send(&Msg::Failed { message: e.to_string() })?,
                 }

@@ -50,7 +50,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
     #[test]
     fn hostile_but_well_formed_packets_never_panic(pkts in proptest::collection::vec(pkt(), 1..60)) {
-        let mut core = NicCore::new(NicConfig::default());
+        let local: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let mut core = NicCore::new(NicConfig::default(), local);
         let pd = core.alloc_pd();
         let cq = Arc::new(CqShared::new(1 << 16).unwrap());
         let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1 };
@@ -89,7 +90,8 @@ proptest! {
                 h.aeth = Some(Aeth { syndrome, msn: 0 });
             }
             let payload = if op == Opcode::Acknowledge { vec![] } else { vec![0xab; p.payload] };
-            core.handle_packet(now, peer, &packet::encode(&h, &payload));
+            let route = packet::Route { src: peer, dst: local };
+            core.handle_packet(now, peer, &packet::encode(&h, &payload, &route));
             while core.poll_transmit(now, &mut out).is_some() {}
         }
         let later = now + std::time::Duration::from_secs(5);

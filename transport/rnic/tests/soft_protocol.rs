@@ -337,9 +337,11 @@ fn hostile_datagrams_are_counted_and_never_disturb_a_live_qp() {
     connect(&a, &b, Mtu::Mtu4096, 14);
     let attacker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let target = db.local_addr();
+    // Well-formed for the attacker's own route, so only the QP checks refuse them.
+    let route = packet::Route { src: attacker.local_addr().unwrap(), dst: target };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
     // Random junk and truncations of a valid packet.
-    let valid = packet::encode(&Header::new(Opcode::SendOnly, b.qp.qpn(), 0), &[1; 64]);
+    let valid = packet::encode(&Header::new(Opcode::SendOnly, b.qp.qpn(), 0), &[1; 64], &route);
     for i in 0..300 {
         let pkt: Vec<u8> = if i % 2 == 0 {
             (0..rng.random_range(0..200)).map(|_| rng.random()).collect()
@@ -349,8 +351,11 @@ fn hostile_datagrams_are_counted_and_never_disturb_a_live_qp() {
         attacker.send_to(&pkt, target).unwrap();
     }
     // Well-formed packets: to an unknown QP, and to the live QP from a stranger.
-    let unknown =
-        packet::encode(&Header::new(Opcode::SendOnly, 0x00ab_cdef ^ b.qp.qpn(), 0), &[0; 8]);
+    let unknown = packet::encode(
+        &Header::new(Opcode::SendOnly, 0x00ab_cdef ^ b.qp.qpn(), 0),
+        &[0; 8],
+        &route,
+    );
     attacker.send_to(&unknown, target).unwrap();
     attacker.send_to(&valid, target).unwrap();
     // The real connection still works.

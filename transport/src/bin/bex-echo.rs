@@ -3,20 +3,19 @@
 //! killed or its stdin closes).
 //!
 //! ```text
-//! bex-echo [--listen 127.0.0.1:0] [--secret S] [--keepalive-ms 100]
+//! bex-echo [--listen 127.0.0.1:0] [--secret S] [--keepalive-ms 100] [--nic soft]
 //! ```
+//!
+//! `--nic` is `soft[:UDP_PORT]` or `verbs[:DEVICE[:PORT[:GID_INDEX]]]`; a NIC that does not
+//! exist exits 2.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bemalloc::Pool;
-use bex_rnic::soft::{SoftDevice, UdpConfig};
-use bex_rnic::Device;
-use bex_transport::{Config, RdmaTransport};
+use bex_transport::{Config, Nic, NicSpec};
 use tokio::io::AsyncReadExt;
 
 fn usage() -> ! {
-    eprintln!("usage: bex-echo [--listen IP:PORT] [--secret S] [--keepalive-ms MS]");
+    eprintln!("usage: bex-echo [--listen IP:PORT] [--secret S] [--keepalive-ms MS] [--nic SPEC]");
     std::process::exit(2)
 }
 
@@ -24,12 +23,19 @@ fn usage() -> ! {
 async fn main() {
     let mut listen: std::net::SocketAddr = "127.0.0.1:0".parse().expect("literal");
     let mut cfg = Config::default();
+    let mut nic = NicSpec::default();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().unwrap_or_else(|| usage());
         match flag.as_str() {
             "--listen" => listen = value.parse().unwrap_or_else(|_| usage()),
             "--secret" => cfg.secret = value.into_bytes(),
+            "--nic" => {
+                nic = value.parse().unwrap_or_else(|e| {
+                    eprintln!("bex-echo: {e}");
+                    usage()
+                })
+            }
             "--keepalive-ms" => {
                 let ms: u64 = value.parse().unwrap_or_else(|_| usage());
                 cfg.keepalive_interval = Duration::from_millis(ms);
@@ -42,14 +48,11 @@ async fn main() {
         eprintln!("bex-echo: {what}: {e}");
         std::process::exit(1)
     };
-    let dev = SoftDevice::open_udp(UdpConfig::new(std::net::SocketAddr::new(listen.ip(), 0)))
-        .unwrap_or_else(|e| fail("open soft RNIC", &e));
-    let pd = dev.alloc_pd().unwrap_or_else(|e| fail("alloc pd", &e));
-    let pool: &'static Pool =
-        Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap_or_else(|e| fail("pool", &e)).leak();
-    let t = RdmaTransport::start(Arc::new(dev), Arc::new(pd), pool, 0, listen, cfg)
-        .await
-        .unwrap_or_else(|e| fail("start transport", &e));
+    let nic = Nic::open(&nic, listen.ip()).unwrap_or_else(|e| {
+        eprintln!("bex-echo: {e}");
+        std::process::exit(e.exit_code().into())
+    });
+    let t = nic.rdma(listen, cfg).await.unwrap_or_else(|e| fail("start transport", &e));
     println!("{}", t.local_addr());
     let t2 = t.clone();
     tokio::spawn(async move {

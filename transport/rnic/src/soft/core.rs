@@ -55,8 +55,8 @@ pub struct NicConfig {
     /// it: in request/response traffic the reply carries it, which saves the peer a wake-up
     /// per message for a lone ACK. NAKs, ACKs requested inside a message or at the end of a
     /// plain WRITE (the sender's window needs them) and every `ack_coalesce_max`-th
-    /// message's ACK go at once. 0 sends every ACK at once. It must stay well below the peer's
-    /// retransmit timeout.
+    /// message's ACK go at once. 0 sends every ACK at once. A QP delays at most a quarter of
+    /// its own retransmit timeout (taken to be the peer's too).
     pub ack_delay: Duration,
     /// Most message ends one delayed ACK may cover before it goes at once (bounds how much
     /// of the sender's send queue waits for it).
@@ -230,6 +230,11 @@ struct Srq {
 #[derive(Debug)]
 pub struct NicCore {
     cfg: NicConfig,
+    /// This device's address and UDP port: the source of its packets' route, whose IP and
+    /// UDP headers their ICRC covers.
+    local: SocketAddr,
+    /// What IPv4 identifications change in ICRCs, per packet length (received packets).
+    ipv4_ids: packet::Ipv4Ids,
     rng: ChaCha8Rng,
     qps: HashMap<u32, Qp>,
     srqs: HashMap<u32, Srq>,
@@ -395,10 +400,12 @@ impl Qp {
 
 impl NicCore {
     /// A device with no resources.
-    pub fn new(cfg: NicConfig) -> NicCore {
+    pub fn new(cfg: NicConfig, local: SocketAddr) -> NicCore {
         let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         NicCore {
             cfg,
+            local,
+            ipv4_ids: packet::Ipv4Ids::default(),
             rng,
             qps: HashMap::new(),
             srqs: HashMap::new(),
@@ -816,17 +823,15 @@ impl NicCore {
     /// dropped; nothing here panics on network input.
     pub fn handle_packet(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
         self.timeout_cache.set(None);
-        let pkt = match packet::parse(bytes, self.cfg.check_icrc) {
-            Ok(p) => p,
-            Err(packet::ParseError::BadIcrc) => {
-                self.counters.rx_bad_icrc += 1;
-                return;
-            }
-            Err(_) => {
-                self.counters.rx_malformed += 1;
-                return;
-            }
+        let Ok(pkt) = packet::parse(bytes) else {
+            self.counters.rx_malformed += 1;
+            return;
         };
+        let route = packet::Route { src: from, dst: self.local };
+        if self.cfg.check_icrc && !packet::icrc_ok(bytes, &route, &mut self.ipv4_ids) {
+            self.counters.rx_bad_icrc += 1;
+            return;
+        }
         let h = pkt.header;
         let Some(qp) = self.qps.get_mut(&h.dest_qpn) else {
             self.counters.rx_unknown_qp += 1;
@@ -913,9 +918,13 @@ impl NicCore {
     }
 
     fn handle_request(&mut self, now: Instant, h: Header, payload: &[u8]) {
-        let ack_due = now + self.cfg.ack_delay;
         let c = &mut self.counters;
         let Some(qp) = self.qps.get_mut(&h.dest_qpn) else { return };
+        // A delayed ACK must come well before the peer's retransmit timer, which is taken to
+        // be this QP's own (both ends of a bex connection set the same): at most a quarter of
+        // it. (With a 1 ms timer and the 1 ms delay, a stream's ACKs raced its timeouts.)
+        let delay = qp.timeout.map_or(self.cfg.ack_delay, |t| self.cfg.ack_delay.min(t / 4));
+        let ack_due = now + delay;
         if !matches!(qp.state, QpState::ReadyToReceive | QpState::ReadyToSend) {
             c.rx_bad_state += 1;
             return;
@@ -1128,7 +1137,7 @@ impl NicCore {
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {
         self.timeout_cache.set(None);
         if let Some((dest, h)) = self.orphan_acks.pop() {
-            packet::encode_into(&h, 0, out, |_| {});
+            packet::encode_into(&h, 0, out, &packet::Route { src: self.local, dst: dest }, |_| {});
             self.counters.acks_sent += 1;
             self.counters.tx_packets += 1;
             self.counters.tx_bytes += out.len() as u64;
@@ -1157,7 +1166,7 @@ impl NicCore {
             let Some(dest) = qp.remote_addr else { continue };
             let mut h = Header::new(Opcode::Acknowledge, qp.remote_qpn, ack.psn);
             h.aeth = Some(Aeth { syndrome: ack.syndrome, msn: qp.msn });
-            packet::encode_into(&h, 0, out, |_| {});
+            packet::encode_into(&h, 0, out, &packet::Route { src: self.local, dst: dest }, |_| {});
             self.counters.acks_sent += 1;
             self.counters.tx_packets += 1;
             self.counters.tx_bytes += out.len() as u64;
@@ -1166,8 +1175,14 @@ impl NicCore {
         while let Some(qpn) = self.data_queue.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.in_data_queue = false;
-            let sent =
-                Self::next_data_packet(qp, &self.mrs, &self.cfg, &mut self.counters, now, out);
+            let sent = Self::next_data_packet(
+                qp,
+                &self.mrs,
+                (&self.cfg, self.local),
+                &mut self.counters,
+                now,
+                out,
+            );
             if let Some(dest) = sent {
                 // A waiting ACK for the same QP leaves right behind this packet.
                 if let Some(ack) = qp.pending_ack.as_mut() {
@@ -1204,7 +1219,7 @@ impl NicCore {
     fn next_data_packet(
         qp: &mut Qp,
         mrs: &MrTable,
-        cfg: &NicConfig,
+        (cfg, local): (&NicConfig, SocketAddr),
         counters: &mut Counters,
         now: Instant,
         out: &mut Vec<u8>,
@@ -1278,7 +1293,7 @@ impl NicCore {
             qp.pkts_since_ack_req = 0;
         }
         let mut gathered = Ok(());
-        packet::encode_into(&h, len, out, |dst| {
+        packet::encode_into(&h, len, out, &packet::Route { src: local, dst: dest }, |dst| {
             gathered = mrs.gather(wqe.wr.sg_list.as_slice(), qp.pd, offset, dst);
         });
         if gathered.is_err() {

@@ -124,7 +124,7 @@ impl FaultPlan {
             let info = PacketInfo {
                 from,
                 to,
-                header: packet::parse(bytes, false).ok().map(|p| p.header),
+                header: packet::parse(bytes).ok().map(|p| p.header),
                 len: bytes.len(),
             };
             for rule in &mut self.rules {

@@ -105,7 +105,7 @@ impl SoftDevice {
             ^ u64::from(std::process::id()).rotate_left(40)
             ^ u64::from(local.port());
         let inner = Arc::new(DevInner {
-            core: Mutex::new(NicCore::new(nic)),
+            core: Mutex::new(NicCore::new(nic, local)),
             wire: Wire::Udp(wire),
             local,
             name: format!("soft-udp:{local}"),
@@ -119,7 +119,7 @@ impl SoftDevice {
     pub(crate) fn new_sim(local: SocketAddr, nic: NicConfig) -> SoftDevice {
         SoftDevice {
             inner: Arc::new(DevInner {
-                core: Mutex::new(NicCore::new(nic)),
+                core: Mutex::new(NicCore::new(nic, local)),
                 wire: Wire::Sim,
                 local,
                 name: format!("soft-sim:{local}"),

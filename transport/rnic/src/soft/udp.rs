@@ -92,6 +92,8 @@ struct RxState {
 struct TxState {
     batch: Vec<(Vec<u8>, SocketAddr)>,
     pool: Vec<Vec<u8>>,
+    /// What IPv4 identifications change in ICRCs, per packet length (GSO segments).
+    ipv4_ids: super::packet::Ipv4Ids,
 }
 
 #[derive(Debug)]
@@ -411,7 +413,9 @@ impl Shared {
     /// Sends the batch, joining runs of equal-size packets to one peer into GSO sends (the
     /// last of a run may be shorter), and returns the buffers to the pool.
     fn send_batch(&self, local: SocketAddr, tx: &mut TxState) {
-        let max_segments = self.udp.max_gso_segments();
+        // A segment's IPv4 identification is its index, which receivers accept below
+        // `IPV4_IDS`.
+        let max_segments = self.udp.max_gso_segments().min(usize::from(super::packet::IPV4_IDS));
         let mut i = 0;
         while i < tx.batch.len() {
             let (dest, seg) = (tx.batch[i].1, tx.batch[i].0.len());
@@ -434,6 +438,14 @@ impl Shared {
                     self.send_one(local, buf, *dest);
                 }
             } else {
+                // The kernel gives the k-th segment of a GSO send (IPv4, don't-fragment, an
+                // unconnected socket) identification k; the ICRC covers it.
+                if dest.is_ipv4() {
+                    let ids = &mut tx.ipv4_ids;
+                    for (k, (buf, _)) in tx.batch[i..j].iter_mut().enumerate().skip(1) {
+                        super::packet::set_ipv4_id(buf, k as u16, ids);
+                    }
+                }
                 self.transmit_run(&tx.batch[i..j], dest, seg);
             }
             i = j;
