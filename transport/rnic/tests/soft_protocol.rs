@@ -450,3 +450,39 @@ fn a_stream_longer_than_the_window_asks_for_acks_and_never_stalls() {
     assert_eq!((ca.ack_timeouts, ca.retransmitted_packets), (0, 0), "{ca:?}");
     assert!(took < Duration::from_millis(1), "{took:?}");
 }
+
+#[test]
+fn a_packet_with_a_bad_icrc_is_dropped_and_counted_and_its_message_arrives_once_intact() {
+    let (f, da, db) = sim_pair(21);
+    let (mut a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
+    connect(&a, &b, Mtu::Mtu1024, 10);
+    for (i, byte) in a.mem[..8000].iter_mut().enumerate() {
+        *byte = (i * 13) as u8;
+    }
+    // One bit of the 3rd data packet flipped on the wire (its payload: 1 KiB of its 1.05).
+    let from = da.local_addr();
+    f.with_faults(|p| p.add_rule(nth_matching(2, Verdict::Corrupt, data_from(from))));
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, 8000)) }]).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: SgList::one(a.sge(0, 8000)),
+        signaled: true,
+    }])
+    .unwrap();
+    let mut got = None;
+    assert!(f.run_until(
+        || {
+            got = got.or_else(|| poll_one(&b.cq));
+            got.is_some() && poll_one(&a.cq).is_some()
+        },
+        Duration::from_secs(1)
+    ));
+    let wc = got.unwrap();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 8000));
+    assert!(b.mem[..8000] == a.mem[..8000], "delivered intact, from the retransmission");
+    assert!(poll_one(&b.cq).is_none(), "delivered once");
+    let cb = db.counters();
+    assert_eq!((cb.rx_bad_icrc, cb.rx_malformed), (1, 0), "{cb:?}");
+    assert!(da.counters().retransmitted_packets > 0);
+}
