@@ -11,10 +11,11 @@ use bex_chaos::canary::{self, CanaryReport};
 use bex_chaos::canary_table;
 use bex_chaos::verify::{self, KeySet};
 use bex_model::{dense_keys, dense_len, SyntheticClicks};
+use bex_process::exit_with_parent;
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
 use bex_ps_server::node::ClientRole;
-use bex_ps_server::process::{connect_client, exit_with_parent};
+use bex_ps_server::process::connect_client;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Invariant checkers for chaos runs on real processes (`bex-cluster` applies the faults):
@@ -22,7 +23,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// no acknowledged push was lost or applied twice and that the replicas converged.
 /// Exit codes: 0 ok, 1 an invariant failed or the cluster is unreachable, 2 bad usage/config.
 #[derive(Debug, Parser)]
-#[command(name = "bex-chaos", version)]
+#[command(name = "bex-chaos", version, after_help = bex_process::logging::LOG_HELP)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -253,6 +254,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
+    bex_process::logging::init();
     exit_with_parent();
     match run(Cli::parse()).await {
         Ok(true) => ExitCode::SUCCESS,

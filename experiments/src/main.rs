@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 /// Runs the paper's end-to-end experiments on clusters started by `bex-cluster`, and writes
 /// runs.json, summary.json, summary.md and an SVG plot into the output directory.
 #[derive(Parser, Debug)]
-#[command(name = "bex-exp", version)]
+#[command(name = "bex-exp", version, after_help = bex_process::logging::LOG_HELP)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -328,6 +328,7 @@ fn run() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    bex_process::logging::init();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use bex_ps_server::process::{CpuTimes, SystemCpu};
+use bex_process::{CpuTimes, SystemCpu};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -166,7 +166,7 @@ pub fn process_config_text(cfg: &bex_ps_core::Config) -> Result<String, String> 
 
 /// A fresh random cluster secret (128 bits, hex).
 fn run_secret() -> std::io::Result<String> {
-    let word = || bex_ps_server::process::incarnation_id().map_err(std::io::Error::other);
+    let word = || bex_process::incarnation_id().map_err(std::io::Error::other);
     Ok(format!("{:016x}{:016x}", word()?, word()?))
 }
 
@@ -234,6 +234,11 @@ impl Executor {
         let mut cmd = Command::new(&argv[0]);
         if let Some(secret) = &self.secret {
             cmd.env("BEX_SECRET", secret);
+        }
+        // The processes' logs go to logs/NAME.err: with state changes (bootstrap, catch-up,
+        // drain, checkpoints, fallbacks), unless the caller chose a filter.
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
         }
         let child = cmd
             .args(&argv[1..])
@@ -833,7 +838,7 @@ impl Executor {
         stop_all(&mut self.servers, server_grace);
         for ns in std::mem::take(&mut self.namespaces).iter().rev() {
             if let Err(e) = delete_namespace(ns) {
-                eprintln!("bex-cluster: {e}");
+                tracing::warn!(error = %e, "deleting a network namespace failed");
                 self.reasons.push(e);
             }
         }
@@ -969,7 +974,7 @@ impl Executor {
         let path = self.out.join("report.json");
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         if let Err(e) = std::fs::write(&path, text + "\n") {
-            eprintln!("bex-cluster: writing {}: {e}", path.display());
+            tracing::error!(path = %path.display(), error = %e, "writing the report failed");
         }
         Outcome { report, ok, exit_code }
     }

@@ -24,7 +24,9 @@ struct Cli {
 const AFTER: &str = "\
 Exit codes: 0 every process behaved; 1 runtime failure (see report.json \"reasons\");
 2 bad usage or configuration; 128+N interrupted by signal N (after a full teardown).
-The [launch] section of the cluster file is documented in configs/local.toml.";
+The [launch] section of the cluster file is documented in configs/local.toml.
+Logs: tracing events on stderr (RUST_LOG, default warn; BEX_LOG_FORMAT=json for JSON lines).
+The processes it starts log at RUST_LOG=info unless RUST_LOG is set, into OUT/logs/NAME.err.";
 
 const RUN_AFTER: &str = "\
 [launch] keys (override with --set launch.KEY=VALUE):
@@ -137,6 +139,7 @@ fn doctor_cmd(args: DoctorArgs) -> i32 {
 }
 
 fn main() {
+    bex_process::logging::init();
     // First: a Ctrl-C from now on leads to a full teardown.
     let stop = match Stop::install() {
         Ok(s) => s,

@@ -72,7 +72,7 @@ pub fn endpoints(topo: &Topology) -> Vec<Endpoint> {
 impl PsClient {
     /// A client over `rdma` (None: TCP only) and `tcp`; `push_id` scopes push sequence
     /// numbers, which start at 1: it must be unique per client process incarnation (a real
-    /// process takes [`crate::process::incarnation_id`]).
+    /// process takes [`bex_process::incarnation_id`]).
     pub fn new(
         rdma: Option<Transport>,
         tcp: Transport,

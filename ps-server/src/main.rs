@@ -13,12 +13,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_process::incarnation_id;
 use bex_ps_core::checkpoint;
 use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
 use bex_ps_server::http;
 use bex_ps_server::node::{cluster_secret, nic_spec, transport_config};
-use bex_ps_server::process::incarnation_id;
 use bex_ps_server::server::PsServer;
 use bex_ps_server::shard::{start_shard, ShardStart};
 use bex_transport::Transport;
@@ -34,7 +34,9 @@ const USAGE: &str = "usage: ps-server --config FILE --pod P --shard S
 Serves shard S of mini-pod P of the cluster described by FILE (TOML; see configs/).
 Environment: BEX_SECRET (the cluster's shared secret; without it, a secret derived from the
 cluster name, on loopback only unless [cluster] allow_insecure = true: a server bound to
-another address refuses to start), RUST_LOG is not read (logs go to stderr at warn level).";
+another address refuses to start); RUST_LOG (the log on stderr; default warn, and info
+shows bootstrap, catch-up, drain and checkpoints); BEX_LOG_FORMAT=json (JSON lines).
+Prints `ready pod=P shard=S rdma=… tcp=… http=…` on stdout once it serves.";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -105,7 +107,8 @@ fn rnic_metrics(s: &bex_transport::NicStats) -> String {
 }
 
 fn main() {
-    bex_ps_server::process::exit_with_parent();
+    bex_process::logging::init();
+    bex_process::exit_with_parent();
     let args = parse_args().unwrap_or_else(|e| die(2, &format!("{e}\n{USAGE}")));
     let cfg = Config::load(&args.config).unwrap_or_else(|e| die(2, &e.to_string()));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -117,6 +120,14 @@ fn main() {
 }
 
 async fn serve(args: Args, cfg: Config) {
+    // First, so that a signal arriving during start-up or right after `ready` is a drain,
+    // not the default action (death without a checkpoint).
+    let signal = |kind| {
+        tokio::signal::unix::signal(kind)
+            .unwrap_or_else(|e| die(1, &format!("signal handler: {e}")))
+    };
+    let mut term = signal(tokio::signal::unix::SignalKind::terminate());
+    let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
     let topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
     let Some(addrs) = topo.server(args.pod, args.shard).copied() else {
         die(
@@ -169,7 +180,6 @@ async fn serve(args: Args, cfg: Config) {
             version_floor: bex_ps_server::process::version_floor(),
         },
         stack.transports(),
-        |m| eprintln!("ps-server: {m}"),
     )
     .await;
     let server = running.server.clone();
@@ -185,8 +195,9 @@ async fn serve(args: Args, cfg: Config) {
             tick.tick().await;
             loop {
                 tick.tick().await;
-                if let Err(e) = s.checkpoint().await {
-                    eprintln!("ps-server: periodic checkpoint failed: {e}");
+                match s.checkpoint().await {
+                    Ok(c) => tracing::info!(path = %c.path, rows = c.rows, "periodic checkpoint"),
+                    Err(e) => tracing::error!(error = %e, "periodic checkpoint failed"),
                 }
             }
         });
@@ -198,33 +209,32 @@ async fn serve(args: Args, cfg: Config) {
         stack.rdma.local_addr(),
         stack.tcp.local_addr()
     );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .unwrap_or_else(|e| die(1, &format!("SIGTERM handler: {e}")));
     tokio::select! {
         _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt.recv() => {}
         _ = server.shutdown.notified() => {}
     }
     // Refuse updates (clients retry them elsewhere or later), finish those being applied,
     // flush replication, then checkpoint: nothing acknowledged is lost by a restart.
     let d = server.drain(Duration::from_millis(cfg.server.drain_timeout_ms)).await;
     if d.replication_left_keys == 0 {
-        eprintln!(
-            "ps-server: drained in {} ms (updates in flight done after {} ms, replication flushed)",
-            d.elapsed_ms, d.in_flight_done_ms
+        tracing::info!(
+            elapsed_ms = d.elapsed_ms,
+            in_flight_done_ms = d.in_flight_done_ms,
+            "drained: updates in flight done, replication flushed"
         );
     } else {
-        eprintln!(
-            "ps-server: drain timed out after {} ms: {} changed keys not acknowledged by every \
-             replica (they are in this server's checkpoint; its next start queues them \
-             for the replicas that lack them)",
-            d.elapsed_ms, d.replication_left_keys
+        tracing::warn!(
+            elapsed_ms = d.elapsed_ms,
+            unreplicated_keys = d.replication_left_keys,
+            "drain timed out: changed keys not acknowledged by every replica (they are in this \
+             server's checkpoint; its next start queues them for the replicas that lack them)"
         );
     }
     if cfg.server.checkpoint_on_shutdown {
         match server.checkpoint().await {
-            Ok(s) => eprintln!("ps-server: checkpoint {} ({} rows)", s.path, s.rows),
-            Err(e) => eprintln!("ps-server: shutdown checkpoint failed: {e}"),
+            Ok(c) => tracing::info!(path = %c.path, rows = c.rows, "shutdown checkpoint"),
+            Err(e) => tracing::error!(error = %e, "shutdown checkpoint failed"),
         }
     }
     Transport::Rdma(stack.rdma.clone()).shutdown();

@@ -96,14 +96,13 @@ pub async fn copy_shard(
 }
 
 /// [`copy_shard`] retried with backoff until it succeeds or `deadline` passes (each
-/// failure reported through `log`).
+/// failure logged).
 async fn copy_with_retries(
     (client, peer): (&Client, usize),
     tables: &TableSet,
     chunk_bytes: u32,
     mut versions: Option<&mut RowVersions>,
     (deadline, what): (Option<Duration>, &str),
-    log: &impl Fn(&str),
 ) -> Option<Copied> {
     let attempts = async {
         let mut backoff = Duration::from_millis(100);
@@ -114,7 +113,7 @@ async fn copy_with_retries(
             }
             match copy_shard(client, peer, tables, chunk_bytes, versions.as_deref_mut()).await {
                 Ok(c) => return c,
-                Err(e) => log(&format!("{what}: attempt {attempt} failed ({e}); retrying")),
+                Err(e) => tracing::warn!(attempt, error = %e, "{what} failed; retrying"),
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -144,7 +143,7 @@ pub struct ShardStart {
     pub restored: bool,
     /// This incarnation's identity as a replication source (a training server's Replicate
     /// requests are deduplicated by it): fresh for every start, see
-    /// [`crate::process::incarnation_id`].
+    /// [`bex_process::incarnation_id`].
     pub incarnation: u64,
     /// The least row version this incarnation's pushes write (see
     /// [`ServerParts::version_floor`]): [`crate::process::version_floor`] in a process.
@@ -166,13 +165,12 @@ pub struct RunningShard {
 /// Builds the shard's server on `rdma` and `tcp` (which share one pool) and serves RPC on
 /// both: a replica once it has copied the training pod's rows; a training shard at once,
 /// taking pushes once it has caught up from its replicas (a background task among the
-/// returned ones). Progress goes to `log`.
+/// returned ones). Progress is logged (info).
 pub async fn start_shard(
     cfg: &Config,
     topo: &Topology,
     start: ShardStart,
     (rdma, tcp): (Transport, Transport),
-    log: impl Fn(&str) + Send + Sync + 'static,
 ) -> RunningShard {
     let ShardStart {
         pod,
@@ -257,7 +255,7 @@ pub async fn start_shard(
             // each replica however long; applied: it goes on without one after a while.
             let deadline = (cfg.server.push_ack == PushAck::Applied).then_some(CATCH_UP_DEADLINE);
             tasks.push(tokio::spawn(async move {
-                catch_up(&s, &peers, chunk, deadline, &log).await;
+                catch_up(&s, &peers, chunk, deadline).await;
                 // Not over a drain begun meanwhile.
                 s.finish_restoring();
             }));
@@ -277,18 +275,15 @@ pub async fn start_shard(
                 copy_cfg,
             );
             let deadline = (Some(BOOTSTRAP_DEADLINE), "bootstrap");
-            match copy_with_retries((&peer, 0), server.tables(), chunk, None, deadline, &log).await
-            {
+            match copy_with_retries((&peer, 0), server.tables(), chunk, None, deadline).await {
                 Some(c) => {
                     server.merge_dedupe(&c.windows);
-                    log(&format!(
-                        "bootstrapped {} rows from the training pod (restored: {restored})",
-                        c.rows
-                    ));
+                    tracing::info!(rows = c.rows, restored, "bootstrapped from the training pod");
                 }
-                None => log(&format!(
-                    "no bootstrap from the training pod within {BOOTSTRAP_DEADLINE:?}; serving without it"
-                )),
+                None => tracing::warn!(
+                    deadline = ?BOOTSTRAP_DEADLINE,
+                    "no bootstrap from the training pod in time; serving without it"
+                ),
             }
         }
         server.set_state(ServingState::Serving);
@@ -301,13 +296,7 @@ pub async fn start_shard(
 /// only) and dedupe windows, so it holds at least the freshest replica's state and knows
 /// which pushes that state holds; then queues for each replica the rows it lacks, and
 /// raises the version floor above every version seen.
-async fn catch_up(
-    server: &Arc<PsServer>,
-    peers: &Client,
-    chunk: u32,
-    deadline: Option<Duration>,
-    log: &impl Fn(&str),
-) {
+async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, deadline: Option<Duration>) {
     let mut theirs = Vec::new();
     for target in 0..server.replica_count() {
         let mut versions = RowVersions::new();
@@ -319,27 +308,23 @@ async fn catch_up(
             chunk,
             Some(&mut versions),
             (deadline, &what),
-            log,
         )
         .await;
         match &got {
             Some(c) => {
                 server.merge_dedupe(&c.windows);
-                let ms = crate::clock::now().duration_since(t0).as_millis();
-                log(&format!(
-                    "{what}: {} rows, {} dedupe windows in {ms} ms",
-                    c.rows,
-                    c.windows.len()
-                ));
+                let ms = crate::clock::now().duration_since(t0).as_millis() as u64;
+                let windows = c.windows.len();
+                tracing::info!(rows = c.rows, windows, ms, "{what}: done");
             }
-            None => log(&format!("{what}: unreachable for {deadline:?}; going on")),
+            None => tracing::warn!(?deadline, "{what}: unreachable; going on"),
         }
         theirs.push(got.map(|_| versions));
     }
     for (target, versions) in theirs.iter().enumerate() {
         let queued = server.queue_rows_newer_than(target, versions.as_ref());
         if queued > 0 {
-            log(&format!("queued {queued} rows replica {target} lacks"));
+            tracing::info!(queued, replica = target, "queued the rows the replica lacks");
         }
     }
     let tables = server.tables();

@@ -35,9 +35,8 @@ impl Drop for Cluster {
 /// free below the ephemeral range when first asked for.
 fn base_port(salt: u16) -> u16 {
     static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    let base = *BASE.get_or_init(|| {
-        bex_ps_server::process::free_local_ports(120).expect("free loopback ports")
-    });
+    let base =
+        *BASE.get_or_init(|| bex_process::free_local_ports(120).expect("free loopback ports"));
     assert!(salt < 10, "salt {salt} is outside the block");
     base + salt * 12
 }
@@ -164,6 +163,8 @@ impl Cluster {
 fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
     let stderr_path = config.with_file_name(format!("ps-{pod}-{shard}.stderr"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        // Bootstrap, catch-up and drain are info events; some tests read them.
+        .env("RUST_LOG", "info")
         .args([
             "--config",
             config.to_str().unwrap(),
@@ -755,4 +756,46 @@ fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
     assert!(err.contains("verbs:bex_no_such_device:1: no such RDMA device"), "{err}");
     assert!(err.contains("nic = \"soft\""), "{err}");
     eprintln!("ps-server said: {err}");
+}
+
+// Issue 15, item 1: logs are `tracing` events filtered by RUST_LOG (default warn), as JSON
+// lines with BEX_LOG_FORMAT=json.
+#[test]
+fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_level() {
+    let dir = std::env::temp_dir().join(format!("bex-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |env: &[(&str, &str)]| -> String {
+        let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
+        cfg.cluster.data_dir = dir.join("data");
+        let config = dir.join("cluster.toml");
+        std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+            .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "{line:?}");
+        Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let json = run(&[("RUST_LOG", "info"), ("BEX_LOG_FORMAT", "json")]);
+    let events: Vec<serde_json::Value> =
+        json.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let drained = events
+        .iter()
+        .find(|e| e["fields"]["message"].as_str().is_some_and(|m| m.starts_with("drained")))
+        .unwrap_or_else(|| panic!("no drain event in {json}"));
+    assert_eq!(drained["level"], "INFO");
+    assert!(drained["fields"]["elapsed_ms"].is_u64(), "fields are fields: {drained}");
+    assert!(events.iter().any(|e| e["fields"]["message"] == "shutdown checkpoint"), "{json}");
+    let quiet = run(&[]);
+    assert!(!quiet.contains("drained"), "info is off by default: {quiet}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_process::{exit_with_parent, CpuTimes, SystemCpu};
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
 use bex_ps_server::node::ClientRole;
-use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes, SystemCpu};
+use bex_ps_server::process::connect_client;
 use bex_ranker::report::{self, RunInfo};
 use bex_ranker::run::{run, Ranker, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};
@@ -27,7 +28,7 @@ use clap::{Parser, ValueEnum};
 /// `"interrupted": true` in the report), 1 runtime failure (cluster unreachable), 2 bad usage
 /// or config.
 #[derive(Debug, Parser)]
-#[command(name = "ranker", version)]
+#[command(name = "ranker", version, after_help = bex_process::logging::LOG_HELP)]
 struct Cli {
     /// Cluster config (TOML): topology, tables, transport, rpc and the `[ranker]` section.
     #[arg(long, value_name = "FILE")]
@@ -99,6 +100,7 @@ fn fail(msg: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
+    bex_process::logging::init();
     exit_with_parent();
     let cli = Cli::parse();
     let cfg = Config::load(&cli.config).unwrap_or_else(|e| usage(e));
@@ -161,7 +163,9 @@ fn main() {
             let (Ok(mut int), Ok(mut term)) =
                 (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
             else {
-                eprintln!("ranker: warning: cannot install signal handlers");
+                tracing::warn!(
+                    "cannot install signal handlers: SIGTERM will not stop the run cleanly"
+                );
                 return stop_tx;
             };
             tokio::select! {

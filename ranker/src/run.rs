@@ -344,9 +344,9 @@ pub struct Collected {
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// This process's CPU.
-    pub cpu: bex_ps_server::process::CpuTimes,
+    pub cpu: bex_process::CpuTimes,
     /// The machine's CPU.
-    pub system: bex_ps_server::process::SystemCpu,
+    pub system: bex_process::SystemCpu,
     /// RPC counters.
     pub rpc: RpcCounters,
     /// Software RNIC counters.

@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_process::{exit_with_parent, CpuTimes};
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
 use bex_ps_server::node::ClientRole;
-use bex_ps_server::process::{connect_client, exit_with_parent, CpuTimes};
+use bex_ps_server::process::connect_client;
 use bex_trainer::clock;
 use bex_trainer::report::{Report, RnicCounters};
 use bex_trainer::settings::{Overrides, Settings};
@@ -44,7 +45,7 @@ enum Kind {
 /// 1 runtime failure (cluster unreachable, more than half the steps failed), 2 bad usage or
 /// configuration.
 #[derive(Debug, Parser)]
-#[command(name = "trainer", version)]
+#[command(name = "trainer", version, after_help = bex_process::logging::LOG_HELP)]
 struct Args {
     /// Cluster configuration (TOML; see configs/local.toml).
     #[arg(long, value_name = "FILE")]
@@ -99,6 +100,7 @@ fn runtime_error(msg: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
+    bex_process::logging::init();
     exit_with_parent();
     let args = Args::parse();
     let cfg = Config::load(&args.config).unwrap_or_else(|e| usage_error(e));
@@ -283,9 +285,11 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     }
     println!("{}", report.summary());
     if st.errors * 2 > st.steps {
-        eprintln!(
-            "trainer: {} of {} steps failed (last: {:?})",
-            st.errors, st.steps, st.last_error
+        tracing::error!(
+            failed = st.errors,
+            steps = st.steps,
+            last_error = ?st.last_error,
+            "more than half of the steps failed"
         );
         return 1;
     }

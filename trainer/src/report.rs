@@ -1,6 +1,6 @@
 //! The run's report: JSON (`--json`) and a readable summary.
 
-use bex_ps_server::process::CpuTimes;
+use bex_process::CpuTimes;
 use bex_transport::NicStats as DeviceStats;
 use serde::Serialize;
 

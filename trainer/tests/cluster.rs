@@ -67,8 +67,8 @@ fn ps_server_bin() -> PathBuf {
 /// free below the ephemeral range when first asked for.
 fn base_port(salt: u16) -> u16 {
     static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    let base = *BASE
-        .get_or_init(|| bex_ps_server::process::free_local_ports(16).expect("free loopback ports"));
+    let base =
+        *BASE.get_or_init(|| bex_process::free_local_ports(16).expect("free loopback ports"));
     assert!(salt < 2, "salt {salt} is outside the block");
     base + salt * 8
 }

@@ -25,13 +25,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use bex_process::{context_switches, CpuTimes};
 use bex_ps_core::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
 use bex_ps_core::Config;
 use bex_ps_server::client::PsClient;
 use bex_ps_server::node::{
     client_config, cluster_secret, nic_spec, set_nic, transport_config, ClientRole,
 };
-use bex_ps_server::process::{context_switches, CpuTimes};
 use bex_rnic_perf::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use bex_transport::{NicSpec, Stack};
 use hdrhistogram::Histogram;
@@ -1094,6 +1094,7 @@ async fn bench(
 }
 
 fn main() {
+    bex_process::logging::init();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse_args(&argv) {
         Ok(a) => a,
@@ -1120,7 +1121,7 @@ fn run(args: &Args) -> Result<(), String> {
     let exe = server_exe(args)?;
     let base_port = match args.base_port {
         Some(p) => p,
-        None => bex_ps_server::process::free_local_ports(6)
+        None => bex_process::free_local_ports(6)
             .map_err(|e| format!("choosing ports (give --base-port): {e}"))?,
     };
     let dir = std::env::temp_dir().join(format!("bex-ps-bench-{}", std::process::id()));

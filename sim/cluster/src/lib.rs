@@ -379,7 +379,6 @@ impl Cluster {
                 version_floor,
             },
             (Transport::Sim(rdma.clone()), Transport::Sim(tcp.clone())),
-            |_| {},
         )
         .await;
         self.shards.insert((pod, shard), Shard { rdma, tcp, running });

@@ -12,7 +12,7 @@ use clap::Parser;
 /// no acknowledged push lost, none applied twice, every request answered or failed by its
 /// deadline, replicas converge, plus each scenario's own claim. Exits 1 on any violation.
 #[derive(Parser, Debug)]
-#[command(name = "bex-simcluster")]
+#[command(name = "bex-simcluster", after_help = bex_process::logging::LOG_HELP)]
 struct Args {
     /// Scenarios to run (comma-separated): loss, shard-restart, pod-partition, hang,
     /// rdma-fallback, quarantine, client-restart, training-restart, training-kill, or all.
@@ -83,7 +83,8 @@ struct Summary {
 }
 
 fn main() -> ExitCode {
-    bex_ps_server::process::exit_with_parent();
+    bex_process::logging::init();
+    bex_process::exit_with_parent();
     let args = Args::parse();
     if let Some(w) = &args.worker {
         return worker(w);

@@ -233,6 +233,7 @@ fn svg(r: &Report) -> String {
 }
 
 fn main() -> ExitCode {
+    bex_process::logging::init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

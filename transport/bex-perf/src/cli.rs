@@ -353,7 +353,7 @@ pub fn run_local(plan: &Plan, bench: &BenchArgs, server_cpu: Option<usize>) -> R
     drop(rt);
     let status = guard.finish()?;
     if !status.success() {
-        eprintln!("bex-perf: the server child exited with {status}");
+        tracing::warn!(%status, "the server child did not exit cleanly");
     }
     Ok(session)
 }

@@ -96,7 +96,7 @@ pub fn serve(opts: &ServerOptions) -> Result<()> {
             match &result {
                 Ok(()) if !opts.quiet => eprintln!("bex-perf server: session from {peer} done"),
                 Ok(()) => {}
-                Err(e) => eprintln!("bex-perf server: session from {peer} failed: {e}"),
+                Err(e) => tracing::error!(%peer, error = %e, "session failed"),
             }
             if opts.once {
                 return result;
@@ -166,7 +166,7 @@ async fn session(mut ctrl: Control, quiet: bool, nic: &NicSpec) -> Result<()> {
                     }
                     Err(e) => {
                         if !quiet {
-                            eprintln!("bex-perf server: setup failed: {e}");
+                            tracing::warn!(error = %e, "job setup failed (reported to the client)");
                         }
                         ctrl.send(&Ctl::Failed { message: format!("server: {e}") }).await?;
                     }

@@ -151,7 +151,7 @@ pub fn run_local(plan: &Plan, local: &LocalRun<'_>) -> Result<Vec<JobResult>> {
     let results = run_client(&ClientOptions { server, rnic_port, nic: nic.clone(), quiet }, plan)?;
     let status = guard.finish()?;
     if !status.success() {
-        eprintln!("rnic-perf: the server child exited with {status}");
+        tracing::warn!(%status, "the server child did not exit cleanly");
     }
     Ok(results)
 }

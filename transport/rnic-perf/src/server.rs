@@ -65,7 +65,7 @@ pub fn serve(opts: &ServerOptions) -> Result<()> {
         match &result {
             Ok(()) if !opts.quiet => eprintln!("rnic-perf server: session from {peer} done"),
             Ok(()) => {}
-            Err(e) => eprintln!("rnic-perf server: session from {peer} failed: {e}"),
+            Err(e) => tracing::error!(%peer, error = %e, "session failed"),
         }
         if opts.once {
             return result;

@@ -21,6 +21,7 @@ fn usage() -> ! {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
+    bex_process::logging::init();
     let mut listen: std::net::SocketAddr = "127.0.0.1:0".parse().expect("literal");
     let mut cfg = Config::default();
     let mut nic = NicSpec::default();

@@ -7,6 +7,7 @@ use bemalloc_bench::workload::Workload;
 use bemalloc_bench::Global;
 
 fn main() {
+    bex_process::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let parsed = match args.as_slice() {
         [cell, name, w, t, s] if cell == "--cell" && name == "rpmalloc" => {

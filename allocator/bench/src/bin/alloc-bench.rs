@@ -103,6 +103,7 @@ fn child_cell(args: &[String]) {
 }
 
 fn main() {
+    bex_process::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("--cell") => return child_cell(&args[1..]),
@@ -159,7 +160,7 @@ fn main() {
                             )),
                         },
                         Err(e) => {
-                            eprintln!("[{n}/{total}] {a}: MISSING: {e}");
+                            tracing::warn!(allocator = %a, error = %e, "competitor missing: its cells are left out");
                             missing.push((a.clone(), e));
                         }
                     }
@@ -172,7 +173,7 @@ fn main() {
         match cell::spawn(&exe, &["--footprint".into(), o.footprint_ms.to_string()]) {
             Ok(out) => out.lines().filter_map(cell::parse_sample).collect(),
             Err(e) => {
-                eprintln!("footprint run failed: {e}");
+                tracing::warn!(error = %e, "the footprint run (Figure 5) failed");
                 Vec::new()
             }
         };
