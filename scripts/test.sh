@@ -59,6 +59,8 @@ target/release/bex-cluster doctor --config configs/local.toml
 target/release/bex-cluster run --config configs/local.toml --out target/e2e \
     --set ranker.seconds=4.0
 target/release/bex-exp check target/e2e/report.json --min-auc 0.75
+step "the Grafana dashboard's queries against what that cluster's servers, rankers and trainers exported"
+target/release/bex-exp dashboard deploy/grafana/bex-dashboard.json target/e2e/metrics
 
 if [ "$(id -u)" -eq 0 ]; then
     step "chaos on real processes: kill -9, restart, loss, partition under load; invariants verified"

@@ -8,10 +8,13 @@
 //!   RDMA without the per-engine send window and RDMA with it; busiest trainer's fetch and push
 //!   P99 and the RNICs' RNR/NAK/retransmit counters.
 //!
+//! - **dashboard**: `deploy/grafana/bex-dashboard.json` checked against a cluster's scrapes.
+//!
 //! Each experiment writes `runs.json` (every run's extracted numbers), `summary.json`
 //! (medians per cell), `summary.md` (tables next to the paper's) and SVG plots.
 
 pub mod check;
+pub mod dashboard;
 pub mod extract;
 pub mod paper;
 pub mod stats;

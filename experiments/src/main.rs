@@ -96,6 +96,18 @@ enum Cmd {
         #[arg(long, default_value_t = 0.0)]
         min_auc: f64,
     },
+    /// Checks a Grafana dashboard against a running cluster's exports: every panel query
+    /// names a bex metric, each one is among the scraped series, and each label="value"
+    /// matcher selects one (e.g. `bex-exp dashboard deploy/grafana/bex-dashboard.json
+    /// target/e2e/metrics`: bex-cluster keeps every process's last scrape there). Exits 1
+    /// naming every problem.
+    Dashboard {
+        /// The dashboard JSON.
+        dashboard: PathBuf,
+        /// Scrapes (Prometheus text): files, or directories of `*.prom` files.
+        #[arg(required = true)]
+        scrapes: Vec<PathBuf>,
+    },
 }
 
 fn default_cluster_bin() -> PathBuf {
@@ -141,6 +153,45 @@ fn with_sets(base: Vec<String>, sets: &[String]) -> Vec<String> {
 
 fn run() -> Result<(), String> {
     match Cli::parse().cmd {
+        Cmd::Dashboard { dashboard, scrapes } => {
+            let read =
+                |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+            let d: Value = serde_json::from_str(&read(&dashboard)?)
+                .map_err(|e| format!("{}: {e}", dashboard.display()))?;
+            let mut exported = bex_experiments::dashboard::Exported::default();
+            let mut files = Vec::new();
+            for p in &scrapes {
+                if p.is_dir() {
+                    let entries =
+                        std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                    let mut proms: Vec<PathBuf> = entries
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|f| f.extension().is_some_and(|x| x == "prom"))
+                        .collect();
+                    proms.sort();
+                    files.extend(proms);
+                } else {
+                    files.push(p.clone());
+                }
+            }
+            if files.is_empty() {
+                return Err("no scrapes found (*.prom)".into());
+            }
+            for f in &files {
+                exported.add_scrape(&read(f)?);
+            }
+            let queries = bex_experiments::dashboard::queries(&d).len();
+            let problems = bex_experiments::dashboard::check(&d, &exported);
+            if !problems.is_empty() {
+                return Err(format!("dashboard check failed:\n  {}", problems.join("\n  ")));
+            }
+            println!(
+                "dashboard check passed: {queries} queries of {} against {} metrics from {} scrapes",
+                dashboard.display(),
+                exported.names(),
+                files.len()
+            );
+        }
         Cmd::Check { report, min_auc } => {
             let text = std::fs::read_to_string(&report)
                 .map_err(|e| format!("{}: {e}", report.display()))?;

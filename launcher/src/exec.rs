@@ -26,6 +26,8 @@ pub const SERVER_STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long clients (and everything on an abort) get after SIGTERM.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(50);
+/// How often running clients' `/metrics` are scraped (servers': before and after a phase).
+const SCRAPE_EVERY: Duration = Duration::from_millis(500);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A started process.
@@ -267,18 +269,27 @@ impl Executor {
         self.servers
             .iter()
             .map(|s| {
-                let metrics = s
-                    .spec
-                    .http
-                    .and_then(|a| {
-                        http_get(a, "/metrics", s.spec.netns.as_deref(), HTTP_TIMEOUT).ok()
-                    })
-                    .filter(|(code, _)| *code == 200)
-                    .map(|(_, body)| rnic_counters(&body))
-                    .unwrap_or_default();
-                (cpu_of(s.pid), metrics)
+                let metrics = self.scrape(&s.spec).map(|body| rnic_counters(&body));
+                (cpu_of(s.pid), metrics.unwrap_or_default())
             })
             .collect()
+    }
+
+    /// `spec`'s `/metrics` now, also kept as `<out>/metrics/NAME.prom` (the last scrape of
+    /// each process, as a Prometheus would have it).
+    fn scrape(&self, spec: &ProcSpec) -> Option<String> {
+        let a = spec.http?;
+        let (code, body) = http_get(a, "/metrics", spec.netns.as_deref(), HTTP_TIMEOUT).ok()?;
+        if code != 200 {
+            return None;
+        }
+        let dir = self.out.join("metrics");
+        let kept = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(dir.join(format!("{}.prom", spec.name)), &body));
+        if let Err(e) = kept {
+            tracing::warn!(process = %spec.name, error = %e, "cannot keep a metrics scrape");
+        }
+        Some(body)
     }
 
     fn setup_network(&mut self) -> Result<(), String> {
@@ -692,9 +703,18 @@ impl Executor {
                 }
             }
         }
+        let mut next_scrape = now() + SCRAPE_EVERY;
         loop {
             if self.clients[first..].iter_mut().all(|c| c.poll().is_some()) {
                 break;
+            }
+            if now() >= next_scrape {
+                next_scrape = now() + SCRAPE_EVERY;
+                for c in &self.clients[first..] {
+                    if c.status.is_none() {
+                        self.scrape(&c.spec);
+                    }
+                }
             }
             if self.interrupted() {
                 break;

@@ -74,6 +74,10 @@ pub struct LaunchConfig {
     /// Every run starts with empty tables: servers keep checkpoints in `<out>/data`, not in
     /// `[cluster].data_dir` (where an earlier run's checkpoints would be restored).
     pub fresh_data: bool,
+    /// Rankers and trainers serve `/metrics` (`--metrics`): in netns mode on this port of
+    /// their own address, on loopback on this port plus their id minus one. 0: they do
+    /// not. The launcher keeps each process's last scrape in `<out>/metrics/NAME.prom`.
+    pub client_metrics_port: u16,
 }
 
 impl Default for LaunchConfig {
@@ -96,6 +100,7 @@ impl Default for LaunchConfig {
             canary_args: Vec::new(),
             chaos: Vec::new(),
             verify_settle_s: 15.0,
+            client_metrics_port: 19100,
         }
     }
 }

@@ -40,6 +40,8 @@ const RUN_AFTER: &str = "\
   timeout_s = 600                   deadline of the whole workload
   bin_dir = \"\"                      ps-server/ranker/trainer directory (default: next to bex-cluster)
   fresh_data = true                 empty tables each run (checkpoints in OUT/data); false: [cluster].data_dir
+  client_metrics_port = 19100       rankers/trainers serve /metrics here (loopback: + id - 1; 0 = off);
+                                    every process's last scrape is kept in OUT/metrics/NAME.prom
 Examples:
   bex-cluster run --config configs/local.toml --set 'launch.ranker_args=[\"--seconds\",\"10\"]'
   bex-cluster run --config configs/local.toml --mode netns --set launch.link_rate=1gbit";

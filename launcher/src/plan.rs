@@ -59,7 +59,8 @@ pub struct ProcSpec {
     pub netns: Option<String>,
     /// Its address.
     pub ip: IpAddr,
-    /// Servers: the `/health` and `/metrics` address.
+    /// Servers: the `/health` and `/metrics` address; rankers and trainers: `/metrics`
+    /// (`launch.client_metrics_port`).
     pub http: Option<SocketAddr>,
     /// The binary.
     pub program: PathBuf,
@@ -304,13 +305,25 @@ impl Plan {
                         "--json".into(),
                         json.display().to_string(),
                     ]);
+                    let port = launch.client_metrics_port;
+                    let http = if port == 0 || kind == "canary" {
+                        None
+                    } else {
+                        let offset = if netns { 0 } else { id - 1 };
+                        let port = u16::try_from(u64::from(port) + offset)
+                            .map_err(|_| "launch.client_metrics_port too large for the clients")?;
+                        Some(SocketAddr::new(ip, port))
+                    };
+                    if let Some(a) = http {
+                        args.extend(["--metrics".into(), a.to_string()]);
+                    }
                     args.extend(extra.iter().cloned());
                     clients.push(ProcSpec {
                         name,
                         role,
                         netns: ns,
                         ip,
-                        http: None,
+                        http,
                         program: input.bin_dir.join(if kind == "canary" {
                             "bex-chaos"
                         } else {
@@ -577,7 +590,20 @@ mod tests {
             .collect();
         assert_eq!(rankers, [1, 2, 1]);
         // Extra args go to the rankers only, last.
-        assert_eq!(&p.phases[0].clients[0].args[12..], ["--seconds", "3"]);
+        assert_eq!(&p.phases[0].clients[0].args[14..], ["--seconds", "3"]);
+        // Rankers and trainers serve /metrics on distinct loopback ports (not canaries).
+        let metrics: Vec<String> = p
+            .phases
+            .iter()
+            .flat_map(|ph| &ph.clients)
+            .filter(|c| !matches!(c.role, Role::Canary { .. }))
+            .map(|c| {
+                assert_eq!(Some(arg(c, "--metrics").to_string()), c.http.map(|a| a.to_string()));
+                arg(c, "--metrics").to_string()
+            })
+            .collect();
+        assert_eq!(metrics.iter().collect::<HashSet<_>>().len(), metrics.len(), "{metrics:?}");
+        assert!(metrics.contains(&"127.0.0.1:19100".to_string()), "{metrics:?}");
         assert!(!p.phases[1].clients[0].args.contains(&"--seconds".to_string()));
     }
 

@@ -113,6 +113,40 @@ impl CpuTimes {
     }
 }
 
+/// What this process has used so far, every thread together, ended ones included (so, unlike
+/// [`context_switches`]' walk over live threads, it never goes back): `getrusage(RUSAGE_SELF)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelfUsage {
+    /// User plus system CPU time.
+    pub cpu_s: f64,
+    /// Voluntary plus involuntary context switches.
+    pub context_switches: u64,
+}
+
+/// This process's [`SelfUsage`].
+pub fn self_usage() -> std::io::Result<SelfUsage> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).map_err(std::io::Error::from)?;
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
+    let switches = u.voluntary_context_switches() + u.involuntary_context_switches();
+    Ok(SelfUsage {
+        cpu_s: secs(u.user_time()) + secs(u.system_time()),
+        context_switches: u64::try_from(switches).unwrap_or(0),
+    })
+}
+
+/// This process's resident set size: `/proc/self/statm`'s second field in pages.
+pub fn resident_bytes() -> std::io::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed statm");
+    let pages: u64 = statm.split_whitespace().nth(1).ok_or_else(bad)?.parse().map_err(|_| bad())?;
+    let page = match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(p)) if p > 0 => p as u64,
+        _ => 4096,
+    };
+    Ok(pages * page)
+}
+
 /// Context switches (voluntary + involuntary) of every live thread of process `pid`, from
 /// `/proc/<pid>/task/*/status`: each is a thread that stopped running, to wait for
 /// something (a wake-up to come) or because it was preempted. The outside check of a
@@ -205,6 +239,24 @@ impl SystemCpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the sleeps are what is counted
+    fn self_usage_counts_work_and_waits_of_ended_threads() {
+        let before = self_usage().unwrap();
+        std::thread::spawn(|| {
+            for _ in 0..20 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+        .join()
+        .unwrap();
+        let after = self_usage().unwrap();
+        // Each sleep of the ended thread was a voluntary switch, still counted.
+        assert!(after.context_switches >= before.context_switches + 20, "{before:?} {after:?}");
+        assert!(after.cpu_s >= before.cpu_s);
+        assert!(resident_bytes().unwrap() > 1 << 20);
+    }
 
     #[test]
     fn parses_stat_with_a_hostile_command_name() {

@@ -1,5 +1,5 @@
-//! A small Prometheus registry: counters, gauges (set or computed at render time) and
-//! fixed-bucket histograms, rendered in the text exposition format (version 0.0.4). No HTTP
+//! A small Prometheus registry: counters and gauges (set, or computed at render time from
+//! another component's counters) and fixed-bucket histograms, rendered in the text exposition format (version 0.0.4). No HTTP
 //! here; the server serves [`Registry::render`] at `/metrics`.
 //!
 //! Handles are cheap clones of an `Arc` of atomics: record on the hot path without locks;
@@ -142,12 +142,13 @@ impl Histogram {
     }
 }
 
-type GaugeFn = Arc<dyn Fn() -> f64 + Send + Sync>;
+/// A value read at each render (a counter or a gauge, as its family says).
+type Computed = Arc<dyn Fn() -> f64 + Send + Sync>;
 
 enum Value {
     Counter(Counter),
     Gauge(Gauge),
-    GaugeFn(GaugeFn),
+    Computed(Computed),
     Histogram(Histogram),
 }
 
@@ -347,13 +348,39 @@ impl Registry {
         labels: &[(&str, &str)],
         f: impl Fn() -> f64 + Send + Sync + 'static,
     ) -> Result<(), MetricsError> {
+        self.computed(name, help, Kind::Gauge, labels, Arc::new(f))
+    }
+
+    /// A counter `name{labels}` whose value `f` reads at each render: for counts another
+    /// component keeps (transport, NIC, RPC client), so the hot path pays nothing extra.
+    /// `f` runs under the registry lock, as for [`Registry::gauge_fn`]; it must not
+    /// decrease (NaN: unknown at this scrape).
+    pub fn counter_fn(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        f: impl Fn() -> f64 + Send + Sync + 'static,
+    ) -> Result<(), MetricsError> {
+        self.computed(name, help, Kind::Counter, labels, Arc::new(f))
+    }
+
+    /// A computed series cannot be shared: registering one twice is an error.
+    fn computed(
+        &self,
+        name: &str,
+        help: &str,
+        kind: Kind,
+        labels: &[(&str, &str)],
+        f: Computed,
+    ) -> Result<(), MetricsError> {
         self.register(
             name,
             help,
-            Kind::Gauge,
+            kind,
             labels,
             |_| Err(MetricsError::KindMismatch(name.into())),
-            || (Value::GaugeFn(Arc::new(f)), ()),
+            || (Value::Computed(f), ()),
         )
     }
 
@@ -408,7 +435,7 @@ impl Registry {
                         write_labels(&mut out, &s.labels, None);
                         let _ = writeln!(out, " {}", fmt_f64(g.get()));
                     }
-                    Value::GaugeFn(g) => {
+                    Value::Computed(g) => {
                         out.push_str(&f.name);
                         write_labels(&mut out, &s.labels, None);
                         let _ = writeln!(out, " {}", fmt_f64(g()));
@@ -458,6 +485,7 @@ mod tests {
         g.set(2.0);
         g.add(-0.5);
         r.gauge_fn("ps_rows", "Rows.", &[("table", "a\"b\\c\nd")], || 7.0).unwrap();
+        r.counter_fn("ps_packets_total", "Packets.", &[], || 9.0).unwrap();
         let h = r
             .histogram("ps_latency_seconds", "Latency.", &[("op", "fetch")], &[0.001, 0.01])
             .unwrap();
@@ -476,6 +504,9 @@ ps_replication_lag_batches 1.5
 # HELP ps_rows Rows.
 # TYPE ps_rows gauge
 ps_rows{table=\"a\\\"b\\\\c\\nd\"} 7
+# HELP ps_packets_total Packets.
+# TYPE ps_packets_total counter
+ps_packets_total 9
 # HELP ps_latency_seconds Latency.
 # TYPE ps_latency_seconds histogram
 ps_latency_seconds_bucket{op=\"fetch\",le=\"0.001\"} 2
@@ -503,6 +534,10 @@ ps_latency_seconds_count{op=\"fetch\"} 3
         ));
         r.counter("x", "", &[]).unwrap();
         assert!(matches!(r.gauge("x", "", &[]), Err(MetricsError::KindMismatch(_))));
+        // A computed series cannot be shared: registering it twice is an error.
+        r.counter_fn("y", "", &[], || 1.0).unwrap();
+        assert!(matches!(r.counter_fn("y", "", &[], || 2.0), Err(MetricsError::KindMismatch(_))));
+        assert!(matches!(r.counter("y", "", &[]), Err(MetricsError::KindMismatch(_))));
         assert!(matches!(r.histogram("h", "", &[], &[2.0, 1.0]), Err(MetricsError::BadBuckets(_))));
         assert!(matches!(
             r.histogram("h", "", &[], &[f64::INFINITY]),

@@ -5,7 +5,9 @@
 //! number so a retried push is applied once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use bex_ps_core::metrics::{Counter, Histogram, MetricsError, Registry, LATENCY_BUCKETS_S};
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
 use bex_ps_core::{FanoutPlan, Topology};
 use bex_rpc::{alloc_frame, Client, Endpoint, RpcError, HEADER_LEN};
@@ -32,14 +34,23 @@ pub enum PsError {
 
 /// A client of the whole sharded, replicated PS.
 pub struct PsClient {
-    rpc: Client,
+    rpc: Arc<Client>,
     topo: Topology,
     push_id: u64,
     seq: AtomicU64,
     limits: Limits,
     /// How long a failed push is retried (its sequence number kept: applied once).
     push_retry: std::time::Duration,
-    push_retries: AtomicU64,
+    push_retries: Counter,
+    metrics: Option<CallMetrics>,
+}
+
+/// Whole fan-out calls, as the application sees them ([`PsClient::with_metrics`]).
+struct CallMetrics {
+    fetch: Histogram,
+    push: Histogram,
+    fetch_failures: Counter,
+    push_failures: Counter,
 }
 
 /// First pause between retries of a failed push; it doubles up to [`PUSH_BACKOFF_MAX`].
@@ -82,13 +93,62 @@ impl PsClient {
     ) -> PsClient {
         let rpc = Client::new(rdma, tcp, endpoints(&topo), cfg).with_unwell_replies(unwell_reply);
         PsClient {
-            rpc,
+            rpc: Arc::new(rpc),
             topo,
             push_id,
             seq: AtomicU64::new(1),
             limits: Limits::default(),
             push_retry: std::time::Duration::ZERO,
-            push_retries: AtomicU64::new(0),
+            push_retries: Counter::default(),
+            metrics: None,
+        }
+    }
+
+    /// Records every fetch and push in `reg`: `bex_client_request_duration_seconds{op}` (a
+    /// whole fan-out call, retries included), `bex_client_failures_total{op}`,
+    /// `bex_client_push_retries_total`, and the RPC client's series (`client="ps"`).
+    pub fn with_metrics(mut self, reg: &Registry) -> Result<PsClient, MetricsError> {
+        let duration = |op: Op| {
+            reg.histogram(
+                "bex_client_request_duration_seconds",
+                "Whole PS calls (every shard's sub-request, retries included), by op",
+                &[("op", op.name())],
+                LATENCY_BUCKETS_S,
+            )
+        };
+        let failures = |op: Op| {
+            reg.counter(
+                "bex_client_failures_total",
+                "PS calls that returned an error, by op",
+                &[("op", op.name())],
+            )
+        };
+        self.metrics = Some(CallMetrics {
+            fetch: duration(Op::Fetch)?,
+            push: duration(Op::Push)?,
+            fetch_failures: failures(Op::Fetch)?,
+            push_failures: failures(Op::Push)?,
+        });
+        let retries = self.push_retries.clone();
+        reg.counter_fn(
+            "bex_client_push_retries_total",
+            "Push sub-requests sent again after a failure that may pass",
+            &[],
+            move || retries.get() as f64,
+        )?;
+        crate::telemetry::register_rpc_client(reg, "ps", self.rpc.clone())?;
+        Ok(self)
+    }
+
+    fn observe(&self, op: Op, started: std::time::Instant, ok: bool) {
+        let Some(m) = &self.metrics else { return };
+        let (h, f) = match op {
+            Op::Push => (&m.push, &m.push_failures),
+            _ => (&m.fetch, &m.fetch_failures),
+        };
+        h.observe(crate::clock::now().duration_since(started).as_secs_f64());
+        if !ok {
+            f.inc();
         }
     }
 
@@ -102,7 +162,7 @@ impl PsClient {
 
     /// Push sub-requests sent again after a failure (see [`PsClient::with_push_retry`]).
     pub fn push_retries(&self) -> u64 {
-        self.push_retries.load(Ordering::Relaxed)
+        self.push_retries.get()
     }
 
     /// The identity its push sequence numbers are scoped by.
@@ -111,7 +171,7 @@ impl PsClient {
     }
 
     /// The RPC client (counters, quarantine state).
-    pub fn rpc(&self) -> &Client {
+    pub fn rpc(&self) -> &Arc<Client> {
         &self.rpc
     }
 
@@ -168,6 +228,19 @@ impl PsClient {
         keys: &[u64],
         out: &mut [f32],
     ) -> Result<(), PsError> {
+        let started = crate::clock::now();
+        let r = self.fetch_fanout(table, dim, keys, out).await;
+        self.observe(Op::Fetch, started, r.is_ok());
+        r
+    }
+
+    async fn fetch_fanout(
+        &self,
+        table: u32,
+        dim: u32,
+        keys: &[u64],
+        out: &mut [f32],
+    ) -> Result<(), PsError> {
         if out.len() != keys.len() * dim as usize {
             return Err(PsError::Protocol(format!(
                 "output of {} values for {} keys of dimension {dim}",
@@ -209,6 +282,19 @@ impl PsClient {
         keys: &[u64],
         grads: &[f32],
     ) -> Result<(), PsError> {
+        let started = crate::clock::now();
+        let r = self.push_fanout(table, dim, keys, grads).await;
+        self.observe(Op::Push, started, r.is_ok());
+        r
+    }
+
+    async fn push_fanout(
+        &self,
+        table: u32,
+        dim: u32,
+        keys: &[u64],
+        grads: &[f32],
+    ) -> Result<(), PsError> {
         let plan = FanoutPlan::new(keys, self.topo.shards());
         let per_part =
             plan.split_grads(dim as usize, grads).map_err(|e| PsError::Protocol(e.to_string()))?;
@@ -242,7 +328,7 @@ impl PsClient {
                     if !passing || crate::clock::now() + pause > give_up {
                         return Err(e);
                     }
-                    self.push_retries.fetch_add(1, Ordering::Relaxed);
+                    self.push_retries.inc();
                     tracing::debug!(shard = part.shard, seq, %e, "push failed; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(PUSH_BACKOFF_MAX);

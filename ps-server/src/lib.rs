@@ -7,7 +7,8 @@
 //! - [`shard`]: one shard's server assembled from its transports (the process and the
 //!   simulation run the same code);
 //! - [`client`]: the fan-out client;
-//! - [`http`]: `/health` and `/metrics`.
+//! - [`http`]: `/health` and `/metrics`;
+//! - [`telemetry`]: the transport, NIC, pool, RPC and process series of `/metrics`.
 #![forbid(unsafe_code)]
 
 pub mod client;
@@ -17,3 +18,4 @@ pub mod node;
 pub mod process;
 pub mod server;
 pub mod shard;
+pub mod telemetry;

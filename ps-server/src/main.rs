@@ -17,10 +17,10 @@ use bex_process::incarnation_id;
 use bex_ps_core::checkpoint;
 use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
-use bex_ps_server::http;
 use bex_ps_server::node::{cluster_secret, nic_spec, transport_config};
 use bex_ps_server::server::PsServer;
 use bex_ps_server::shard::{start_shard, ShardStart};
+use bex_ps_server::{http, telemetry};
 use bex_transport::Transport;
 
 struct Args {
@@ -68,7 +68,7 @@ fn die(code: i32, msg: &str) -> ! {
     std::process::exit(code)
 }
 
-struct Endpoints(Arc<PsServer>, Arc<bex_transport::Stack>);
+struct Endpoints(Arc<PsServer>);
 
 impl http::Endpoints for Endpoints {
     fn health(&self) -> (bool, String) {
@@ -77,33 +77,8 @@ impl http::Endpoints for Endpoints {
         (ok, serde_json::to_string(&h).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
     }
     fn metrics(&self) -> String {
-        let mut text = self.0.metrics.registry.render();
-        text.push_str(&rnic_metrics(&self.1.nic_stats()));
-        text
+        self.0.metrics.registry.render()
     }
-}
-
-/// The NIC's protocol counters in the Prometheus text format.
-fn rnic_metrics(s: &bex_transport::NicStats) -> String {
-    let mut out = String::new();
-    for (name, help, v) in [
-        (
-            "rnr_naks_received",
-            "RNR NAKs received (sends found no receive posted)",
-            s.rnr_naks_received,
-        ),
-        ("rnr_naks_sent", "RNR NAKs sent", s.rnr_naks_sent),
-        ("seq_naks_received", "sequence NAKs received", s.seq_naks_received),
-        ("retransmitted_packets", "data packets sent again", s.retransmitted_packets),
-        ("ack_timeouts", "local ACK timeouts", s.ack_timeouts),
-        ("tx_packets", "packets sent", s.tx_packets),
-        ("rx_packets", "packets received", s.rx_packets),
-    ] {
-        out.push_str(&format!(
-            "# HELP bex_rnic_{name}_total {help}\n# TYPE bex_rnic_{name}_total counter\nbex_rnic_{name}_total {v}\n"
-        ));
-    }
-    out
 }
 
 fn main() {
@@ -184,10 +159,13 @@ async fn serve(args: Args, cfg: Config) {
     .await;
     let server = running.server.clone();
     server.set_rdma(stack.rdma.clone());
-    let (http_addr, _http) =
-        http::serve(addrs.http, Arc::new(Endpoints(server.clone(), stack.clone())))
-            .await
-            .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
+    let registry = &server.metrics.registry;
+    telemetry::register_stack(registry, &stack)
+        .and_then(|()| telemetry::register_process(registry))
+        .unwrap_or_else(|e| die(1, &format!("metrics: {e}")));
+    let (http_addr, _http) = http::serve(addrs.http, Arc::new(Endpoints(server.clone())))
+        .await
+        .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
     if cfg.server.checkpoint_interval_s > 0 {
         let (s, every) = (server.clone(), Duration::from_secs(cfg.server.checkpoint_interval_s));
         tokio::spawn(async move {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bex_process::incarnation_id;
 use bex_ps_core::config::TransportKind;
+use bex_ps_core::metrics::Registry;
 use bex_ps_core::Config;
 use bex_transport::Stack;
 
@@ -28,11 +29,36 @@ pub fn version_floor() -> u64 {
 #[derive(Debug)]
 pub struct ClientNode {
     /// The NIC and both transports (NIC counters: `stack.nic_stats()`).
-    pub stack: Stack,
+    pub stack: Arc<Stack>,
     /// The fan-out PS client.
     pub ps: Arc<PsClient>,
     /// What the client sends on.
     pub kind: TransportKind,
+    /// Its metrics: PS calls, RPC client, transports, NIC, pool, process
+    /// ([`ClientNode::serve_metrics`] serves them).
+    pub registry: Arc<Registry>,
+}
+
+impl ClientNode {
+    /// Serves `/metrics` (and a `/health` that says the process runs) on `addr` until the
+    /// returned task is dropped; the bound address first (port 0: any free port).
+    pub async fn serve_metrics(
+        &self,
+        addr: SocketAddr,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+        crate::http::serve(addr, Arc::new(ClientEndpoints(self.registry.clone()))).await
+    }
+}
+
+struct ClientEndpoints(Arc<Registry>);
+
+impl crate::http::Endpoints for ClientEndpoints {
+    fn health(&self) -> (bool, String) {
+        (true, "{\"state\":\"running\"}".into())
+    }
+    fn metrics(&self) -> String {
+        self.0.render()
+    }
 }
 
 /// Starts a client's transports on `bind` (ephemeral ports) and a [`PsClient`] for the
@@ -64,11 +90,17 @@ pub async fn connect_client(
     let rdma = (kind == TransportKind::Rdma).then_some(rdma);
     let push_id = incarnation_id().map_err(|e| SetupError::new("push identity", e))?;
     tracing::info!(client_id, push_id = format_args!("{push_id:#018x}"), "push identity");
+    let registry = Arc::new(Registry::new());
+    let stack = Arc::new(stack);
+    let metrics = |e: bex_ps_core::metrics::MetricsError| SetupError::new("metrics", e);
     let mut ps =
-        PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id);
+        PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id)
+            .with_metrics(&registry)
+            .map_err(metrics)?;
     if role == ClientRole::Training {
         ps = ps.with_push_retry(Duration::from_millis(cfg.rpc.push_retry_ms));
     }
-    let ps = Arc::new(ps);
-    Ok(ClientNode { stack, ps, kind })
+    crate::telemetry::register_stack(&registry, &stack).map_err(metrics)?;
+    crate::telemetry::register_process(&registry).map_err(metrics)?;
+    Ok(ClientNode { stack, ps: Arc::new(ps), kind, registry })
 }

@@ -16,7 +16,7 @@ use bex_ps_core::control::{
     ReplicationStatus, Role, ServingState, SnapshotRequest, TablesInfo,
 };
 use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
-use bex_ps_core::metrics::{Counter, Registry};
+use bex_ps_core::metrics::{Counter, Histogram, Registry, LATENCY_BUCKETS_S, SIZE_BUCKETS_BYTES};
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, RequestView, Status};
 use bex_ps_core::{TableSet, Topology};
 use bex_rpc::{alloc_frame, Client, RpcError, HEADER_LEN};
@@ -48,8 +48,22 @@ struct BacklogState {
     keys: u64,
     /// Keys taken by the forwarder and not yet acknowledged by the replica.
     in_flight: u64,
+    /// Keys of pushes waiting for a first replica's acknowledgement (`push_ack =
+    /// replicated`): not queued here yet, but lacking at this replica too.
+    awaiting: u64,
     /// When the oldest change still in the set was applied.
     oldest: Option<Instant>,
+    /// Since when the replica has lacked some change (None: it has every change).
+    behind_since: Option<Instant>,
+}
+
+impl BacklogState {
+    /// Forgets since when the replica was behind once it lacks nothing.
+    fn caught_up_check(&mut self) {
+        if self.keys + self.push_keys + self.in_flight + self.awaiting == 0 {
+            self.behind_since = None;
+        }
+    }
 }
 
 /// Pending pushes a backlog holds before later ones go into its key set instead: their
@@ -87,6 +101,7 @@ impl Backlog {
             }
         }
         st.oldest.get_or_insert(now);
+        st.behind_since.get_or_insert(now);
         self.ready.notify_one();
     }
 
@@ -138,6 +153,7 @@ impl Backlog {
         {
             let mut st = self.state.lock();
             if st.pushes.len() < MAX_PENDING_PUSHES {
+                st.behind_since.get_or_insert(now);
                 st.push_keys += push.keys.len() as u64;
                 st.pushes.push_back(push);
                 drop(st);
@@ -163,6 +179,31 @@ impl Backlog {
         let mut st = self.state.lock();
         debug_assert!(st.in_flight >= n as u64, "settling more keys than were taken");
         st.in_flight = st.in_flight.saturating_sub(n as u64);
+        st.caught_up_check();
+    }
+
+    /// A push's `n` keys wait for a first replica's acknowledgement (from `now`).
+    fn await_push(&self, n: usize, now: Instant) {
+        let mut st = self.state.lock();
+        st.awaiting += n as u64;
+        st.behind_since.get_or_insert(now);
+    }
+
+    /// A push awaited with [`Backlog::await_push`] was recorded by a replica (or given up);
+    /// queue it for the others first, so their lag keeps its age.
+    fn push_recorded(&self, n: usize) {
+        let mut st = self.state.lock();
+        debug_assert!(st.awaiting >= n as u64, "recording more keys than were awaited");
+        st.awaiting = st.awaiting.saturating_sub(n as u64);
+        st.caught_up_check();
+    }
+
+    /// Keys the replica lacks and for how long it has lacked some change (operators'
+    /// replication lag; zero when caught up).
+    fn lag(&self, now: Instant) -> (u64, Duration) {
+        let st = self.state.lock();
+        let behind = st.behind_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        (st.keys + st.push_keys + st.in_flight + st.awaiting, behind)
     }
 
     /// Keys the replica does not have yet: waiting or in flight.
@@ -172,12 +213,23 @@ impl Backlog {
     }
 }
 
+/// One op's series.
+#[derive(Debug)]
+struct OpMetrics {
+    requests: Counter,
+    /// From the request's arrival at the handler to its reply (a replicated push includes
+    /// the wait for its replica).
+    duration: Histogram,
+    request_bytes: Histogram,
+    response_bytes: Histogram,
+}
+
 /// The server's counters (also rendered on `/metrics`).
 #[derive(Debug)]
 pub struct Metrics {
     /// Prometheus registry.
     pub registry: Registry,
-    requests: HashMap<Op, Counter>,
+    ops: HashMap<Op, OpMetrics>,
     errors: HashMap<Status, Counter>,
     fetched_keys: Counter,
     pushed_keys: Counter,
@@ -190,15 +242,40 @@ pub struct Metrics {
 impl Metrics {
     fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = Op::ALL
+        let ops = Op::ALL
             .into_iter()
             .map(|op| {
-                let c = registry.counter(
-                    "bex_ps_requests_total",
-                    "Requests by op",
-                    &[("op", op.name())],
-                );
-                (op, c.expect("metric names are static and valid"))
+                let labels = [("op", op.name())];
+                let m = OpMetrics {
+                    requests: registry
+                        .counter("bex_ps_requests_total", "Requests by op", &labels)
+                        .expect("static metric"),
+                    duration: registry
+                        .histogram(
+                            "bex_ps_request_duration_seconds",
+                            "From a request's arrival at the handler to its reply, by op",
+                            &labels,
+                            LATENCY_BUCKETS_S,
+                        )
+                        .expect("static metric"),
+                    request_bytes: registry
+                        .histogram(
+                            "bex_ps_request_bytes",
+                            "Request frame sizes by op",
+                            &labels,
+                            SIZE_BUCKETS_BYTES,
+                        )
+                        .expect("static metric"),
+                    response_bytes: registry
+                        .histogram(
+                            "bex_ps_response_bytes",
+                            "Response frame sizes by op",
+                            &labels,
+                            SIZE_BUCKETS_BYTES,
+                        )
+                        .expect("static metric"),
+                };
+                (op, m)
             })
             .collect();
         let errors = Status::ALL
@@ -214,7 +291,7 @@ impl Metrics {
             })
             .collect();
         Metrics {
-            requests,
+            ops,
             errors,
             fetched_keys: registry
                 .counter("bex_ps_fetched_keys_total", "Keys fetched", &[])
@@ -396,7 +473,7 @@ impl PsServer {
     pub fn new(
         parts: ServerParts,
         topology: &Topology,
-        replicas: Option<(Arc<Client>, usize)>,
+        replicas: Option<(Arc<Client>, Vec<u32>)>,
         batch_keys: usize,
     ) -> Arc<PsServer> {
         let role = if topology.is_training(parts.pod) { Role::Training } else { Role::Replica };
@@ -409,8 +486,10 @@ impl PsServer {
         let mut repl = Vec::new();
         let repl_client =
             replicas.as_ref().map(|(c, _)| c.clone()).filter(|_| role == Role::Training);
-        if let (Role::Training, Some((client, n))) = (role, replicas) {
-            for target in 0..n {
+        let mut target_pods = Vec::new();
+        if let (Role::Training, Some((client, pods))) = (role, replicas) {
+            target_pods = pods;
+            for target in 0..target_pods.len() {
                 let backlog = Arc::new(Backlog::default());
                 repl.push(backlog.clone());
                 tokio::spawn(forward(
@@ -428,7 +507,7 @@ impl PsServer {
                 ));
             }
         }
-        Arc::new(PsServer {
+        let server = Arc::new(PsServer {
             pod: parts.pod,
             shard: parts.shard,
             shards: topology.shards(),
@@ -458,7 +537,94 @@ impl PsServer {
             metrics,
             shutdown: Arc::new(Notify::new()),
             rdma: Mutex::new(None),
-        })
+        });
+        server.register_gauges(&target_pods);
+        server
+    }
+
+    /// The series computed at each scrape: rows and bytes per table, replication lag per
+    /// target pod, checkpoint age, serving state, the replication client's counters. They
+    /// hold the server weakly (the registry is the server's).
+    fn register_gauges(self: &Arc<Self>, target_pods: &[u32]) {
+        let reg = &self.metrics.registry;
+        for (id, t) in self.tables.iter() {
+            let labels = [("table", t.spec().name.as_str())];
+            let tables = Arc::downgrade(&self.tables);
+            let read = move |f: fn(&bex_ps_core::Table) -> u64| {
+                tables.upgrade().and_then(|ts| ts.get(id).map(f)).map_or(f64::NAN, |v| v as f64)
+            };
+            let rows = read.clone();
+            reg.gauge_fn("bex_ps_table_rows", "Rows stored, by table", &labels, move || {
+                rows(bex_ps_core::Table::rows)
+            })
+            .expect("static metric");
+            reg.gauge_fn(
+                "bex_ps_table_bytes",
+                "Bytes of rows (values and optimizer state), by table",
+                &labels,
+                move || read(bex_ps_core::Table::bytes),
+            )
+            .expect("static metric");
+        }
+        for (backlog, pod) in self.repl.iter().zip(target_pods) {
+            let pod = pod.to_string();
+            let labels = [("target_pod", pod.as_str())];
+            let b = Arc::downgrade(backlog);
+            reg.gauge_fn(
+                "bex_ps_replication_lag_rows",
+                "Changed rows the target pod has not acknowledged (waiting or in flight)",
+                &labels,
+                move || b.upgrade().map_or(f64::NAN, |b| b.lag(crate::clock::now()).0 as f64),
+            )
+            .expect("static metric");
+            let b = Arc::downgrade(backlog);
+            reg.gauge_fn(
+                "bex_ps_replication_lag_seconds",
+                "How long the target pod has lacked some change (0: it has every change)",
+                &labels,
+                move || {
+                    b.upgrade().map_or(f64::NAN, |b| b.lag(crate::clock::now()).1.as_secs_f64())
+                },
+            )
+            .expect("static metric");
+        }
+        let me = Arc::downgrade(self);
+        reg.gauge_fn(
+            "bex_ps_checkpoint_age_seconds",
+            "Seconds since this process last wrote a checkpoint (since its start before the \
+             first): the age of the oldest update a restart from disk alone would lose",
+            &[],
+            move || me.upgrade().map_or(f64::NAN, |s| s.checkpoint_age().as_secs_f64()),
+        )
+        .expect("static metric");
+        for code in 0..=4u8 {
+            let me = Arc::downgrade(self);
+            let name = format!("{:?}", state_of(code)).to_lowercase();
+            reg.gauge_fn(
+                "bex_ps_state",
+                "1 for the server's serving state (starting, restoring, bootstrapping, \
+                 serving, draining), 0 for the others",
+                &[("state", name.as_str())],
+                move || {
+                    me.upgrade().map_or(f64::NAN, |s| {
+                        f64::from(u8::from(s.state.load(Ordering::Acquire) == code))
+                    })
+                },
+            )
+            .expect("static metric");
+        }
+        if let Some(c) = &self.repl_client {
+            crate::telemetry::register_rpc_client(reg, "replication", c.clone())
+                .expect("static metric");
+        }
+    }
+
+    /// Time since the last checkpoint this process wrote, or since its start.
+    fn checkpoint_age(&self) -> Duration {
+        match self.last_checkpoint.lock().as_ref() {
+            Some(c) => Duration::from_millis(crate::clock::unix_ms().saturating_sub(c.created_ms)),
+            None => crate::clock::now().duration_since(self.started),
+        }
     }
 
     /// Gives the server its RDMA transport (for the SetRdma admin request).
@@ -632,17 +798,27 @@ impl PsServer {
             return true; // one pod: nothing to replicate to
         }
         self.acks_in_flight.fetch_add(1, Ordering::AcqRel);
+        let n = push.keys.len();
+        for b in &self.repl {
+            b.await_push(n, crate::clock::now());
+        }
+        let recorded = move |me: &PsServer| {
+            for b in &me.repl {
+                b.push_recorded(n);
+            }
+            me.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+        };
         let deadline = tokio::time::Instant::now() + self.push_ack_timeout;
         match self.replicate_until(&push, Some(deadline)).await {
             Replicated::To(target) => {
                 drop(order);
                 self.queue_for_replicas(push, dim, Some(target));
-                self.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+                recorded(self);
                 true
             }
             Replicated::Refused => {
                 drop(order);
-                self.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+                recorded(self);
                 false
             }
             Replicated::NotYet => {
@@ -654,7 +830,7 @@ impl PsServer {
                     };
                     drop(order);
                     me.queue_for_replicas(push, dim, to);
-                    me.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+                    recorded(&me);
                 });
                 false
             }
@@ -687,7 +863,10 @@ impl PsServer {
                 };
                 if let Some(Ok(m)) = answer {
                     match wire::decode_response(m.as_slice(), &Limits::default()) {
-                        Ok(r) if r.header.status.is_success() => return Replicated::To(target),
+                        Ok(r) if r.header.status.is_success() => {
+                            self.metrics.replicated_requests.inc();
+                            return Replicated::To(target);
+                        }
                         Ok(r) if r.header.status == Status::BadValue => {
                             tracing::error!("replica refuses rows: {}", r.message());
                             return Replicated::Refused;
@@ -1016,10 +1195,13 @@ impl bex_rpc::Handler for Handler {
         let Some(op) = u8::try_from(method).ok().and_then(Op::from_u8) else {
             return s.error(None, Status::UnknownOp, 0, "unknown op");
         };
-        if let Some(c) = s.metrics.requests.get(&op) {
-            c.inc();
+        let started = crate::clock::now();
+        let m = s.metrics.ops.get(&op);
+        if let Some(m) = m {
+            m.requests.inc();
+            m.request_bytes.observe(body.as_slice().len() as f64);
         }
-        match wire::decode_request(body.as_slice(), &s.limits) {
+        let reply = match wire::decode_request(body.as_slice(), &s.limits) {
             Ok(v) if v.header.op == op => s.handle_request(op, v).await,
             Ok(v) => s.error(
                 Some(op),
@@ -1028,7 +1210,14 @@ impl bex_rpc::Handler for Handler {
                 "frame op differs from the RPC method",
             ),
             Err(e) => s.error(Some(op), e.status(), 0, &e.to_string()),
+        };
+        if let Some(m) = m {
+            m.duration.observe(crate::clock::now().duration_since(started).as_secs_f64());
+            if let Ok(r) = &reply {
+                m.response_bytes.observe(r.as_slice().len() as f64);
+            }
         }
+        reply
     }
 }
 

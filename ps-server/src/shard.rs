@@ -192,6 +192,7 @@ pub async fn start_shard(
         })
         .collect();
     let n_targets = targets.len();
+    let target_pods: Vec<u32> = targets.iter().map(|e| e.pod).collect();
     let repl_client = Arc::new(
         Client::new(Some(rdma.clone()), tcp.clone(), targets.clone(), ccfg.clone())
             .with_unwell_replies(crate::client::unwell_reply),
@@ -221,10 +222,12 @@ pub async fn start_shard(
             push_ack_timeout: Duration::from_millis(cfg.server.push_ack_timeout_ms),
         },
         topo,
-        Some((repl_client, n_targets)),
+        Some((repl_client, target_pods)),
         cfg.server.replication_batch_keys as usize,
     );
     let stats = Arc::new(ServerStats::default());
+    crate::telemetry::register_rpc_server(&server.metrics.registry, stats.clone())
+        .expect("static metric");
     let handler = Arc::new(Handler(server.clone()));
     let serve_both = || {
         vec![

@@ -36,8 +36,8 @@ impl Drop for Cluster {
 fn base_port(salt: u16) -> u16 {
     static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
     let base =
-        *BASE.get_or_init(|| bex_process::free_local_ports(120).expect("free loopback ports"));
-    assert!(salt < 10, "salt {salt} is outside the block");
+        *BASE.get_or_init(|| bex_process::free_local_ports(132).expect("free loopback ports"));
+    assert!(salt < 11, "salt {salt} is outside the block");
     base + salt * 12
 }
 
@@ -485,6 +485,92 @@ async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
     let (code, health) = bex_ps_server::http::get(http, "/health").await.unwrap();
     assert_eq!(code, 200, "{health}");
     assert!(health.contains("Serving"), "{health}");
+}
+
+/// The value of the series `series` (`name{labels}` exactly as rendered) in a scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+// Issue 15, item 2: a server's /metrics answers operators' questions — latency and sizes per
+// op, rows per table, replication lag per target pod (growing while the replica is down),
+// registered memory, transport and NIC counters, the replication client's counters; a
+// client's registry has its PS calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() {
+    let mut c = Cluster::new("metrics", 10).await;
+    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let registry = bex_ps_core::metrics::Registry::new();
+    let trainer = c.client(0, &secret).await;
+    let trainer = Arc::into_inner(trainer).unwrap().with_metrics(&registry).unwrap();
+    let ks = keys(300);
+    let grads = vec![0.25f32; ks.len() * DIM as usize];
+    trainer.fetch(TABLE, DIM, &ks).await.unwrap();
+    trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
+    let http = c.cfg.topology().unwrap().server(0, 0).unwrap().http;
+    let scrape = || async move {
+        let (code, text) = bex_ps_server::http::get(http, "/metrics").await.unwrap();
+        assert_eq!(code, 200);
+        text
+    };
+    let m = scrape().await;
+    let get = |s: &str| sample(&m, s).unwrap_or_else(|| panic!("no {s} in\n{m}"));
+    assert!(get("bex_ps_request_duration_seconds_count{op=\"push\"}") >= 1.0);
+    assert!(get("bex_ps_request_duration_seconds_sum{op=\"push\"}") > 0.0);
+    assert!(get("bex_ps_request_duration_seconds_count{op=\"fetch\"}") >= 1.0);
+    // Sizes: a push of ~150 keys × 16 floats is over 4 KiB; its reply is a header.
+    assert!(get("bex_ps_request_bytes_sum{op=\"push\"}") > 4096.0);
+    assert!(get("bex_ps_response_bytes_bucket{op=\"push\",le=\"256\"}") >= 1.0);
+    assert!(get("bex_ps_table_rows{table=\"emb\"}") > 0.0);
+    assert!(get("bex_ps_table_bytes{table=\"emb\"}") > 0.0);
+    assert!(get("bex_ps_replicated_requests_total") >= 1.0, "push_ack = replicated");
+    assert_eq!(get("bex_ps_state{state=\"serving\"}"), 1.0);
+    assert!(get("bex_ps_checkpoint_age_seconds") >= 0.0);
+    assert!(get("bex_bemalloc_registered_bytes") > 0.0);
+    assert!(get("bex_transport_messages_received_total{transport=\"rdma\"}") > 0.0);
+    assert!(get("bex_rnic_rx_packets_total") > 0.0);
+    assert!(get("bex_rpc_server_requests_total") >= 2.0);
+    assert!(get("bex_rpc_client_calls_total{client=\"replication\"}") >= 1.0);
+    assert!(get("process_cpu_seconds_total") > 0.0);
+    assert!(get("bex_process_context_switches_total") > 0.0);
+    // Histogram buckets are cumulative and end at the count.
+    let buckets: Vec<f64> = m
+        .lines()
+        .filter(|l| l.starts_with("bex_ps_request_duration_seconds_bucket{op=\"push\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert_eq!(buckets.last(), Some(&get("bex_ps_request_duration_seconds_count{op=\"push\"}")));
+
+    // The replica of shard 0 dies: the lag towards pod 1 grows in rows and in age.
+    c.kill9(1, 0);
+    let lag_rows = "bex_ps_replication_lag_rows{target_pod=\"1\"}";
+    let lag_age = "bex_ps_replication_lag_seconds{target_pod=\"1\"}";
+    // Answered Unavailable after push_ack_timeout_ms (no replica has it), applied anyway.
+    let _ = trainer.push(TABLE, DIM, &ks, &grads).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = scrape().await;
+    assert!(sample(&m, lag_rows).unwrap() > 0.0, "{m}");
+    assert!(sample(&m, lag_age).unwrap() >= 0.25, "{m}");
+    // Back: the lag drains to zero.
+    c.restart(1, 0).await;
+    let start = bex_ps_server::clock::now();
+    loop {
+        let m = scrape().await;
+        if sample(&m, lag_rows) == Some(0.0) && sample(&m, lag_age) == Some(0.0) {
+            break;
+        }
+        assert!(bex_ps_server::clock::now() - start < Duration::from_secs(10), "lag stays: {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let client = registry.render();
+    let calls = |op: &str| {
+        sample(&client, &format!("bex_client_request_duration_seconds_count{{op=\"{op}\"}}"))
+    };
+    assert_eq!(calls("fetch"), Some(1.0), "{client}");
+    assert_eq!(calls("push"), Some(2.0), "{client}");
+    assert!(sample(&client, "bex_rpc_client_calls_total{client=\"ps\"}").unwrap() >= 3.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use bex_ps_core::Config;
 use bex_ps_server::node::ClientRole;
 use bex_ps_server::process::connect_client;
 use bex_ranker::report::{self, RunInfo};
-use bex_ranker::run::{run, Ranker, RunOptions, Schedule, Snapshot};
+use bex_ranker::run::{run, Ranker, RankerMetrics, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};
 use clap::{Parser, ValueEnum};
 
@@ -77,6 +77,11 @@ struct Cli {
     /// No per-second progress line on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Serve Prometheus `/metrics` (and `/health`) on ADDR while running (e.g.
+    /// 0.0.0.0:9101; port 0 takes a free one, named on stderr): requests, PS calls, RPC
+    /// client, transports, NIC, process.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -183,6 +188,18 @@ fn main() {
                 eprintln!("ranker: starting the client: {e}");
                 std::process::exit(e.exit_code.into())
             });
+        let metrics = match cli.metrics {
+            Some(addr) => {
+                let m = RankerMetrics::register(&client.registry).unwrap_or_else(|e| fail(e));
+                let (bound, _serving) = client
+                    .serve_metrics(addr)
+                    .await
+                    .unwrap_or_else(|e| fail(format!("--metrics {addr}: {e}")));
+                eprintln!("ranker: metrics on http://{bound}/metrics");
+                Some(m)
+            }
+            None => None,
+        };
         let ranker = Ranker::connect(client.ps.clone(), settings.clone(), Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| {
@@ -197,6 +214,7 @@ fn main() {
         };
         let opts = RunOptions {
             quiet: cli.quiet,
+            metrics,
             drain: Duration::from_secs(10),
             drain_interrupted: Duration::from_secs(2),
         };

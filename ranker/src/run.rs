@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bex_ps_core::metrics as prom;
 use bex_ps_server::client::{PsClient, PsError};
 use bex_rpc::RpcError;
 use bex_traffic::{
@@ -308,10 +309,46 @@ impl Schedule {
 pub struct RunOptions {
     /// No progress lines.
     pub quiet: bool,
+    /// Live series for `/metrics` (`--metrics`), warm-up included.
+    pub metrics: Option<RankerMetrics>,
     /// How long to wait for in-flight requests after the last arrival.
     pub drain: Duration,
     /// How long to wait for them after SIGINT/SIGTERM.
     pub drain_interrupted: Duration,
+}
+
+/// What a running ranker exports about its requests (the PS calls under them are the
+/// client's `bex_client_*` series).
+#[derive(Clone, Debug)]
+pub struct RankerMetrics {
+    latency: prom::Histogram,
+    ok: prom::Counter,
+    failed: prom::Counter,
+}
+
+impl RankerMetrics {
+    /// Registers `bex_ranker_request_duration_seconds` (scheduled arrival to the ranked
+    /// answer, timer lateness included) and `bex_ranker_requests_total{outcome}`.
+    pub fn register(reg: &prom::Registry) -> Result<RankerMetrics, prom::MetricsError> {
+        let requests = |outcome| {
+            reg.counter(
+                "bex_ranker_requests_total",
+                "Inference requests finished, by outcome (error: failed, timed out or dropped)",
+                &[("outcome", outcome)],
+            )
+        };
+        Ok(RankerMetrics {
+            latency: reg.histogram(
+                "bex_ranker_request_duration_seconds",
+                "Inference requests from scheduled arrival to ranked answer (every table's \
+                 fetch and the models)",
+                &[],
+                prom::LATENCY_BUCKETS_S,
+            )?,
+            ok: requests("ok")?,
+            failed: requests("error")?,
+        })
+    }
 }
 
 /// A finished request, for the collector.
@@ -400,8 +437,15 @@ pub async fn run(
     let outstanding = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::unbounded_channel::<Done>();
     let (stop_collector, collector_stopped) = oneshot::channel();
-    let collector =
-        tokio::spawn(collect(rx, collector_stopped, start, warmup, issued.clone(), opts.quiet));
+    let collector = tokio::spawn(collect(
+        rx,
+        collector_stopped,
+        start,
+        warmup,
+        issued.clone(),
+        opts.quiet,
+        opts.metrics.clone(),
+    ));
     let refresher = tokio::spawn(ranker.clone().refresh_loop());
 
     let mut interrupted = *stop.borrow();
@@ -507,6 +551,7 @@ async fn collect(
     warmup: Duration,
     issued: Arc<AtomicU64>,
     quiet: bool,
+    metrics: Option<RankerMetrics>,
 ) -> Collected {
     let mut c = Collected {
         recorder: Recorder::new(),
@@ -521,6 +566,11 @@ async fn collect(
         p.done += 1;
         let latency = d.finished.saturating_sub(d.arrival.max(d.launched));
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        if let Some(m) = &metrics {
+            m.latency.observe(latency.as_secs_f64());
+            let ok = d.result.outcome == Outcome::Ok && !d.dropped;
+            if ok { &m.ok } else { &m.failed }.inc();
+        }
         if d.result.outcome == Outcome::Ok {
             p.window.saturating_record(ns.max(1));
         } else {

@@ -135,6 +135,17 @@ pub struct ClientCounts {
     pub unwell_replies: u64,
 }
 
+/// The state of a client's destinations at one moment ([`Client::destination_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DestinationCounts {
+    /// Destinations.
+    pub total: usize,
+    /// Of them, in quarantine.
+    pub quarantined: usize,
+    /// Of them, served over TCP (RDMA failed, or the client is TCP only).
+    pub on_tcp: usize,
+}
+
 impl ClientStats {
     /// The counters now.
     pub fn snapshot(&self) -> ClientCounts {
@@ -290,6 +301,18 @@ impl Client {
     /// The pool request frames come from.
     pub fn pool(&self) -> &'static Pool {
         self.pool
+    }
+
+    /// Destinations now quarantined and now on TCP (a gauge for operators; one lock per
+    /// destination).
+    pub fn destination_counts(&self) -> DestinationCounts {
+        let mut c = DestinationCounts { total: self.dests.len(), ..DestinationCounts::default() };
+        for d in &self.dests {
+            let d = d.lock();
+            c.quarantined += usize::from(d.quarantine.is_quarantined());
+            c.on_tcp += usize::from(d.fallback.on_tcp());
+        }
+        c
     }
 
     /// True while destination `id` is quarantined.

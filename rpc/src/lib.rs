@@ -18,7 +18,7 @@ pub mod policy;
 pub mod server;
 
 pub use channel::{alloc_frame, next_request_id, Channel};
-pub use client::{Client, ClientConfig, ClientCounts, ClientStats, Endpoint};
+pub use client::{Client, ClientConfig, ClientCounts, ClientStats, DestinationCounts, Endpoint};
 pub use error::RpcError;
 pub use frame::{ReplyTarget, Status, HEADER_LEN};
 pub use server::{serve, Handler, ServerStats};

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use bex_process::{exit_with_parent, CpuTimes};
 use bex_ps_core::config::TransportKind;
+use bex_ps_core::metrics::{Counter, Gauge, MetricsError, Registry};
 use bex_ps_core::Config;
 use bex_ps_server::node::ClientRole;
 use bex_ps_server::process::connect_client;
@@ -25,7 +26,7 @@ use bex_trainer::clock;
 use bex_trainer::report::{Report, RnicCounters};
 use bex_trainer::settings::{Overrides, Settings};
 use bex_trainer::store::PsStore;
-use bex_trainer::train::{EvalPoint, Trainer};
+use bex_trainer::train::{EvalPoint, Stats, Trainer};
 use clap::Parser;
 
 /// Which transport the trainer's requests use.
@@ -87,6 +88,56 @@ struct Args {
     /// No progress lines on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Serve Prometheus `/metrics` (and `/health`) on ADDR while running (e.g.
+    /// 0.0.0.0:9102; port 0 takes a free one, named on stderr): steps, samples, held-out
+    /// AUC, PS calls, RPC client, transports, NIC, process.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+}
+
+/// What a running trainer exports about its progress (`--metrics`).
+struct TrainerMetrics {
+    steps: Counter,
+    failed_steps: Counter,
+    samples: Counter,
+    auc: Gauge,
+    log_loss: Gauge,
+}
+
+impl TrainerMetrics {
+    fn register(reg: &Registry) -> Result<TrainerMetrics, MetricsError> {
+        Ok(TrainerMetrics {
+            steps: reg.counter("bex_trainer_steps_total", "Training steps taken", &[])?,
+            failed_steps: reg.counter(
+                "bex_trainer_failed_steps_total",
+                "Steps whose fetch or push failed",
+                &[],
+            )?,
+            samples: reg.counter("bex_trainer_samples_total", "Samples trained on", &[])?,
+            auc: reg.gauge(
+                "bex_trainer_auc",
+                "AUC on the held-out set at the last evaluation",
+                &[],
+            )?,
+            log_loss: reg.gauge(
+                "bex_trainer_log_loss",
+                "Log loss on the held-out set at the last evaluation",
+                &[],
+            )?,
+        })
+    }
+
+    /// Brings the counters to the trainer's totals.
+    fn update(&self, st: &Stats) {
+        self.steps.add(st.steps.saturating_sub(self.steps.get()));
+        self.failed_steps.add(st.errors.saturating_sub(self.failed_steps.get()));
+        self.samples.add(st.samples.saturating_sub(self.samples.get()));
+    }
+
+    fn evaluated(&self, p: &EvalPoint) {
+        self.auc.set(p.auc);
+        self.log_loss.set(p.log_loss);
+    }
 }
 
 fn usage_error(msg: impl std::fmt::Display) -> ! {
@@ -154,6 +205,18 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             eprintln!("trainer: starting the client transports: {e}");
             std::process::exit(e.exit_code.into())
         });
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let m = TrainerMetrics::register(&client.registry).unwrap_or_else(|e| runtime_error(e));
+            let (bound, _serving) = client
+                .serve_metrics(addr)
+                .await
+                .unwrap_or_else(|e| runtime_error(format!("--metrics {addr}: {e}")));
+            eprintln!("trainer {}: metrics on http://{bound}/metrics", args.id);
+            Some(m)
+        }
+        None => None,
+    };
     let store = PsStore(client.ps.clone());
     let seed = args.seed.unwrap_or(args.id);
     let s = settings.section.clone();
@@ -184,6 +247,10 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         vec![EvalPoint { step: 0, samples: 0, elapsed_s: 0.0, auc: auc0, log_loss: ll0 }];
     let mut eval_errors = 0u64;
     let progress = |p: &EvalPoint, t: &Trainer| {
+        if let Some(m) = &metrics {
+            m.update(&t.stats);
+            m.evaluated(p);
+        }
         if !args.quiet {
             let f = t.stats.fetch.summary();
             let sps = if p.elapsed_s > 0.0 { p.samples as f64 / p.elapsed_s } else { 0.0 };
@@ -205,6 +272,9 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             break;
         }
         trainer.step(&store).await;
+        if let Some(m) = &metrics {
+            m.update(&trainer.stats);
+        }
         let steps = trainer.stats.steps;
         if s.eval_every > 0 && steps % s.eval_every == 0 {
             match trainer.evaluate(&store).await {

@@ -302,7 +302,7 @@ impl<D: Device + 'static> Control for Driven<D> {
 
     fn shutdown(&self) {
         self.shutdown.store(true, Ordering::Release);
-        self.ep.lock().fail_all("transport shut down");
+        self.ep.lock().shut_down_all();
         self.notify.notify_one();
     }
 }

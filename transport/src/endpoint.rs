@@ -221,10 +221,19 @@ impl<D: Device> Endpoint<D> {
 
     /// Fails every engine (RDMA taken out of service, shutdown).
     pub fn fail_all(&mut self, why: &str) {
+        self.end_all(|e| e.fail(why.to_string()));
+    }
+
+    /// Ends every engine because the transport shuts down (not counted as failures).
+    pub fn shut_down_all(&mut self) {
+        self.end_all(Engine::shut_down);
+    }
+
+    fn end_all(&mut self, mut end: impl FnMut(&mut Engine<Done>)) {
         let qpns: Vec<u32> = self.engines.keys().copied().collect();
         for qpn in qpns {
             if let Some(h) = self.engines.get_mut(&qpn) {
-                h.engine.fail(why.to_string());
+                end(&mut h.engine);
             }
             self.settle(qpn);
         }

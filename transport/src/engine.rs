@@ -479,6 +479,21 @@ impl<T> Engine<T> {
         }
         tracing::warn!(qpn = self.qpn, %why, "engine failed");
         Counters::add(&self.counters.engines_failed, 1);
+        self.end(why);
+    }
+
+    /// Ends the engine because its own transport shuts down: as [`Engine::fail`] for its
+    /// sockets, but neither a warning nor a failure in the counters (a clean stop of a
+    /// process is not a fault an operator should see).
+    pub fn shut_down(&mut self) {
+        if self.state != EngineState::Ready {
+            return;
+        }
+        tracing::debug!(qpn = self.qpn, "engine closed: transport shut down");
+        self.end(TransportError::Shutdown.to_string());
+    }
+
+    fn end(&mut self, why: String) {
         self.state = EngineState::Failed(why.clone());
         let err = TransportError::ConnectionLost(why);
         let mut sockets: Vec<_> = self.sockets.drain().collect();
