@@ -3,11 +3,18 @@
 # checks the Rust toolchain components. Idempotent.
 #   iproute2, iptables   network namespaces, veth links and loss for the netns tests
 #   tcpdump              the RoCE capture test (scripts/roce-capture.sh)
+#   debootstrap          the container base image (scripts/docker.sh)
+#   docker.io, docker-compose   unless a Docker Engine / Compose is already installed
+#   kubernetes-client    kubectl (kustomize), unless a kubectl is installed
+#   python3-venv, python3-yaml  kubernetes-validate (from PyPI, in target/py) and the checks
 #   + the verbs build dependencies (scripts/install-verbs-deps.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(iproute2 iptables tcpdump)
+packages=(iproute2 iptables tcpdump debootstrap python3-venv python3-yaml curl)
+command -v docker >/dev/null || packages+=(docker.io)
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || packages+=(docker-compose)
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 if [ "$(id -u)" -eq 0 ]; then
     missing=()
     for p in "${packages[@]}"; do
@@ -21,6 +28,12 @@ if [ "$(id -u)" -eq 0 ]; then
     scripts/install-verbs-deps.sh >/dev/null
 else
     echo "install-deps: not root; assuming system packages are present" >&2
+fi
+
+# kubernetes-validate (the Kubernetes schemas, offline once installed) in its own venv.
+if [ ! -x target/py/bin/kubernetes-validate ]; then
+    python3 -m venv target/py
+    target/py/bin/pip install -q kubernetes-validate
 fi
 
 for component in rustfmt clippy; do

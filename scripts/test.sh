@@ -70,6 +70,18 @@ else
     echo "SKIPPED: chaos run (needs root for network namespaces)"
 fi
 
+step "Kubernetes: every Kustomize tree renders offline and validates (schemas, probes, PVCs, Secret, image)"
+KUBERNETES_VALIDATE=target/py/bin/kubernetes-validate scripts/k8s-render.sh target/k8s
+
+if [ "$(id -u)" -eq 0 ] && docker info >/dev/null 2>&1; then
+    step "container image: Debian base by debootstrap + docker import, then the Dockerfile"
+    scripts/docker.sh bex:dev
+    step "2 x 2 cluster in containers by name: kill + restart, disconnect + reconnect; chaos invariants"
+    scripts/compose-chaos.sh bex:dev target/compose
+else
+    echo "SKIPPED: container image and the Compose cluster (need root and a running Docker Engine)"
+fi
+
 if [ "$(id -u)" -eq 0 ]; then
     step "software RNIC across two network namespaces with 1% and 5% iptables loss"
     scripts/netns-loss.sh 0.01 0.05

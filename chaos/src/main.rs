@@ -38,16 +38,19 @@ enum Transport {
 #[derive(Debug, Args)]
 struct Common {
     /// Cluster config (TOML).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "BEX_CONFIG")]
     config: PathBuf,
-    /// Local address the transports bind to.
-    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    /// Local address the transports bind to: an IP, or `hostname` (what this host's name
+    /// resolves to: a container's or pod's own IP).
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP", env = "BEX_BIND_IP",
+          value_parser = bex_process::identity::parse_ip)]
     bind: IpAddr,
     /// Data-path transport [default: the config's `[transport] kind`].
     #[arg(long, value_enum)]
     transport: Option<Transport>,
-    /// PS client id, unique in the cluster [default: this process id].
-    #[arg(long, value_name = "N")]
+    /// PS client id, unique in the cluster (a number, or `ordinal`) [default: this process
+    /// id above a hash of the host name].
+    #[arg(long, value_name = "N", env = "BEX_ID", value_parser = bex_process::identity::parse_here)]
     id: Option<u64>,
     /// Where to write the JSON report.
     #[arg(long, value_name = "PATH")]
@@ -173,7 +176,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
                 return Err(usage("--seconds, --keys and --in-flight must be positive".into()));
             }
             let k = kind(&cfg, common.transport);
-            let id = common.id.unwrap_or(u64::from(std::process::id()));
+            let id = common.id.unwrap_or_else(bex_process::identity::default_client_id);
             let component = component.unwrap_or((id % u64::from(t.1)) as u32);
             if component >= t.1 {
                 return Err(usage(format!(
@@ -229,7 +232,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             }
             let sets = trainer_sets(&cfg).map_err(usage)?;
             let k = kind(&cfg, common.transport);
-            let id = common.id.unwrap_or(u64::from(std::process::id()));
+            let id = common.id.unwrap_or_else(bex_process::identity::default_client_id);
             let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
             let node =
                 connect_client(&cfg, topo.training_pod(), common.bind, k, id, ClientRole::Serving)

@@ -74,8 +74,16 @@ pub fn namespaces_with(prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// Kills every process in namespace `ns` and deletes it; errors are returned as text.
+/// `/etc/netns/<ns>`: files `ip netns exec` mounts over `/etc` in the namespace (the run's
+/// `hosts`).
+pub fn netns_etc(ns: &str) -> std::path::PathBuf {
+    std::path::Path::new("/etc/netns").join(ns)
+}
+
+/// Kills every process in namespace `ns` and deletes it with its `/etc/netns/<ns>`; errors
+/// are returned as text.
 pub fn delete_namespace(ns: &str) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(netns_etc(ns));
     if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).stderr(Stdio::null()).output() {
         for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             if let Ok(p) = pid.parse::<i32>() {

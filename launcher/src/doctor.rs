@@ -558,8 +558,22 @@ fn secret(input: &Input<'_>, out: &mut Vec<Finding>) {
 }
 
 fn peers(input: &Input<'_>, out: &mut Vec<Finding>) {
-    let Ok(topo) = input.cfg.topology() else { return };
+    use std::net::ToSocketAddrs;
+    let Ok(mut topo) = input.cfg.topology() else { return };
+    topo.resolve_with(|name| (name, 0).to_socket_addrs().ok()?.next().map(|a| a.ip()));
     for (id, a) in topo.servers() {
+        if a.unresolved() {
+            let name = a.host.as_deref().unwrap_or("");
+            out.push(
+                Finding::new(
+                    &format!("peer.p{}s{}.name", id.pod, id.shard),
+                    Level::Warn,
+                    format!("{name} does not resolve from here"),
+                )
+                .fix("check DNS (or /etc/hosts) on this host; in Kubernetes, the headless Service"),
+            );
+            continue;
+        }
         for (what, addr) in [("rdma", a.rdma), ("tcp", a.tcp)] {
             let check = format!("peer.p{}s{}.{what}", id.pod, id.shard);
             match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {

@@ -319,6 +319,13 @@ impl Executor {
                 ));
             }
         }
+        let hosts = net.hosts_file();
+        for h in &net.hosts {
+            let dir = crate::cleanup::netns_etc(&h.ns);
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join("hosts"), &hosts))
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
         Ok(())
     }
 
@@ -969,7 +976,7 @@ impl Executor {
             let tbf = tbf_params(&self.launch).ok().flatten();
             json!({
                 "switch_ns": n.switch_ns,
-                "hosts": n.hosts.iter().map(|h| json!({"ns": h.ns, "ip": h.ip.to_string()})).collect::<Vec<_>>(),
+                "hosts": n.hosts.iter().map(|h| json!({"name": h.name, "ns": h.ns, "ip": h.ip.to_string()})).collect::<Vec<_>>(),
                 "link_rate_bit_s": tbf.map(|t| t.0), "tbf_burst_bytes": tbf.map(|t| t.1),
                 "tbf_limit_bytes": tbf.map(|t| t.2),
             })

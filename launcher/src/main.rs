@@ -60,6 +60,10 @@ enum Cmd {
     /// Every finding comes with its fix. Exit status 1 if any is an error. `run` does this
     /// first and stops on errors.
     Doctor(DoctorArgs),
+    /// Print the configuration the processes of a run read (the file with the --set
+    /// overrides applied, every default spelled out, without `[launch]`), after validating
+    /// it: a file to give servers and clients started by other means (containers, Kubernetes).
+    Config(ConfigArgs),
     /// Remove leftovers of dead launchers: network namespaces `bex-PID-*` whose launcher
     /// is gone and the processes such launchers recorded (also done at the start of `run`).
     Cleanup,
@@ -90,6 +94,30 @@ struct RunArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct ConfigArgs {
+    /// The cluster file.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Overrides a key of the file, as for `run`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+fn config_cmd(args: ConfigArgs) -> i32 {
+    let (cfg, _) = match load_file(&args.config, &args.sets) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    match bex_launcher::exec::process_config_text(&cfg) {
+        Ok(t) => {
+            print!("{t}");
+            0
+        }
+        Err(e) => usage(&e),
+    }
+}
+
+#[derive(Debug, clap::Args)]
 struct DoctorArgs {
     /// The cluster file.
     #[arg(long, value_name = "FILE")]
@@ -114,13 +142,9 @@ fn cluster_ip(cfg: &bex_ps_core::Config) -> std::net::IpAddr {
 }
 
 fn doctor_cmd(args: DoctorArgs) -> i32 {
-    let text = match std::fs::read_to_string(&args.config) {
-        Ok(t) => t,
-        Err(e) => return usage(&format!("{}: {e}", args.config.display())),
-    };
-    let cfg = match load_config(&text, &args.sets) {
-        Ok((c, _)) => c,
-        Err(e) => return usage(&format!("{}:\n{e}", args.config.display())),
+    let (cfg, _) = match load_file(&args.config, &args.sets) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     let input = doctor::Input {
         cfg: &cfg,
@@ -164,8 +188,20 @@ fn main() {
         }
         Cmd::Run(args) => run(args, stop),
         Cmd::Doctor(args) => doctor_cmd(args),
+        Cmd::Config(args) => config_cmd(args),
     };
     std::process::exit(code);
+}
+
+/// The cluster file at `path` with `sets` applied; a usage error (printed, exit code 2)
+/// naming the file otherwise.
+fn load_file(
+    path: &std::path::Path,
+    sets: &[String],
+) -> Result<(bex_ps_core::Config, bex_launcher::launch::LaunchConfig), i32> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| usage(&format!("{}: {e}", path.display())))?;
+    load_config(&text, sets).map_err(|e| usage(&format!("{}:\n{e}", path.display())))
 }
 
 fn usage(msg: &str) -> i32 {
@@ -175,10 +211,6 @@ fn usage(msg: &str) -> i32 {
 
 fn run(args: RunArgs, stop: Stop) -> i32 {
     let pid = std::process::id();
-    let text = match std::fs::read_to_string(&args.config) {
-        Ok(t) => t,
-        Err(e) => return usage(&format!("{}: {e}", args.config.display())),
-    };
     let mut sets = Vec::new();
     if let Some(m) = &args.mode {
         sets.push(format!("launch.mode={m}"));
@@ -187,9 +219,9 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
         sets.push(format!("launch.transport={t}"));
     }
     sets.extend(args.sets.iter().cloned());
-    let (cfg, launch) = match load_config(&text, &sets) {
+    let (cfg, launch) = match load_file(&args.config, &sets) {
         Ok(v) => v,
-        Err(e) => return usage(&format!("{}:\n{e}", args.config.display())),
+        Err(code) => return code,
     };
     if launch.mode == Mode::Netns {
         if !doctor::is_root() {

@@ -96,6 +96,9 @@ pub struct PhasePlan {
 /// One host of netns mode: a namespace with one veth to the switch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetHost {
+    /// The host's name (the process's: `ps-p0-s1`, `ranker-3`), resolved by every host
+    /// through `/etc/netns/<ns>/hosts`.
+    pub name: String,
     /// The namespace.
     pub ns: String,
     /// Its address on the /16.
@@ -116,6 +119,19 @@ pub struct NetPlan {
 }
 
 impl NetPlan {
+    /// The `hosts` file of every host namespace (`ip netns exec` mounts
+    /// `/etc/netns/<ns>/hosts` over `/etc/hosts`): the servers are named in the cluster file,
+    /// so every run resolves names across namespaces.
+    pub fn hosts_file(&self) -> String {
+        let mut t = String::from(
+            "# bex-cluster netns mode: every host of the run\n127.0.0.1 localhost\n::1 localhost\n",
+        );
+        for h in &self.hosts {
+            t.push_str(&format!("{} {}\n", h.ip, h.name));
+        }
+        t
+    }
+
     /// Every namespace, hosts first (deleting a host namespace deletes its veth pair).
     pub fn namespaces(&self) -> Vec<String> {
         let mut v: Vec<String> = self.hosts.iter().map(|h| h.ns.clone()).collect();
@@ -189,6 +205,11 @@ impl Plan {
         let cfg_arg = config_path.display().to_string();
         let prefix = ns_prefix(input.launcher_pid);
         let netns = launch.mode == Mode::Netns;
+        if !netns && !cfg.cluster.server_host.is_empty() {
+            return Err("cluster.server_host names one host per server: run it in netns mode \
+                        (--mode netns), or on the hosts themselves"
+                .into());
+        }
         let mut config = cfg.clone();
         if launch.fresh_data {
             config.cluster.data_dir = input.out_dir.join("data");
@@ -209,9 +230,10 @@ impl Plan {
                 let (ns, ip, http) = if netns {
                     let ip = next_ip()?;
                     let port = cfg.cluster.base_port;
+                    // By name: the hosts resolve each other through /etc/netns/<ns>/hosts.
                     let at = |d: u16| -> Result<String, String> {
                         let p = port.checked_add(d).ok_or("cluster.base_port too large")?;
-                        Ok(SocketAddr::new(IpAddr::V4(ip), p).to_string())
+                        Ok(format!("{name}:{p}"))
                     };
                     entries.push(ServerEntry {
                         pod,
@@ -250,6 +272,7 @@ impl Plan {
         }
         if netns {
             config.cluster.servers = entries;
+            config.cluster.server_host.clear();
         }
 
         // Clients: ids unique over the whole run (a trainer's push sequence numbers are
@@ -394,9 +417,12 @@ impl Plan {
             let hosts: Vec<NetHost> = all
                 .enumerate()
                 .filter_map(|(i, p)| match (&p.netns, p.ip) {
-                    (Some(ns), IpAddr::V4(ip)) => {
-                        Some(NetHost { ns: ns.clone(), ip, sw_if: format!("v{i}") })
-                    }
+                    (Some(ns), IpAddr::V4(ip)) => Some(NetHost {
+                        name: p.name.clone(),
+                        ns: ns.clone(),
+                        ip,
+                        sw_if: format!("v{i}"),
+                    }),
                     _ => None,
                 })
                 .collect();
@@ -659,15 +685,25 @@ mod tests {
             assert!(net.setup.iter().any(|c| c[..3] == ["ip", "-n", h.ns.as_str()]
                 && c.ends_with(&["lo".into(), "up".into()])));
         }
-        // The rewritten config lists every server at its namespace address and is valid.
+        // The rewritten config lists every server by its host name, and is valid; the hosts
+        // file every namespace gets resolves each name to that host's address.
         assert_eq!(p.config.cluster.servers.len(), 4);
         let text = p.config.to_toml_string().unwrap();
         let back = Config::from_toml_str(&text).unwrap();
         assert_eq!(back, p.config);
-        let topo = back.topology().unwrap();
+        let mut topo = back.topology().unwrap();
+        let hosts = net.hosts_file();
+        let unresolved = topo.resolve_with(|name| {
+            hosts.lines().find_map(|l| {
+                let (ip, n) = l.split_once(' ')?;
+                (n == name).then(|| ip.parse().ok()).flatten()
+            })
+        });
+        assert!(unresolved.is_empty(), "{unresolved:?} not in\n{hosts}");
         for s in &p.servers {
             let Role::Server { pod, shard } = s.role else { panic!() };
             let a = topo.server(pod, shard).unwrap();
+            assert_eq!(a.host.as_deref(), Some(s.name.as_str()));
             assert_eq!(a.http, s.http.unwrap());
             assert_eq!(a.rdma.ip(), s.ip);
         }

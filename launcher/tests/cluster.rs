@@ -342,10 +342,18 @@ fn netns_1x2_cluster_with_link_rates_comes_up_and_leaves_no_namespace() {
     let switch = net["switch_ns"].as_str().unwrap();
     let prefix = switch.strip_suffix("sw").unwrap();
     assert!(prefix.starts_with("bex-"));
-    // Servers listened on their namespace addresses (explicit [[cluster.servers]]).
+    // The cluster file names the servers; every host resolved them through its
+    // /etc/netns/<ns>/hosts to their namespace addresses.
     let servers = rep["config"]["cluster"]["servers"].as_array().unwrap();
     assert_eq!(servers.len(), 2);
-    assert!(servers[0]["rdma"].as_str().unwrap().starts_with("10.77."));
+    assert!(servers[1]["rdma"].as_str().unwrap().starts_with("ps-p0-s1:"), "{:#}", servers[1]);
+    let hosts = net["hosts"].as_array().unwrap();
+    let named = |n: &str| hosts.iter().find(|h| h["name"] == n).unwrap_or_else(|| panic!("{n}"));
+    assert!(named("ps-p0-s1")["ip"].as_str().unwrap().starts_with("10.77."));
+    for h in hosts {
+        let etc = std::path::Path::new("/etc/netns").join(h["ns"].as_str().unwrap());
+        assert!(!etc.exists(), "{} left behind", etc.display());
+    }
     let c = &rep["phases"][0]["clients"][0];
     assert!(c["ip"].as_str().unwrap().starts_with("10.77."));
     assert_eq!(c["report"]["kind"], "ranker");

@@ -1,12 +1,13 @@
 //! What every bex process shares, server or client or tool: dying with its parent (so a
 //! launcher that is SIGKILLed leaves no orphans), a fresh identity per start, free loopback
-//! ports for local runs, CPU and context-switch accounting from `/proc`, and its log
-//! subscriber ([`logging`]).
+//! ports for local runs, CPU and context-switch accounting from `/proc`, its log
+//! subscriber ([`logging`]) and its identity from the environment ([`identity`]).
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod identity;
 pub mod logging;
 
 /// Asks the kernel to send this process SIGTERM when its parent dies (Linux

@@ -143,6 +143,12 @@ pub struct ClusterConfig {
     /// Explicit addresses, one entry per (pod, shard); empty = derived.
     #[serde(default)]
     pub servers: Vec<ServerEntry>,
+    /// One host per server, by DNS name: a template with `{pod}` and `{shard}` (e.g.
+    /// `"bex-ps-p{pod}-{shard}.bex-ps-p{pod}"`, a Kubernetes StatefulSet per pod behind a
+    /// headless Service); every server listens on `base_port` (RDMA), +1 (TCP), +2 (HTTP) of
+    /// its own host. Empty: `servers`, or the derived layout on `host`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub server_host: String,
     /// Directory of checkpoints (`<data_dir>/pod<p>/shard<s>.ckpt`).
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
@@ -173,12 +179,47 @@ pub struct ServerEntry {
     pub pod: u32,
     /// Shard.
     pub shard: u32,
-    /// RDMA bootstrap address (TCP listener exchanging QP endpoints), `ip:port`.
+    /// RDMA bootstrap address (TCP listener exchanging QP endpoints), `ip:port` or
+    /// `name:port` (a DNS name, resolved at start and again whenever a client reconnects;
+    /// the three addresses of an entry then name the same host).
     pub rdma: String,
-    /// TCP transport address, `ip:port`.
+    /// TCP transport address, `ip:port` or `name:port`.
     pub tcp: String,
-    /// HTTP address for `/metrics` and `/health`, `ip:port`.
+    /// HTTP address for `/metrics` and `/health`, `ip:port` or `name:port`.
     pub http: String,
+}
+
+/// `ip:port`, `[v6]:port` or `name:port`: the address (a name's IP unspecified) and the
+/// name.
+pub fn parse_host_port(v: &str) -> Result<(SocketAddr, Option<String>), String> {
+    if let Ok(a) = v.parse::<SocketAddr>() {
+        return Ok((a, None));
+    }
+    let bad = || format!("{v:?} is not ip:port or name:port");
+    let (host, port) = v.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.parse::<IpAddr>().is_ok() || host.starts_with('[') {
+        return Err(bad()); // an IPv6 address needs brackets
+    }
+    check_host_name(host).map_err(|m| format!("{v:?}: {m}"))?;
+    Ok((SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port), Some(host.to_string())))
+}
+
+/// A DNS name: dot-separated labels of letters, digits and hyphens (not first or last), at
+/// most 63 bytes each and 253 in all.
+pub fn check_host_name(name: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!("{name:?} is not a host name"));
+    }
+    Ok(())
 }
 
 /// `[server]`.
@@ -642,6 +683,7 @@ impl Config {
                 host: default_host(),
                 base_port,
                 servers: Vec::new(),
+                server_host: String::new(),
                 data_dir: default_data_dir(),
                 allow_insecure: false,
             },
@@ -833,6 +875,9 @@ impl Config {
 
     fn build_topology(&self) -> Result<Topology, Vec<FieldError>> {
         let c = &self.cluster;
+        if !c.server_host.is_empty() {
+            return self.named_topology();
+        }
         if c.servers.is_empty() {
             return Topology::loopback(c.pods, c.shards, c.training_pod, c.host, c.base_port)
                 .map_err(|m| vec![FieldError::new("cluster.base_port", m)]);
@@ -840,7 +885,7 @@ impl Config {
         let mut errs = Vec::new();
         let n = (c.pods * c.shards) as usize;
         let mut slots: Vec<Option<(usize, ServerAddrs)>> = vec![None; n];
-        let mut seen_addr: std::collections::HashMap<SocketAddr, String> = Default::default();
+        let mut seen_addr: std::collections::HashMap<String, String> = Default::default();
         for (i, s) in c.servers.iter().enumerate() {
             let p = format!("cluster.servers[{i}]");
             let mut ok = true;
@@ -858,25 +903,39 @@ impl Config {
                 ));
                 ok = false;
             }
-            let mut parse = |f: &str, v: &str| match v.parse::<SocketAddr>() {
-                Ok(a) => {
+            let mut parse = |f: &str, v: &str| match parse_host_port(v) {
+                Ok((a, host)) => {
                     let here = format!("{p}.{f}");
-                    if let Some(prev) = seen_addr.insert(a, here.clone()) {
+                    let key = host
+                        .as_ref()
+                        .map_or_else(|| a.to_string(), |h| format!("{h}:{}", a.port()));
+                    if let Some(prev) = seen_addr.insert(key, here.clone()) {
                         errs.push(FieldError::new(
                             here,
-                            format!("address {a} already used by {prev}"),
+                            format!("address {v} already used by {prev}"),
                         ));
                     }
-                    Some(a)
+                    Some((a, host))
                 }
-                Err(_) => {
-                    errs.push(FieldError::new(format!("{p}.{f}"), format!("{v:?} is not ip:port")));
+                Err(m) => {
+                    errs.push(FieldError::new(format!("{p}.{f}"), m));
                     None
                 }
             };
             let (rdma, tcp, http) =
                 (parse("rdma", &s.rdma), parse("tcp", &s.tcp), parse("http", &s.http));
-            let (Some(rdma), Some(tcp), Some(http), true) = (rdma, tcp, http, ok) else { continue };
+            let (Some((rdma, h1)), Some((tcp, h2)), Some((http, h3)), true) = (rdma, tcp, http, ok)
+            else {
+                continue;
+            };
+            if h1 != h2 || h1 != h3 {
+                errs.push(FieldError::new(
+                    p,
+                    "rdma, tcp and http must name the same host (one server is one host)",
+                ));
+                continue;
+            }
+            let host = h1.map(std::sync::Arc::from);
             let slot = &mut slots[(s.pod * c.shards + s.shard) as usize];
             if let Some((j, _)) = slot {
                 errs.push(FieldError::new(
@@ -884,7 +943,7 @@ impl Config {
                     format!("duplicate of cluster.servers[{j}] (pod {} shard {})", s.pod, s.shard),
                 ));
             } else {
-                *slot = Some((i, ServerAddrs { rdma, tcp, http }));
+                *slot = Some((i, ServerAddrs { rdma, tcp, http, host }));
             }
         }
         let mut servers = Vec::with_capacity(n);
@@ -908,7 +967,45 @@ impl Config {
             .map_err(|m| vec![FieldError::new("cluster", m)])
     }
 
-    /// The cluster's topology (explicit or derived addresses).
+    /// `server_host`: server (p, s) on host `server_host` with `{pod}` = p, `{shard}` = s.
+    fn named_topology(&self) -> Result<Topology, Vec<FieldError>> {
+        let c = &self.cluster;
+        let field = |m: String| vec![FieldError::new("cluster.server_host", m)];
+        if !c.servers.is_empty() {
+            return Err(field("give either server_host or [[cluster.servers]], not both".into()));
+        }
+        if !c.server_host.contains("{shard}") || (c.pods > 1 && !c.server_host.contains("{pod}")) {
+            return Err(field(format!(
+                "{:?} must contain {{shard}} (and {{pod}} with several pods): one host per server",
+                c.server_host
+            )));
+        }
+        if c.base_port > u16::MAX - 2 {
+            return Err(vec![FieldError::new("cluster.base_port", "must leave room for +2")]);
+        }
+        let mut servers = Vec::new();
+        for pod in 0..c.pods {
+            for shard in 0..c.shards {
+                let name = c
+                    .server_host
+                    .replace("{pod}", &pod.to_string())
+                    .replace("{shard}", &shard.to_string());
+                check_host_name(&name).map_err(field)?;
+                let at =
+                    |d: u16| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), c.base_port + d);
+                servers.push(ServerAddrs {
+                    rdma: at(0),
+                    tcp: at(1),
+                    http: at(2),
+                    host: Some(name.into()),
+                });
+            }
+        }
+        Topology::new(c.pods, c.shards, c.training_pod, servers).map_err(field)
+    }
+
+    /// The cluster's topology (explicit or derived addresses). Named servers are not
+    /// resolved here (see [`Topology::resolve_with`]): their addresses are unspecified.
     pub fn topology(&self) -> Result<Topology, ConfigError> {
         self.build_topology().map_err(ConfigError::Invalid)
     }
@@ -1109,6 +1206,62 @@ mod tests {
         assert_eq!(t.server(0, 1).unwrap().rdma, "10.0.0.2:1".parse().unwrap());
         let missing = ok.replace("shard = 1", "shard = 0");
         assert!(fields(Config::from_toml_str(&missing)).contains(&"cluster.servers[1]".to_string()));
+    }
+
+    #[test]
+    fn servers_may_be_dns_names_or_a_template_of_them() {
+        let text = r#"
+            [cluster]
+            pods = 1
+            shards = 2
+            [[cluster.servers]]
+            pod = 0
+            shard = 0
+            rdma = "ps-0.bex:7000"
+            tcp = "ps-0.bex:7001"
+            http = "ps-0.bex:7002"
+            [[cluster.servers]]
+            pod = 0
+            shard = 1
+            rdma = "[::1]:7000"
+            tcp = "[::1]:7001"
+            http = "[::1]:7002"
+        "#;
+        let t = Config::from_toml_str(text).unwrap().topology().unwrap();
+        let a = t.server(0, 0).unwrap();
+        assert_eq!(a.host.as_deref(), Some("ps-0.bex"));
+        assert!(a.unresolved() && a.tcp.port() == 7001);
+        assert_eq!(t.server(0, 1).unwrap().host, None);
+        for (bad, field) in [
+            ("tcp = \"ps-1.bex:7001\"", "cluster.servers[0]"), // another host
+            ("tcp = \"ps_0:7001\"", "cluster.servers[0].tcp"), // not a host name
+            ("tcp = \"-ps:7001\"", "cluster.servers[0].tcp"),
+            ("tcp = \"ps-0.bex:70001\"", "cluster.servers[0].tcp"),
+            ("tcp = \"::1:7001\"", "cluster.servers[0].tcp"), // IPv6 needs brackets
+            ("tcp = \"ps-0.bex:7000\"", "cluster.servers[0].tcp"), // same as rdma
+        ] {
+            let t = text.replace("tcp = \"ps-0.bex:7001\"", bad);
+            assert_eq!(fields(Config::from_toml_str(&t)), [field], "{bad}");
+        }
+
+        let template = r#"
+            [cluster]
+            pods = 2
+            shards = 2
+            base_port = 9000
+            server_host = "bex-ps-p{pod}-{shard}.bex-ps-p{pod}"
+        "#;
+        let t = Config::from_toml_str(template).unwrap().topology().unwrap();
+        let a = t.server(1, 0).unwrap();
+        assert_eq!(a.host.as_deref(), Some("bex-ps-p1-0.bex-ps-p1"));
+        assert_eq!((a.rdma.port(), a.tcp.port(), a.http.port()), (9000, 9001, 9002));
+        let no_shard = template.replace("-{shard}", "");
+        assert_eq!(fields(Config::from_toml_str(&no_shard)), ["cluster.server_host"]);
+        let both = format!("{template}\n[[cluster.servers]]\npod = 0\nshard = 0\nrdma = \"a:1\"\ntcp = \"a:2\"\nhttp = \"a:3\"\n");
+        assert!(fields(Config::from_toml_str(&both)).contains(&"cluster.server_host".to_string()));
+        // It survives the round trip through the file bex-cluster writes for its processes.
+        let c = Config::from_toml_str(template).unwrap();
+        assert_eq!(Config::from_toml_str(&c.to_toml_string().unwrap()).unwrap(), c);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! the others), every pod serves fetches (paper §2.1, §7.2).
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use crate::shard::shard_of;
 
@@ -16,7 +17,7 @@ pub struct ServerId {
 }
 
 /// The addresses of one server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ServerAddrs {
     /// RDMA bootstrap (the TCP listener that exchanges QP endpoints).
     pub rdma: SocketAddr,
@@ -24,6 +25,18 @@ pub struct ServerAddrs {
     pub tcp: SocketAddr,
     /// HTTP: `/metrics` and `/health`.
     pub http: SocketAddr,
+    /// The DNS name the server was given by, if not an IP: its addresses hold the IP the
+    /// name last resolved to (unspecified until [`Topology::resolve_with`] found one), and
+    /// clients resolve it again when they reconnect (a restarted Kubernetes pod comes back
+    /// under its name on another IP).
+    pub host: Option<Arc<str>>,
+}
+
+impl ServerAddrs {
+    /// True while a named server has no IP yet.
+    pub fn unresolved(&self) -> bool {
+        self.host.is_some() && self.rdma.ip().is_unspecified()
+    }
 }
 
 /// Ports a derived layout gives each server (RDMA, TCP, HTTP).
@@ -82,10 +95,45 @@ impl Topology {
                     rdma: SocketAddr::new(host, p),
                     tcp: SocketAddr::new(host, p + 1),
                     http: SocketAddr::new(host, p + 2),
+                    host: None,
                 }
             })
             .collect();
         Topology::new(pods, shards, training_pod, servers)
+    }
+
+    /// Resolves every named server with `lookup` (a name to an IP, or `None` if it does not
+    /// resolve now) and returns the names that did not; those keep their last address. The
+    /// caller picks the resolver (the system's in processes; a table in tests), so this
+    /// crate does no network I/O.
+    pub fn resolve_with(
+        &mut self,
+        mut lookup: impl FnMut(&str) -> Option<IpAddr>,
+    ) -> Vec<Arc<str>> {
+        let mut unresolved = Vec::new();
+        for a in &mut self.servers {
+            let Some(name) = a.host.clone() else { continue };
+            match lookup(&name) {
+                Some(ip) => {
+                    a.rdma.set_ip(ip);
+                    a.tcp.set_ip(ip);
+                    a.http.set_ip(ip);
+                }
+                None => unresolved.push(name),
+            }
+        }
+        unresolved
+    }
+
+    /// Puts server (pod, shard) at `ip` (its ports kept): where a server with a DNS name
+    /// actually listens.
+    pub fn set_server_ip(&mut self, pod: u32, shard: u32, ip: IpAddr) {
+        if pod < self.pods && shard < self.shards {
+            let a = &mut self.servers[(pod * self.shards + shard) as usize];
+            a.rdma.set_ip(ip);
+            a.tcp.set_ip(ip);
+            a.http.set_ip(ip);
+        }
     }
 
     /// Mini-pods `P`.
@@ -184,6 +232,31 @@ mod tests {
         assert!(Topology::loopback(1, 1, 0, lo(), 65533).is_ok());
         assert!(Topology::loopback(1, 1, 0, lo(), 65534).is_err());
         assert!(Topology::loopback(2, 2, 2, lo(), 1000).is_err());
+    }
+
+    #[test]
+    fn named_servers_resolve_and_keep_their_last_address_when_a_name_does_not() {
+        let named = |name: &str, port: u16| ServerAddrs {
+            rdma: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            tcp: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port + 1),
+            http: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port + 2),
+            host: Some(name.into()),
+        };
+        let mut t = Topology::new(1, 2, 0, vec![named("ps-0", 7000), named("ps-1", 7000)]).unwrap();
+        assert!(t.server(0, 0).unwrap().unresolved());
+        let ip = |a: u8| IpAddr::V4(Ipv4Addr::new(10, 0, 0, a));
+        let missing = t.resolve_with(|n| (n == "ps-0").then(|| ip(5)));
+        assert_eq!(missing, vec![Arc::<str>::from("ps-1")]);
+        let a = t.server(0, 0).unwrap();
+        assert_eq!(
+            (a.rdma, a.tcp.port(), a.http.ip()),
+            ("10.0.0.5:7000".parse().unwrap(), 7001, ip(5))
+        );
+        assert!(t.server(0, 1).unwrap().unresolved());
+        // A later resolution moves it; one that fails keeps the last address.
+        assert!(t.resolve_with(|_| Some(ip(9))).is_empty());
+        assert!(!t.resolve_with(|_| None).is_empty());
+        assert_eq!(t.server(0, 1).unwrap().tcp, "10.0.0.9:7001".parse().unwrap());
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub fn endpoints(topo: &Topology) -> Vec<Endpoint> {
     for pod in 0..topo.pods() {
         for shard in 0..topo.shards() {
             let a = topo.server(pod, shard).expect("topology covers every (pod, shard)");
-            v.push(Endpoint { pod, rdma: a.rdma, tcp: a.tcp });
+            v.push(Endpoint { pod, rdma: a.rdma, tcp: a.tcp, host: a.host.clone() });
         }
     }
     v

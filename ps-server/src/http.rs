@@ -1,4 +1,7 @@
-//! A deliberately small HTTP/1.1 server for `/health` and `/metrics` (GET only). Requests
+//! A deliberately small HTTP/1.1 server for `/health`, `/health/live` and `/metrics` (GET
+//! only). `/health` is readiness: 503 while catching up or draining. `/health/live` is
+//! liveness: 200 whenever this server answers at all, with the same body, so an orchestrator
+//! never kills a server for draining or catching up (it would lose the checkpoint). Requests
 //! are bounded (8 KiB of headers, a read deadline); anything else gets a 4xx and the server
 //! keeps serving.
 
@@ -67,6 +70,7 @@ async fn handle<E: Endpoints>(mut stream: TcpStream, e: &E) -> std::io::Result<(
             let (ok, body) = e.health();
             respond(&mut stream, if ok { 200 } else { 503 }, "application/json", &body).await
         }
+        "/health/live" => respond(&mut stream, 200, "application/json", &e.health().1).await,
         "/metrics" => respond(&mut stream, 200, "text/plain; version=0.0.4", &e.metrics()).await,
         _ => respond(&mut stream, 404, "text/plain", "not found\n").await,
     }
@@ -109,10 +113,10 @@ pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)>
 mod tests {
     use super::*;
 
-    struct Fixed;
+    struct Fixed(bool);
     impl Endpoints for Fixed {
         fn health(&self) -> (bool, String) {
-            (true, "{\"ok\":true}".into())
+            (self.0, format!("{{\"ok\":{}}}", self.0))
         }
         fn metrics(&self) -> String {
             "bex_up 1\n".into()
@@ -121,7 +125,8 @@ mod tests {
 
     #[tokio::test]
     async fn serves_health_metrics_and_refuses_the_rest() {
-        let (addr, _t) = serve("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed)).await.unwrap();
+        let (addr, _t) =
+            serve("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed(true))).await.unwrap();
         assert_eq!(get(addr, "/health").await.unwrap(), (200, "{\"ok\":true}".into()));
         assert_eq!(get(addr, "/metrics").await.unwrap(), (200, "bex_up 1\n".into()));
         assert_eq!(get(addr, "/nope").await.unwrap().0, 404);
@@ -132,5 +137,13 @@ mod tests {
         let _ = s.read_to_end(&mut out).await;
         assert!(String::from_utf8_lossy(&out).contains("431"), "oversized header refused");
         assert_eq!(get(addr, "/health").await.unwrap().0, 200, "still serving");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_not_ready_is_still_live() {
+        let (addr, _t) =
+            serve("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed(false))).await.unwrap();
+        assert_eq!(get(addr, "/health").await.unwrap(), (503, "{\"ok\":false}".into()));
+        assert_eq!(get(addr, "/health/live").await.unwrap(), (200, "{\"ok\":false}".into()));
     }
 }

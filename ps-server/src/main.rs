@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bex_process::incarnation_id;
+use bex_process::{identity, incarnation_id};
 use bex_ps_core::checkpoint;
 use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
@@ -32,6 +32,11 @@ struct Args {
 const USAGE: &str = "usage: ps-server --config FILE --pod P --shard S
 
 Serves shard S of mini-pod P of the cluster described by FILE (TOML; see configs/).
+P and S may also come from BEX_POD and BEX_SHARD (FILE from BEX_CONFIG), and either may be
+`ordinal`: the number ending the host name, as a Kubernetes StatefulSet names its pods.
+A server whose host the cluster file names (server_host, or name:port entries) listens on
+BEX_BIND_IP if set (an IP, e.g. the pod's, or `hostname`: what this host's name resolves
+to), else on what its name in the cluster file resolves to.
 Environment: BEX_SECRET (the cluster's shared secret; without it, a secret derived from the
 cluster name, on loopback only unless [cluster] allow_insecure = true: a server bound to
 another address refuses to start); RUST_LOG (the log on stderr; default warn, and info
@@ -49,18 +54,72 @@ fn parse_args() -> Result<Args, String> {
         let v = it.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
             "--config" => config = Some(PathBuf::from(v)),
-            "--pod" => pod = Some(v.parse().map_err(|_| format!("--pod: not a number: {v}"))?),
-            "--shard" => {
-                shard = Some(v.parse().map_err(|_| format!("--shard: not a number: {v}"))?)
-            }
+            "--pod" => pod = Some(v),
+            "--shard" => shard = Some(v),
             _ => return Err(format!("unknown option {a}")),
         }
     }
+    let config = config
+        .or_else(|| std::env::var_os("BEX_CONFIG").map(PathBuf::from))
+        .ok_or("--config (or BEX_CONFIG) is required")?;
+    let number = |flag: Option<String>, name: &str, env: &str| -> Result<u32, String> {
+        let n = identity::number(flag.as_deref(), env)
+            .map_err(|e| format!("--{name}: {e}"))?
+            .ok_or(format!("--{name} (or {env}) is required"))?;
+        u32::try_from(n).map_err(|_| format!("--{name}: {n} is too large"))
+    };
     Ok(Args {
-        config: config.ok_or("--config is required")?,
-        pod: pod.ok_or("--pod is required")?,
-        shard: shard.ok_or("--shard is required")?,
+        config,
+        pod: number(pod, "pod", "BEX_POD")?,
+        shard: number(shard, "shard", "BEX_SHARD")?,
     })
+}
+
+/// Where this server binds when the cluster file names its host: `BEX_BIND_IP` (in
+/// Kubernetes, the pod's IP from the downward API), else what its name resolves to, retried
+/// for up to a minute (a StatefulSet pod's DNS record can appear after the pod starts).
+async fn own_addresses(topo: &mut bex_ps_core::Topology, pod: u32, shard: u32) {
+    let Some(me) = topo.server(pod, shard) else { return };
+    let bind_ip = match std::env::var("BEX_BIND_IP") {
+        Ok(v) if !v.is_empty() => {
+            Some(identity::parse_ip(&v).unwrap_or_else(|e| die(2, &format!("BEX_BIND_IP: {e}"))))
+        }
+        _ => None,
+    };
+    let Some(name) = me.host.clone() else {
+        if let Some(ip) = bind_ip {
+            topo.set_server_ip(pod, shard, ip);
+        }
+        return;
+    };
+    let ip = match bind_ip {
+        Some(ip) => ip,
+        None => {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let n = name.clone();
+                let found = tokio::task::spawn_blocking(move || bex_rpc::resolve_host(&n))
+                    .await
+                    .ok()
+                    .flatten();
+                if let Some(ip) = found {
+                    break ip;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    die(
+                        2,
+                        &format!(
+                            "my own host name {name:?} does not resolve (after 60 s); fix DNS or \
+                             set BEX_BIND_IP to the address to listen on"
+                        ),
+                    );
+                }
+                tracing::warn!(host = %name, "my own host name does not resolve yet; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    topo.set_server_ip(pod, shard, ip);
 }
 
 fn die(code: i32, msg: &str) -> ! {
@@ -103,8 +162,12 @@ async fn serve(args: Args, cfg: Config) {
     };
     let mut term = signal(tokio::signal::unix::SignalKind::terminate());
     let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
-    let topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
-    let Some(addrs) = topo.server(args.pod, args.shard).copied() else {
+    let mut topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
+    for name in topo.resolve_with(bex_rpc::resolve_host) {
+        tracing::info!(host = %name, "a server's name does not resolve yet; resolved on connect");
+    }
+    own_addresses(&mut topo, args.pod, args.shard).await;
+    let Some(addrs) = topo.server(args.pod, args.shard).cloned() else {
         die(
             2,
             &format!(
@@ -136,7 +199,7 @@ async fn serve(args: Args, cfg: Config) {
             (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
         };
     let incarnation = incarnation_id().unwrap_or_else(|e| die(1, &e));
-    let nic = nic_spec(&cfg.transport);
+    let nic = nic_spec(&cfg.transport).unwrap_or_else(|e| die(e.exit_code.into(), &e.to_string()));
     let stack = bex_transport::Stack::open(&nic, addrs.rdma, addrs.tcp, tcfg)
         .await
         .unwrap_or_else(|e| die(e.exit_code().into(), &e.to_string()));

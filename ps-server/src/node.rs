@@ -8,8 +8,20 @@ use bex_ps_core::config::{NicKind, RpcConfig, TransportConfig};
 use bex_rpc::ClientConfig;
 use bex_transport::{Config, Mtu, NicSpec, SoftNic, VerbsNic};
 
+/// The NIC to open: `BEX_NIC` if set (`soft[:UDP_PORT]` or
+/// `verbs[:DEVICE[:PORT[:GID_INDEX]]]`: a container image's deployment picks the NIC without
+/// another cluster file), else the one `[transport]` names.
+pub fn nic_spec(t: &TransportConfig) -> Result<NicSpec, SetupError> {
+    match std::env::var("BEX_NIC") {
+        Ok(v) if !v.is_empty() => {
+            v.parse().map_err(|e| SetupError::config(format!("BEX_NIC={v:?}: {e}")))
+        }
+        _ => Ok(nic_of(t)),
+    }
+}
+
 /// The NIC `[transport]` names.
-pub fn nic_spec(t: &TransportConfig) -> NicSpec {
+fn nic_of(t: &TransportConfig) -> NicSpec {
     match t.nic {
         NicKind::Soft => NicSpec::Soft(SoftNic { udp_port: t.udp_port, ..SoftNic::default() }),
         NicKind::Verbs => NicSpec::Verbs(VerbsNic {
@@ -20,7 +32,7 @@ pub fn nic_spec(t: &TransportConfig) -> NicSpec {
     }
 }
 
-/// Writes `spec` into `[transport]` (the inverse of [`nic_spec`]).
+/// Writes `spec` into `[transport]` (the inverse of reading `[transport]` in [`nic_spec`]).
 pub fn set_nic(t: &mut TransportConfig, spec: &NicSpec) {
     match spec {
         NicSpec::Soft(s) => {
@@ -193,9 +205,9 @@ mod tests {
             let spec: NicSpec = text.parse().unwrap();
             let mut t = TransportConfig::default();
             set_nic(&mut t, &spec);
-            assert_eq!(nic_spec(&t), spec, "{text}");
+            assert_eq!(nic_of(&t), spec, "{text}");
         }
-        assert_eq!(nic_spec(&TransportConfig::default()), NicSpec::default());
+        assert_eq!(nic_of(&TransportConfig::default()), NicSpec::default());
     }
 
     #[test]

@@ -75,7 +75,12 @@ pub async fn connect_client(
     client_id: u64,
     role: ClientRole,
 ) -> Result<ClientNode, SetupError> {
-    let topo = cfg.topology().map_err(|e| SetupError::config(format!("cluster config: {e}")))?;
+    let mut topo =
+        cfg.topology().map_err(|e| SetupError::config(format!("cluster config: {e}")))?;
+    // Named servers: resolved now as far as they do, and again on every reconnect.
+    for name in topo.resolve_with(bex_rpc::resolve_host) {
+        tracing::info!(host = %name, "a server's name does not resolve yet; resolved on connect");
+    }
     if pod >= topo.pods() {
         return Err(SetupError::config(format!(
             "--pod {pod}: the cluster has {} pods",
@@ -85,7 +90,7 @@ pub async fn connect_client(
     let secret = cluster_secret(cfg, bind).map_err(SetupError::config)?;
     let tcfg = transport_config(&cfg.transport, &secret);
     let any = SocketAddr::new(bind, 0);
-    let stack = Stack::open(&nic_spec(&cfg.transport), any, any, tcfg).await?;
+    let stack = Stack::open(&nic_spec(&cfg.transport)?, any, any, tcfg).await?;
     let (rdma, tcp) = stack.transports();
     let rdma = (kind == TransportKind::Rdma).then_some(rdma);
     let push_id = incarnation_id().map_err(|e| SetupError::new("push identity", e))?;

@@ -188,7 +188,12 @@ pub async fn start_shard(
     let targets: Vec<Endpoint> = (0..topo.pods())
         .filter(|&p| p != pod)
         .filter_map(|p| {
-            topo.server(p, shard).map(|a| Endpoint { pod: p, rdma: a.rdma, tcp: a.tcp })
+            topo.server(p, shard).map(|a| Endpoint {
+                pod: p,
+                rdma: a.rdma,
+                tcp: a.tcp,
+                host: a.host.clone(),
+            })
         })
         .collect();
     let n_targets = targets.len();
@@ -266,7 +271,7 @@ pub async fn start_shard(
         tasks
     } else {
         if let (true, Some(a)) =
-            (cfg.server.bootstrap_from_peer, topo.server(topo.training_pod(), shard).copied())
+            (cfg.server.bootstrap_from_peer, topo.server(topo.training_pod(), shard).cloned())
         {
             // Restored or not: the training pod's rows, applied over older ones only, take
             // a restored replica past what its checkpoint missed.
@@ -274,7 +279,12 @@ pub async fn start_shard(
             let peer = Client::new(
                 Some(rdma.clone()),
                 tcp.clone(),
-                vec![Endpoint { pod: topo.training_pod(), rdma: a.rdma, tcp: a.tcp }],
+                vec![Endpoint {
+                    pod: topo.training_pod(),
+                    rdma: a.rdma,
+                    tcp: a.tcp,
+                    host: a.host.clone(),
+                }],
                 copy_cfg,
             );
             let deadline = (Some(BOOTSTRAP_DEADLINE), "bootstrap");

@@ -95,6 +95,11 @@ const NIC_COUNTERS: &[Field<NicStats>] = &[
     ("bex_rnic_ack_timeouts_total", "Local ACK timeouts", |s| s.ack_timeouts),
     ("bex_rnic_tx_packets_total", "Packets sent", |s| s.tx_packets),
     ("bex_rnic_rx_packets_total", "Packets received", |s| s.rx_packets),
+    (
+        "bex_rnic_send_errors_total",
+        "Packets that never reached the wire (unreachable peer, larger than the link MTU)",
+        |s| s.send_errors,
+    ),
 ];
 
 /// An RPC client's counters (`client` label: what the client is for).

@@ -152,7 +152,8 @@ impl Cluster {
     async fn client_on(&self, local_pod: u32, secret: &[u8], rdma: bool) -> Arc<PsClient> {
         let tcfg = transport_config(&self.cfg.transport, secret);
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let stack = Stack::open(&nic_spec(&self.cfg.transport), any, any, tcfg).await.unwrap();
+        let stack =
+            Stack::open(&nic_spec(&self.cfg.transport).unwrap(), any, any, tcfg).await.unwrap();
         let (r, tcp) = stack.transports();
         let ccfg = client_config(&self.cfg.rpc, local_pod, 99, ClientRole::Serving);
         let id = 1000 + u64::from(local_pod) + if rdma { 0 } else { 500 };
@@ -200,10 +201,10 @@ async fn direct_client(
 ) -> (Stack, bex_rpc::Client) {
     let tcfg = transport_config(&c.cfg.transport, secret);
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let stack = Stack::open(&nic_spec(&c.cfg.transport), any, any, tcfg).await.unwrap();
+    let stack = Stack::open(&nic_spec(&c.cfg.transport).unwrap(), any, any, tcfg).await.unwrap();
     let (rdma, tcp) = stack.transports();
-    let a = *c.cfg.topology().unwrap().server(pod, shard).unwrap();
-    let ep = bex_rpc::Endpoint { pod, rdma: a.rdma, tcp: a.tcp };
+    let a = c.cfg.topology().unwrap().server(pod, shard).unwrap().clone();
+    let ep = bex_rpc::Endpoint::at(pod, a.rdma, a.tcp);
     let ccfg = client_config(&c.cfg.rpc, pod, 5, ClientRole::Training);
     (stack, bex_rpc::Client::new(Some(rdma), tcp, vec![ep], ccfg))
 }
@@ -884,4 +885,85 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
     let quiet = run(&[]);
     assert!(!quiet.contains("drained"), "info is off by default: {quiet}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// Issue 15, item 3: servers named by host (here `localhost`, from /etc/hosts), identity from
+// the environment (BEX_CONFIG, BEX_POD, BEX_SHARD=ordinal of the host name, as a StatefulSet
+// pod's), a client that resolves the names: pushes and fetches work end to end.
+#[test]
+fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() {
+    use bex_ps_core::config::{ServerEntry, TransportKind};
+    let dir = std::env::temp_dir().join(format!("bex-names-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = bex_process::free_local_ports(6).unwrap();
+    let mut cfg = Config::local(1, 2, port);
+    cfg.cluster.data_dir = dir.join("data");
+    cfg.tables = vec![bex_ps_core::config::TableConfig {
+        name: "emb".into(),
+        dim: DIM,
+        seed: None,
+        init: bex_ps_core::config::InitConfig::Uniform { scale: 0.01 },
+        optimizer: bex_ps_core::config::OptimizerConfig::Sgd { lr: 0.1 },
+    }];
+    cfg.cluster.servers = (0..2u16)
+        .map(|s| {
+            let at = |d: u16| format!("localhost:{}", port + 3 * s + d);
+            ServerEntry { pod: 0, shard: u32::from(s), rdma: at(0), tcp: at(1), http: at(2) }
+        })
+        .collect();
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let servers: Vec<Child> = (0..2)
+        .map(|shard| {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+                .env("BEX_CONFIG", &config)
+                .env("BEX_POD", "0")
+                .env("BEX_SHARD", "ordinal")
+                .env("HOSTNAME", format!("bex-ps-p0-{shard}"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            assert!(line.starts_with(&format!("ready pod=0 shard={shard}")), "{line:?}");
+            child
+        })
+        .collect();
+    let _guard = Kill(servers, dir.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    rt.unwrap().block_on(async {
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        let node = bex_ps_server::process::connect_client(
+            &cfg,
+            0,
+            local,
+            TransportKind::Rdma,
+            9,
+            ClientRole::Training,
+        )
+        .await
+        .unwrap();
+        let a = node.ps.topology().server(0, 1).unwrap();
+        assert_eq!(a.host.as_deref(), Some("localhost"));
+        assert!(a.rdma.ip().is_loopback(), "resolved: {a:?}");
+        let ks = keys(64);
+        let before = node.ps.fetch(TABLE, DIM, &ks).await.unwrap();
+        node.ps.push(TABLE, DIM, &ks, &vec![1.0; ks.len() * DIM as usize]).await.unwrap();
+        assert_ne!(node.ps.fetch(TABLE, DIM, &ks).await.unwrap(), before);
+    });
+}
+
+/// Kills the processes and removes the directory when dropped.
+struct Kill(Vec<Child>, PathBuf);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
 }

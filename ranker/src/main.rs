@@ -31,20 +31,25 @@ use clap::{Parser, ValueEnum};
 #[command(name = "ranker", version, after_help = bex_process::logging::LOG_HELP)]
 struct Cli {
     /// Cluster config (TOML): topology, tables, transport, rpc and the `[ranker]` section.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "BEX_CONFIG")]
     config: PathBuf,
-    /// This client's mini-pod: its replicas are asked first.
-    #[arg(long, default_value_t = 0, value_name = "P")]
+    /// This client's mini-pod: its replicas are asked first (a number, or `ordinal`: the
+    /// number ending the host name).
+    #[arg(long, default_value = "0", value_name = "P", env = "BEX_POD",
+          value_parser = bex_process::identity::parse_here_u32)]
     pod: u32,
-    /// Local address the client's transports bind to (ephemeral ports).
-    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    /// Local address the client's transports bind to (ephemeral ports): an IP, or
+    /// `hostname` (what this host's name resolves to: a container's or pod's own IP).
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP", env = "BEX_BIND_IP",
+          value_parser = bex_process::identity::parse_ip)]
     bind: IpAddr,
     /// Data-path transport [default: the config's `[transport] kind`]. rdma falls back to
     /// tcp per destination when RDMA fails.
     #[arg(long, value_enum, value_name = "KIND")]
     transport: Option<Transport>,
-    /// PS client id, unique among the cluster's clients [default: this process id].
-    #[arg(long, value_name = "N")]
+    /// PS client id, unique among the cluster's clients (a number, or `ordinal`: the number
+    /// ending the host name) [default: this process id above a hash of the host name].
+    #[arg(long, value_name = "N", env = "BEX_ID", value_parser = bex_process::identity::parse_here)]
     id: Option<u64>,
     /// Arrival rate, requests per second [default: `[ranker] rate`, 200].
     #[arg(long, value_name = "R")]
@@ -154,7 +159,7 @@ fn main() {
         Some(Transport::Tcp) => TransportKind::Tcp,
         None => cfg.transport.kind,
     };
-    let client_id = cli.id.unwrap_or_else(|| u64::from(std::process::id()));
+    let client_id = cli.id.unwrap_or_else(bex_process::identity::default_client_id);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.transport.app_threads)

@@ -7,7 +7,7 @@
 //! (connections, timeouts, and replies the service calls unwell) are quarantined until a
 //! probe succeeds; failed re-probes do not count, since the destination serves over TCP.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +23,7 @@ use crate::frame::{Header, HEADER_LEN};
 use crate::policy::{order_replicas, Fallback, Quarantine, Replica, RetryPolicy};
 
 /// One replica's addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     /// Mini-pod.
     pub pod: u32,
@@ -31,6 +31,27 @@ pub struct Endpoint {
     pub rdma: SocketAddr,
     /// TCP transport address.
     pub tcp: SocketAddr,
+    /// The DNS name of the replica's host, if it has one: resolved again before every
+    /// new connection (the addresses' ports are kept), since a restarted replica may come
+    /// back elsewhere under its name. The addresses hold the last resolution.
+    pub host: Option<Arc<str>>,
+}
+
+impl Endpoint {
+    /// A replica at fixed addresses.
+    pub fn at(pod: u32, rdma: SocketAddr, tcp: SocketAddr) -> Endpoint {
+        Endpoint { pod, rdma, tcp, host: None }
+    }
+}
+
+/// Resolves a host name to an IP (`None`: it does not resolve now). It may block: the
+/// client calls it off the runtime's threads.
+pub type Resolver = Arc<dyn Fn(&str) -> Option<IpAddr> + Send + Sync>;
+
+/// The system's resolver (`getaddrinfo`: `/etc/hosts`, then DNS): the first address.
+pub fn resolve_host(name: &str) -> Option<IpAddr> {
+    use std::net::ToSocketAddrs;
+    (name, 0).to_socket_addrs().ok()?.next().map(|a| a.ip())
 }
 
 /// Client settings; the paper's numbers are the defaults.
@@ -228,6 +249,7 @@ pub struct Client {
     stats: Arc<ClientStats>,
     pool: &'static Pool,
     unwell: fn(&[u8]) -> bool,
+    resolver: Resolver,
 }
 
 impl std::fmt::Debug for Client {
@@ -281,7 +303,45 @@ impl Client {
             stats: Arc::new(ClientStats::default()),
             pool,
             unwell: |_| false,
+            resolver: Arc::new(resolve_host),
         }
+    }
+
+    /// Resolves destinations' host names with `resolver` instead of the system's.
+    pub fn with_resolver(mut self, resolver: Resolver) -> Client {
+        self.resolver = resolver;
+        self
+    }
+
+    /// For a named destination, its addresses after resolving its name again (bounded by
+    /// the connect deadline); the last known ones if that fails.
+    async fn resolved(&self, id: usize) -> Result<Endpoint, RpcError> {
+        let ep = self.dests[id].lock().ep.clone();
+        let Some(name) = ep.host.clone() else { return Ok(ep) };
+        let resolver = self.resolver.clone();
+        let lookup = tokio::task::spawn_blocking(move || resolver(&name));
+        let ip = match tokio::time::timeout(self.cfg.connect_timeout, lookup).await {
+            Ok(Ok(ip)) => ip,
+            _ => None,
+        };
+        let mut d = self.dests[id].lock();
+        match ip {
+            Some(ip) => {
+                if ip != d.ep.rdma.ip() {
+                    tracing::info!(host = %d.ep.host.as_deref().unwrap_or(""), %ip, "destination resolved");
+                }
+                d.ep.rdma.set_ip(ip);
+                d.ep.tcp.set_ip(ip);
+            }
+            None if d.ep.rdma.ip().is_unspecified() => {
+                return Err(RpcError::Connect(format!(
+                    "{}: the name does not resolve",
+                    d.ep.host.as_deref().unwrap_or("")
+                )));
+            }
+            None => {}
+        }
+        Ok(d.ep.clone())
     }
 
     /// Judges replies with `unwell` (given the reply body): a reply it calls unwell (say, a
@@ -438,7 +498,14 @@ impl Client {
     }
 
     async fn connect(&self, id: usize, kind: TransportKind) -> Result<Arc<Channel>, RpcError> {
-        let ep = self.dests[id].lock().ep;
+        let ep = match self.resolved(id).await {
+            Ok(ep) => ep,
+            Err(e) => {
+                self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         let (t, addr) = match (kind, &self.rdma) {
             (TransportKind::Rdma, Some(r)) => (r, ep.rdma),
             _ => (&self.tcp, ep.tcp),

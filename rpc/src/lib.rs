@@ -18,7 +18,10 @@ pub mod policy;
 pub mod server;
 
 pub use channel::{alloc_frame, next_request_id, Channel};
-pub use client::{Client, ClientConfig, ClientCounts, ClientStats, DestinationCounts, Endpoint};
+pub use client::{
+    resolve_host, Client, ClientConfig, ClientCounts, ClientStats, DestinationCounts, Endpoint,
+    Resolver,
+};
 pub use error::RpcError;
 pub use frame::{ReplyTarget, Status, HEADER_LEN};
 pub use server::{serve, Handler, ServerStats};

@@ -86,7 +86,7 @@ async fn replica_with(pod: u32, delay: Duration, with_rdma: bool, sick: bool) ->
     // Without RDMA, point the RDMA address at a port nobody listens on.
     let rdma_addr =
         rdma.as_ref().map_or_else(|| "127.0.0.1:9".parse().unwrap(), |r| r.local_addr());
-    let ep = Endpoint { pod, rdma: rdma_addr, tcp: tcp.local_addr() };
+    let ep = Endpoint::at(pod, rdma_addr, tcp.local_addr());
     Replica { _rdma: rdma, _tcp: tcp, ep }
 }
 
@@ -108,7 +108,7 @@ fn local_cfg() -> ClientConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_echo_and_errors_come_back_as_errors() {
     let r = replica(0, Duration::ZERO, true).await;
-    let c = Arc::new(client(vec![r.ep], local_cfg()).await);
+    let c = Arc::new(client(vec![r.ep.clone()], local_cfg()).await);
     // 50 calls outstanding at once on one channel.
     let calls: Vec<_> = (0..50u32)
         .map(|i| {
@@ -136,7 +136,7 @@ async fn a_timed_out_request_is_retried_on_another_replica() {
     let slow = replica(0, Duration::from_millis(500), true).await;
     let fast = replica(1, Duration::ZERO, true).await;
     let cfg = ClientConfig { retry_probability: 1.0, local_pod: 0, ..local_cfg() };
-    let c = client(vec![slow.ep, fast.ep], cfg).await;
+    let c = client(vec![slow.ep.clone(), fast.ep.clone()], cfg).await;
     let m = c.call(&[0, 1], 2, b"hello").await.unwrap();
     assert_eq!(m.as_slice(), b"hello");
     let s = c.stats();
@@ -150,7 +150,7 @@ async fn rdma_failure_falls_back_to_tcp_and_returns_after_a_reprobe() {
     // A replica whose RDMA endpoint is dead but whose TCP works.
     let r = replica(0, Duration::ZERO, false).await;
     let cfg = ClientConfig { reprobe_interval: Duration::from_millis(300), ..local_cfg() };
-    let c = client(vec![r.ep], cfg).await;
+    let c = client(vec![r.ep.clone()], cfg).await;
     let m = c.call(&[0], 1, b"over tcp").await;
     // First call: RDMA fails twice (connect + reconnect) → fallback → retried over TCP by
     // the caller's next attempt.
@@ -176,7 +176,7 @@ async fn rdma_failure_falls_back_to_tcp_and_returns_after_a_reprobe() {
 async fn without_the_tcp_fallback_rdma_failures_fail_the_calls() {
     let r = replica(0, Duration::ZERO, false).await;
     // Port 9 is taken over by the re-probe test's RDMA listener: a dead port of our own.
-    let ep = Endpoint { rdma: "127.0.0.1:11".parse().unwrap(), ..r.ep };
+    let ep = Endpoint { rdma: "127.0.0.1:11".parse().unwrap(), ..r.ep.clone() };
     let cfg = ClientConfig { rdma_failures_before_fallback: u32::MAX, ..local_cfg() };
     let c = client(vec![ep], cfg).await;
     for _ in 0..3 {
@@ -196,11 +196,7 @@ fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
 async fn a_dead_destination_is_quarantined_after_m_connection_failures() {
     let healthy = replica(1, Duration::ZERO, true).await;
     // Not port 9: the re-probe test brings an RDMA listener up there.
-    let dead = Endpoint {
-        pod: 0,
-        rdma: "127.0.0.1:13".parse().unwrap(),
-        tcp: "127.0.0.1:13".parse().unwrap(),
-    };
+    let dead = Endpoint::at(0, "127.0.0.1:13".parse().unwrap(), "127.0.0.1:13".parse().unwrap());
     let cfg = ClientConfig {
         quarantine_connection_failures: 4,
         quarantine_probe_interval: Duration::from_secs(60),
@@ -239,9 +235,10 @@ async fn a_dead_destination_is_quarantined_after_m_connection_failures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_rdma_path_moves_the_call_to_the_other_mini_pod_before_tcp() {
     let local_replica = replica(0, Duration::ZERO, false).await;
-    let local = Endpoint { rdma: "127.0.0.1:15".parse().unwrap(), ..local_replica.ep };
+    let local = Endpoint { rdma: "127.0.0.1:15".parse().unwrap(), ..local_replica.ep.clone() };
     let remote = replica(1, Duration::ZERO, true).await;
-    let c = client(vec![local, remote.ep], ClientConfig { local_pod: 0, ..local_cfg() }).await;
+    let c =
+        client(vec![local.clone(), remote.ep], ClientConfig { local_pod: 0, ..local_cfg() }).await;
     for i in 0..3u8 {
         assert_eq!(c.call(&[0, 1], 1, &[i]).await.unwrap().as_slice(), &[i]);
     }
@@ -260,7 +257,7 @@ async fn a_failed_rdma_path_moves_the_call_to_the_other_mini_pod_before_tcp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_reprobes_of_a_destination_serving_over_tcp_do_not_quarantine_it() {
     let r = replica(0, Duration::ZERO, false).await;
-    let ep = Endpoint { rdma: "127.0.0.1:17".parse().unwrap(), ..r.ep };
+    let ep = Endpoint { rdma: "127.0.0.1:17".parse().unwrap(), ..r.ep.clone() };
     let cfg = ClientConfig {
         quarantine_connection_failures: 2,
         reprobe_interval: Duration::from_millis(20),
@@ -285,7 +282,9 @@ async fn unwell_replies_count_towards_quarantine_and_go_to_another_replica() {
     let sick = replica_with(0, Duration::ZERO, true, true).await;
     let well = replica(1, Duration::ZERO, true).await;
     let cfg = ClientConfig { quarantine_request_failures: 2, local_pod: 0, ..local_cfg() };
-    let c = client(vec![sick.ep, well.ep], cfg).await.with_unwell_replies(|b| b == UNWELL);
+    let c = client(vec![sick.ep.clone(), well.ep.clone()], cfg)
+        .await
+        .with_unwell_replies(|b| b == UNWELL);
     for i in 0..5u8 {
         assert_eq!(c.call(&[0, 1], 1, &[i]).await.unwrap().as_slice(), &[i], "the well one");
     }
@@ -294,6 +293,70 @@ async fn unwell_replies_count_towards_quarantine_and_go_to_another_replica() {
     assert!(c.is_quarantined(0));
     assert_eq!(relaxed(&s.failures), 0);
     // When every replica is unwell, the caller gets the reply (its status), not an error.
-    let c = client(vec![sick.ep], local_cfg()).await.with_unwell_replies(|b| b == UNWELL);
+    let c = client(vec![sick.ep.clone()], local_cfg()).await.with_unwell_replies(|b| b == UNWELL);
     assert_eq!(c.call(&[0], 1, b"x").await.unwrap().as_slice(), UNWELL);
+}
+
+/// A TCP-only replica answering `marker` to everything, on `ip:port`.
+async fn marked_replica(addr: SocketAddr, marker: bool) -> TcpTransport {
+    let pool = Pool::unregistered(Default::default()).unwrap().leak();
+    let tcp = tcp_on(pool, addr).await;
+    let h = Arc::new(Echo { pool, delay: Duration::ZERO, sick: marker });
+    tokio::spawn(serve(Transport::Tcp(tcp.clone()), h, Arc::new(ServerStats::default())));
+    tcp
+}
+
+// Issue 15, item 3: a destination named by host is resolved before each new connection, so
+// a replica that comes back under its name on another IP (a restarted Kubernetes pod) is
+// found; a name that does not resolve is a connection failure that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_destination_is_resolved_again_when_the_client_reconnects() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let first = marked_replica("127.0.0.1:0".parse().unwrap(), false).await;
+    let port = first.local_addr().port();
+    let unspecified = |p: u16| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), p);
+    let named = |host: &str| Endpoint {
+        pod: 0,
+        rdma: unspecified(9),
+        tcp: unspecified(port),
+        host: Some(host.into()),
+    };
+    let at = Arc::new(parking_lot::Mutex::new(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let (a, n) = (at.clone(), lookups.clone());
+    let resolver: bex_rpc::Resolver = Arc::new(move |name: &str| {
+        n.fetch_add(1, Ordering::Relaxed);
+        (name == "ps-moving").then(|| *a.lock())
+    });
+    let pool = Pool::unregistered(Default::default()).unwrap().leak();
+    let t = tcp_on(pool, "127.0.0.1:0".parse().unwrap()).await;
+    let c = Client::new(
+        None,
+        Transport::Tcp(t),
+        vec![named("ps-moving"), named("nowhere")],
+        local_cfg(),
+    )
+    .with_resolver(resolver);
+    assert_eq!(c.call(&[0], 1, b"hello").await.unwrap().as_slice(), b"hello");
+    assert_eq!(lookups.load(Ordering::Relaxed), 1, "resolved once, for the first connection");
+
+    // The replica dies and comes back on 127.0.0.2, same port, under the same name.
+    first.shutdown();
+    let _second =
+        marked_replica(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port), true).await;
+    *at.lock() = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let t0 = tokio::time::Instant::now();
+    loop {
+        match c.call(&[0], 1, b"hello").await {
+            Ok(m) if m.as_slice() == UNWELL => break, // the second replica's answer
+            _ => assert!(t0.elapsed() < Duration::from_secs(5), "never reached the new address"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(lookups.load(Ordering::Relaxed) >= 2, "resolved again on reconnect");
+
+    let e = c.call(&[1], 1, b"x").await.unwrap_err();
+    assert!(e.to_string().contains("nowhere: the name does not resolve"), "{e}");
+    assert!(c.stats().connect_failures.load(Ordering::Relaxed) >= 1);
 }

@@ -49,21 +49,25 @@ enum Kind {
 #[command(name = "trainer", version, after_help = bex_process::logging::LOG_HELP)]
 struct Args {
     /// Cluster configuration (TOML; see configs/local.toml).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "BEX_CONFIG")]
     config: PathBuf,
     /// This trainer's mini-pod (replicas there are read first); default: the training pod.
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", env = "BEX_POD", value_parser = bex_process::identity::parse_here_u32)]
     pod: Option<u32>,
-    /// Local IP the trainer's RDMA (software RNIC) and TCP transports bind to.
-    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    /// Local IP the trainer's RDMA (software RNIC) and TCP transports bind to, or `hostname`
+    /// (what this host's name resolves to: a container's or pod's own IP).
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1", env = "BEX_BIND_IP",
+          value_parser = bex_process::identity::parse_ip)]
     bind: IpAddr,
     /// Transport for requests; default: the config's `[transport].kind`.
     #[arg(long, value_enum)]
     transport: Option<Kind>,
     /// Trainer id: names it in logs and reports and is the default training-stream seed. A
     /// restart may reuse it: pushes are deduplicated under a fresh random identity per
-    /// start (reported as `push_id`), so a restarted trainer's pushes are applied.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// start (reported as `push_id`), so a restarted trainer's pushes are applied. A
+    /// number, or `ordinal` (the number ending the host name, as a StatefulSet names pods).
+    #[arg(long, value_name = "N", default_value = "1", env = "BEX_ID",
+          value_parser = bex_process::identity::parse_here)]
     id: u64,
     /// Train this many steps (default: `[trainer].steps`).
     #[arg(long, value_name = "N", conflicts_with = "seconds")]

@@ -998,9 +998,9 @@ async fn bench(
     let secret = cluster_secret(cfg, std::net::Ipv4Addr::LOCALHOST.into())?;
     let tcfg = transport_config(&cfg.transport, &secret);
     let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
-    let stack = Stack::open(&nic_spec(&cfg.transport), any, any, tcfg)
-        .await
-        .map_err(|e| format!("client transports: {e}"))?;
+    let nic = nic_spec(&cfg.transport).map_err(|e| e.to_string())?;
+    let stack =
+        Stack::open(&nic, any, any, tcfg).await.map_err(|e| format!("client transports: {e}"))?;
     let (rdma, tcp) = stack.transports();
     let topo = cfg.topology().map_err(|e| e.to_string())?;
     let ccfg = client_config(&cfg.rpc, 0, 7, ClientRole::Serving);

@@ -358,7 +358,7 @@ impl Cluster {
 
     async fn start_from(&mut self, pod: u32, shard: u32, from: Restored, restored: bool) {
         let Restored { tables, update_seq, windows: dedupe_windows } = from;
-        let a = *self.topo.server(pod, shard).expect("the shard is in the topology");
+        let a = self.topo.server(pod, shard).expect("the shard is in the topology").clone();
         let (rdma, tcp) = self.host(a.rdma, a.tcp);
         // Replayable, as a process's random identity is not: from the seed, fresh per start.
         self.starts += 1;

@@ -370,7 +370,7 @@ pub async fn rpc_hol(
         ..bex_rpc::ClientConfig::default()
     };
     // The job's one transport serves as the client's only path (`rdma: None`: no ladder).
-    let ep = bex_rpc::Endpoint { pod: 0, rdma: addr, tcp: addr };
+    let ep = bex_rpc::Endpoint::at(0, addr, addr);
     let client = Arc::new(bex_rpc::Client::new(None, transport.clone(), vec![ep], cfg));
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));

@@ -103,6 +103,9 @@ pub struct DeviceStats {
     pub tx_packets: u64,
     /// Packets received.
     pub rx_packets: u64,
+    /// Packets that never reached the wire (the software RNIC's socket refused them: an
+    /// unreachable peer, or larger than the link's MTU).
+    pub send_errors: u64,
 }
 
 /// A registered memory region.

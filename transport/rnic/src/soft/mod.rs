@@ -473,6 +473,7 @@ impl Device for SoftDevice {
             ack_timeouts: c.ack_timeouts,
             tx_packets: c.tx_packets,
             rx_packets: c.rx_packets,
+            send_errors: c.wire_send_errors,
         }
     }
 

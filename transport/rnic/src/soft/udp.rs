@@ -78,6 +78,8 @@ impl UdpConfig {
 #[derive(Debug, Default)]
 struct WireStats {
     send_errors: AtomicU64,
+    /// A send larger than the link's MTU was reported (once: it is a configuration error).
+    too_big_reported: AtomicBool,
     recv_errors: AtomicU64,
     fault_drops: AtomicU64,
 }
@@ -508,9 +510,9 @@ impl Shared {
                     let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
                     let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
                 }
-                Err(_) => {
+                Err(e) => {
                     // As in `transmit`: lost; the protocol recovers or fails the QP.
-                    self.stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                    self.send_failed(&std::io::Error::from(e), segment, destination);
                     return;
                 }
             }
@@ -535,13 +537,31 @@ impl Shared {
                     let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
                     let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
                 }
-                Err(_) => {
+                Err(e) => {
                     // Unreachable peer, filtered, too big for the link, …: the packets are
                     // lost; the protocol retransmits or fails the QP by its retry count.
-                    self.stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                    self.send_failed(&e, segment.unwrap_or(contents.len()), destination);
                     return;
                 }
             }
+        }
+    }
+
+    /// Counts a failed send. One too big for the link (never fragmented, as RoCE) is a
+    /// configuration error that would otherwise look like a dead peer (retries exhausted,
+    /// then TCP fallback), so the first is logged with its fix.
+    fn send_failed(&self, e: &std::io::Error, packet: usize, destination: SocketAddr) {
+        self.stats.send_errors.fetch_add(1, Ordering::Relaxed);
+        if e.raw_os_error() == Some(nix::libc::EMSGSIZE)
+            && !self.stats.too_big_reported.swap(true, Ordering::Relaxed)
+        {
+            tracing::error!(
+                packet_bytes = packet,
+                %destination,
+                "the link's MTU is smaller than a RoCE packet: set [transport] path_mtu to at \
+                 most the interface MTU minus 63 B (IPv4; 83 B for IPv6), e.g. 1024 on a \
+                 1500 B network, or raise the MTU; `bex-cluster doctor` checks it"
+            );
         }
     }
 }
@@ -619,5 +639,26 @@ fn progress_thread(dev: Weak<DevInner>, shared: Arc<Shared>, spin: Duration) {
         shared.thread_wake_ns.store(u64::MAX, Ordering::Release);
         let _ = shared.waker.read();
         idle_since = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_datagram_the_socket_refuses_is_counted_and_too_big_is_reported_once() {
+        let cfg = UdpConfig::new("127.0.0.1:0".parse().unwrap());
+        let (wire, local) = UdpWire::bind(&cfg).unwrap();
+        let s = &wire.shared;
+        // Larger than any IPv4 datagram: EMSGSIZE, as a packet over the link MTU gets with
+        // don't-fragment set.
+        let huge = vec![0u8; 70_000];
+        s.transmit(&huge, local, None);
+        s.transmit(&huge, local, None);
+        assert_eq!(s.stats.send_errors.load(Ordering::Relaxed), 2);
+        assert!(s.stats.too_big_reported.load(Ordering::Relaxed), "reported");
+        s.transmit(&[0u8; 64], local, None);
+        assert_eq!(s.stats.send_errors.load(Ordering::Relaxed), 2, "a small one goes out");
     }
 }
