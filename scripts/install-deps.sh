@@ -6,7 +6,8 @@
 #   debootstrap          the container base image (scripts/docker.sh)
 #   docker.io, docker-compose   unless a Docker Engine / Compose is already installed
 #   kubernetes-client    kubectl (kustomize), unless a kubectl is installed
-#   python3-venv, python3-yaml  kubernetes-validate (from PyPI, in target/py) and the checks
+#   python3-venv, python3-yaml  a venv in target/py (from PyPI: kubernetes-validate, and numpy
+#                        and pytest for the bex Python package) and the checks
 #   + the verbs build dependencies (scripts/install-verbs-deps.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +31,12 @@ else
     echo "install-deps: not root; assuming system packages are present" >&2
 fi
 
-# kubernetes-validate (the Kubernetes schemas, offline once installed) in its own venv.
-if [ ! -x target/py/bin/kubernetes-validate ]; then
+# One venv for the Python tools: kubernetes-validate (the Kubernetes schemas, offline once
+# installed), and numpy and pytest for the bex package (python/; pip fetches maturin to
+# build it).
+if [ ! -x target/py/bin/kubernetes-validate ] || [ ! -x target/py/bin/pytest ]; then
     python3 -m venv target/py
-    target/py/bin/pip install -q kubernetes-validate
+    target/py/bin/pip install -q kubernetes-validate numpy pytest
 fi
 
 for component in rustfmt clippy; do

@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it started, in minutes since the first, so slow steps show in CI logs.
+started=$SECONDS
+step() { printf '\n==> [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
 
 step "install dependencies"
 scripts/install-deps.sh
@@ -19,6 +21,14 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "cargo clippy (--features bex-rnic-verbs/verbs)"
 cargo clippy --locked --workspace --all-targets --features bex-rnic-verbs/verbs -- -D warnings
+
+step "layering: no client binary links the server (ranker, trainer, bex-chaos, bex-cluster)"
+for p in bex-ranker bex-trainer bex-chaos bex-launcher; do
+    if cargo tree --locked -e normal -p "$p" --prefix none | grep -q '^bex-ps-server '; then
+        echo "$p depends on bex-ps-server" >&2
+        exit 1
+    fi
+done
 
 step "cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps -q
@@ -61,6 +71,10 @@ target/release/bex-cluster run --config configs/local.toml --out target/e2e \
 target/release/bex-exp check target/e2e/report.json --min-auc 0.75
 step "the Grafana dashboard's queries against what that cluster's servers, rankers and trainers exported"
 target/release/bex-exp dashboard deploy/grafana/bex-dashboard.json target/e2e/metrics
+
+step "Python: pip install ./python (PyO3 + maturin), then pytest against a cluster bex-cluster holds"
+target/py/bin/pip install -q ./python
+target/py/bin/python -m pytest -q python/tests
 
 if [ "$(id -u)" -eq 0 ]; then
     step "chaos on real processes: kill -9, restart, loss, partition under load; invariants verified"

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bex_ps_server::client::PsClient;
+use bex_client::fanout::PsClient;
 use serde::{Deserialize, Serialize};
 
 use crate::{canary_key, shared_canary_key};

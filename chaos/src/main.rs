@@ -10,12 +10,12 @@ use std::time::Duration;
 use bex_chaos::canary::{self, CanaryReport};
 use bex_chaos::canary_table;
 use bex_chaos::verify::{self, KeySet};
+use bex_client::connect_client;
+use bex_client::node::ClientRole;
 use bex_model::{dense_keys, dense_len, SyntheticClicks};
 use bex_process::exit_with_parent;
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
-use bex_ps_server::node::ClientRole;
-use bex_ps_server::process::connect_client;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Invariant checkers for chaos runs on real processes (`bex-cluster` applies the faults):

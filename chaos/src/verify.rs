@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_client::fanout::PsClient;
 use bex_ps_core::wire::{self, DataHeader, Limits, Op};
-use bex_ps_server::client::PsClient;
 use serde::Serialize;
 
 use crate::canary::CanaryReport;

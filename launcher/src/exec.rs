@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -129,6 +130,8 @@ pub struct Executor {
     namespaces: Vec<String>,
     reasons: Vec<String>,
     torn_down: bool,
+    /// `launch.hold` kept the cluster up until a signal: the signal ends the run, not fails it.
+    held: bool,
     /// When the first phase started: the chaos schedule's zero.
     chaos_t0: Option<Instant>,
     /// The schedule, in time order, and how much of it has run.
@@ -211,6 +214,7 @@ impl Executor {
             namespaces: Vec::new(),
             reasons: Vec::new(),
             torn_down: false,
+            held: false,
             chaos_t0: None,
             chaos,
             chaos_next: 0,
@@ -385,6 +389,45 @@ impl Executor {
             }
         }
         None
+    }
+
+    /// `launch.hold`: keeps the servers up until SIGTERM or SIGINT, the expected end of the
+    /// run (a server exiting meanwhile fails it).
+    fn hold(&mut self) {
+        // Clients started by other means need the secret this run made up (0600: it is the
+        // cluster's credential).
+        let secret = match &self.secret {
+            Some(secret) => {
+                let path = self.out.join("secret");
+                let written = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, secret.as_bytes()));
+                if let Err(e) = written {
+                    self.reasons.push(format!("{}: {e}", path.display()));
+                    return;
+                }
+                format!("BEX_SECRET from {}", path.display())
+            }
+            None => "this BEX_SECRET".to_string(),
+        };
+        println!(
+            "bex-cluster: holding the cluster; clients connect with --config {} and {secret}; \
+             SIGTERM or Ctrl-C stops it",
+            self.plan.config_path.display()
+        );
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        while self.stop.signal().is_none() {
+            if let Some(r) = self.server_died() {
+                self.reasons.push(r);
+                return;
+            }
+            wait_then_now(Duration::from_millis(100));
+        }
+        self.held = true;
     }
 
     /// Applies every scheduled fault that is due.
@@ -926,6 +969,9 @@ impl Executor {
                             o.insert("deadline_invariant".into(), d);
                         }
                     }
+                    if self.launch.hold && self.reasons.is_empty() && !self.interrupted() {
+                        self.hold();
+                    }
                 }
                 Err(e) => self.reasons.push(e),
             }
@@ -951,6 +997,7 @@ impl Executor {
         }
         let ok = self.reasons.is_empty();
         let exit_code = match self.stop.signal() {
+            Some(_) if ok && self.held => 0,
             Some(sig) => 128 + sig as i32,
             None if ok => 0,
             None => 1,

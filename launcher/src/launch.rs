@@ -78,6 +78,9 @@ pub struct LaunchConfig {
     /// their own address, on loopback on this port plus their id minus one. 0: they do
     /// not. The launcher keeps each process's last scrape in `<out>/metrics/NAME.prom`.
     pub client_metrics_port: u16,
+    /// After the phases, keep the servers up until SIGTERM or SIGINT, then tear down as
+    /// usual and succeed: a cluster for clients started by other means (Python, a shell).
+    pub hold: bool,
 }
 
 impl Default for LaunchConfig {
@@ -101,6 +104,7 @@ impl Default for LaunchConfig {
             chaos: Vec::new(),
             verify_settle_s: 15.0,
             client_metrics_port: 19100,
+            hold: false,
         }
     }
 }

@@ -42,6 +42,8 @@ const RUN_AFTER: &str = "\
   fresh_data = true                 empty tables each run (checkpoints in OUT/data); false: [cluster].data_dir
   client_metrics_port = 19100       rankers/trainers serve /metrics here (loopback: + id - 1; 0 = off);
                                     every process's last scrape is kept in OUT/metrics/NAME.prom
+  hold = false                      after the phases keep the servers up until SIGTERM/Ctrl-C
+                                    (then exit 0); clients use OUT/cluster.toml and OUT/secret
 Examples:
   bex-cluster run --config configs/local.toml --set 'launch.ranker_args=[\"--seconds\",\"10\"]'
   bex-cluster run --config configs/local.toml --mode netns --set launch.link_rate=1gbit";

@@ -7,6 +7,7 @@
 //! when fresh; or set `BEX_BIN_DIR` to a directory holding it) and is symlinked next to the
 //! fakes into a per-test `bin_dir`.
 
+use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -101,8 +102,8 @@ fn setup(name: &str, pods: u32, shards: u32) -> Run {
 fn base_port(salt: u16) -> u16 {
     static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
     let base =
-        *BASE.get_or_init(|| bex_process::free_local_ports(54).expect("free loopback ports"));
-    assert!(salt < 9, "salt {salt} is outside the block");
+        *BASE.get_or_init(|| bex_process::free_local_ports(60).expect("free loopback ports"));
+    assert!(salt < 10, "salt {salt} is outside the block");
     base + salt * 6
 }
 
@@ -256,6 +257,46 @@ fn recorded(launcher: u32) -> Vec<u64> {
         .lines()
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .collect()
+}
+
+#[test]
+fn a_held_cluster_serves_until_sigterm_and_then_succeeds() {
+    let r = setup("hold", 1, 2);
+    let mut child = r
+        .cmd(9, &["launch.phases=[]", "launch.hold=true"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let held = lines.by_ref().map_while(Result::ok).find(|l| l.contains("holding the cluster"));
+    let held = held.expect("the launcher says it holds the cluster");
+    // The file it names is what clients connect with: its servers answer.
+    let config = held.split("--config ").nth(1).unwrap().split(" and ").next().unwrap();
+    let secret = r.dir.join("out/secret");
+    let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the run's secret is readable by its owner only");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap().len(), 32);
+    let cfg = bex_ps_core::Config::load(std::path::Path::new(config)).unwrap();
+    let topo = cfg.topology().unwrap();
+    pause(300);
+    for shard in 0..2 {
+        let http = topo.server(0, shard).unwrap().http;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (code, _) = rt.block_on(bex_process::http::get(http, "/health")).unwrap();
+        assert_eq!(code, 200, "shard {shard} serves while held");
+    }
+    assert!(child.try_wait().unwrap().is_none(), "still holding");
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a signal is how a held run ends");
+    let rep: Value =
+        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
+            .unwrap();
+    assert_eq!(rep["ok"], true, "{rep:#}");
+    for s in rep["servers"].as_array().unwrap() {
+        assert_eq!(s["status"]["exit_code"], 0, "drained and checkpointed: {s:#}");
+    }
 }
 
 #[test]

@@ -1,12 +1,15 @@
 //! What every bex process shares, server or client or tool: dying with its parent (so a
 //! launcher that is SIGKILLed leaves no orphans), a fresh identity per start, free loopback
 //! ports for local runs, CPU and context-switch accounting from `/proc`, its log
-//! subscriber ([`logging`]) and its identity from the environment ([`identity`]).
+//! subscriber ([`logging`]), its identity from the environment ([`identity`]) and the small
+//! HTTP server of `/health` and `/metrics` ([`http`]).
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod clock;
+pub mod http;
 pub mod identity;
 pub mod logging;
 

@@ -1,21 +1,14 @@
-//! The parameter server process and the client rankers and trainers use.
+//! The parameter server process. Its client side (the fan-out client, transports from the
+//! cluster file, `/metrics` series of transports, RPC and process) is `bex-client`, which
+//! rankers and trainers link without the server.
 //!
-//! - [`node`]: transports (software RNIC + RDMA, TCP) from the cluster config;
 //! - [`server`]: one shard of one mini-pod — Fetch, Push (idempotent by client and
 //!   sequence), Replicate (the training pod forwards applied rows to the other pods),
 //!   Snapshot, Checkpoint, Health, Tables, Admin;
 //! - [`shard`]: one shard's server assembled from its transports (the process and the
 //!   simulation run the same code);
-//! - [`client`]: the fan-out client;
-//! - [`http`]: `/health` and `/metrics`;
-//! - [`telemetry`]: the transport, NIC, pool, RPC and process series of `/metrics`.
 #![forbid(unsafe_code)]
 
-pub mod client;
-pub mod clock;
-pub mod http;
-pub mod node;
-pub mod process;
+pub use bex_process::clock;
 pub mod server;
 pub mod shard;
-pub mod telemetry;

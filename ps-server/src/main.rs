@@ -13,14 +13,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_client::node::{cluster_secret, nic_spec, transport_config};
+use bex_client::telemetry;
+use bex_process::http;
 use bex_process::{identity, incarnation_id};
 use bex_ps_core::checkpoint;
 use bex_ps_core::control::ServingState;
 use bex_ps_core::{Config, TableSet};
-use bex_ps_server::node::{cluster_secret, nic_spec, transport_config};
 use bex_ps_server::server::PsServer;
 use bex_ps_server::shard::{start_shard, ShardStart};
-use bex_ps_server::{http, telemetry};
 use bex_transport::Transport;
 
 struct Args {
@@ -215,7 +216,7 @@ async fn serve(args: Args, cfg: Config) {
             dedupe_windows,
             restored,
             incarnation,
-            version_floor: bex_ps_server::process::version_floor(),
+            version_floor: bex_ps_server::shard::version_floor(),
         },
         stack.transports(),
     )

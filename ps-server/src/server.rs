@@ -614,7 +614,7 @@ impl PsServer {
             .expect("static metric");
         }
         if let Some(c) = &self.repl_client {
-            crate::telemetry::register_rpc_client(reg, "replication", c.clone())
+            bex_client::telemetry::register_rpc_client(reg, "replication", c.clone())
                 .expect("static metric");
         }
     }

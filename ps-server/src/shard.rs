@@ -18,8 +18,16 @@ use bex_rpc::{serve, Client, ClientConfig, Endpoint, ServerStats};
 use bex_transport::Transport;
 use tokio::task::JoinHandle;
 
-use crate::node::{client_config, ClientRole};
 use crate::server::{Handler, PsServer, ServerParts};
+use bex_client::node::{client_config, ClientRole};
+
+/// The least row version this process's pushes write: microseconds since the Unix epoch.
+/// A row's version grows by one per push of it, far slower than a microsecond clock, so a
+/// later start writes versions above every earlier start's (a restarted training shard also
+/// raises it above every version its replicas hold, for a clock that went back).
+pub fn version_floor() -> u64 {
+    crate::clock::unix_ms().saturating_mul(1000).max(1)
+}
 
 /// How long a fresh replica keeps trying to copy its shard from the training pod before it
 /// serves without it (its rows would then be initial values until pushes replace them, so
@@ -146,7 +154,7 @@ pub struct ShardStart {
     /// [`bex_process::incarnation_id`].
     pub incarnation: u64,
     /// The least row version this incarnation's pushes write (see
-    /// [`ServerParts::version_floor`]): [`crate::process::version_floor`] in a process.
+    /// [`ServerParts::version_floor`]): [`version_floor`] in a process.
     pub version_floor: u64,
 }
 
@@ -200,7 +208,7 @@ pub async fn start_shard(
     let target_pods: Vec<u32> = targets.iter().map(|e| e.pod).collect();
     let repl_client = Arc::new(
         Client::new(Some(rdma.clone()), tcp.clone(), targets.clone(), ccfg.clone())
-            .with_unwell_replies(crate::client::unwell_reply),
+            .with_unwell_replies(bex_client::fanout::unwell_reply),
     );
     let limits = Limits {
         max_frame_bytes: cfg.server.max_request_bytes,
@@ -231,7 +239,7 @@ pub async fn start_shard(
         cfg.server.replication_batch_keys as usize,
     );
     let stats = Arc::new(ServerStats::default());
-    crate::telemetry::register_rpc_server(&server.metrics.registry, stats.clone())
+    bex_client::telemetry::register_rpc_server(&server.metrics.registry, stats.clone())
         .expect("static metric");
     let handler = Arc::new(Handler(server.clone()));
     let serve_both = || {

@@ -8,10 +8,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_client::fanout::{PsClient, PsError};
+use bex_client::node::{client_config, cluster_secret, nic_spec, transport_config, ClientRole};
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
 use bex_ps_core::Config;
-use bex_ps_server::client::{PsClient, PsError};
-use bex_ps_server::node::{client_config, cluster_secret, nic_spec, transport_config, ClientRole};
 use bex_transport::Stack;
 
 struct Cluster {
@@ -474,7 +474,7 @@ async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
         "still serving"
     );
     let http = c.cfg.topology().unwrap().server(0, 0).unwrap().http;
-    let (code, metrics) = bex_ps_server::http::get(http, "/metrics").await.unwrap();
+    let (code, metrics) = bex_process::http::get(http, "/metrics").await.unwrap();
     assert_eq!(code, 200);
     for status in ["bad_frame", "unknown_table", "wrong_dim", "too_large"] {
         let line = metrics
@@ -483,7 +483,7 @@ async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
             .unwrap_or_else(|| panic!("no {status} counter in\n{metrics}"));
         assert!(!line.ends_with(" 0"), "{line}");
     }
-    let (code, health) = bex_ps_server::http::get(http, "/health").await.unwrap();
+    let (code, health) = bex_process::http::get(http, "/health").await.unwrap();
     assert_eq!(code, 200, "{health}");
     assert!(health.contains("Serving"), "{health}");
 }
@@ -510,7 +510,7 @@ async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() 
     trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
     let http = c.cfg.topology().unwrap().server(0, 0).unwrap().http;
     let scrape = || async move {
-        let (code, text) = bex_ps_server::http::get(http, "/metrics").await.unwrap();
+        let (code, text) = bex_process::http::get(http, "/metrics").await.unwrap();
         assert_eq!(code, 200);
         text
     };
@@ -604,7 +604,7 @@ async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
     let mut rows = 0u64;
     for shard in 0..2 {
         let (code, body) =
-            bex_ps_server::http::get(topo.server(1, shard).unwrap().http, "/health").await.unwrap();
+            bex_process::http::get(topo.server(1, shard).unwrap().http, "/health").await.unwrap();
         assert_eq!(code, 200, "{body}");
         let h: serde_json::Value = serde_json::from_str(&body).unwrap();
         rows += h["tables"][0]["rows"].as_u64().unwrap();
@@ -643,8 +643,8 @@ async fn converged(c: &Cluster, secret: &[u8], ks: &[u64], within: Duration) -> 
 // duplicates by the replicas, which then never converged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
+    use bex_client::connect_client;
     use bex_ps_core::config::TransportKind;
-    use bex_ps_server::process::connect_client;
     let mut c = Cluster::new("restarts", 7).await;
     let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let ks = keys(100);
@@ -708,8 +708,8 @@ enum Stop {
 /// applied pushes: none acknowledged may be missing, none applied twice; and the pods end
 /// with the same whole rows.
 async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
+    use bex_client::connect_client;
     use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig, TransportKind};
-    use bex_ps_server::process::connect_client;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let mut c = Cluster::with(name, salt, |cfg| {
         cfg.tables.push(TableConfig {
@@ -935,7 +935,7 @@ fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     rt.unwrap().block_on(async {
         let local = std::net::IpAddr::from([127, 0, 0, 1]);
-        let node = bex_ps_server::process::connect_client(
+        let node = bex_client::connect_client(
             &cfg,
             0,
             local,

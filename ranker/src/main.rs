@@ -8,11 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_client::connect_client;
+use bex_client::node::ClientRole;
 use bex_process::{exit_with_parent, CpuTimes, SystemCpu};
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
-use bex_ps_server::node::ClientRole;
-use bex_ps_server::process::connect_client;
 use bex_ranker::report::{self, RunInfo};
 use bex_ranker::run::{run, Ranker, RankerMetrics, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bex_client::fanout::{PsClient, PsError};
 use bex_ps_core::metrics as prom;
-use bex_ps_server::client::{PsClient, PsError};
 use bex_rpc::RpcError;
 use bex_traffic::{
     Arrivals, Completion, ModelRequest, Outcome, Recorder, Request, RequestGen, TraceRecord,

@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bex_client::connect_client;
+use bex_client::node::ClientRole;
 use bex_process::{exit_with_parent, CpuTimes};
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::metrics::{Counter, Gauge, MetricsError, Registry};
 use bex_ps_core::Config;
-use bex_ps_server::node::ClientRole;
-use bex_ps_server::process::connect_client;
 use bex_trainer::clock;
 use bex_trainer::report::{Report, RnicCounters};
 use bex_trainer::settings::{Overrides, Settings};

@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use bex_client::fanout::PsClient;
 use bex_ps_core::{Config, Table};
-use bex_ps_server::client::PsClient;
 
 /// A failed fetch or push, as text (the loop only counts and reports it).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -25,13 +25,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use bex_client::fanout::PsClient;
+use bex_client::node::{
+    client_config, cluster_secret, nic_spec, set_nic, transport_config, ClientRole,
+};
 use bex_process::{context_switches, CpuTimes};
 use bex_ps_core::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
 use bex_ps_core::Config;
-use bex_ps_server::client::PsClient;
-use bex_ps_server::node::{
-    client_config, cluster_secret, nic_spec, set_nic, transport_config, ClientRole,
-};
 use bex_rnic_perf::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use bex_transport::{NicSpec, Stack};
 use hdrhistogram::Histogram;
@@ -758,7 +758,7 @@ async fn run_cell(
                         if rows.len() == k * DIM as usize {
                             Ok(())
                         } else {
-                            Err(bex_ps_server::client::PsError::Protocol(format!(
+                            Err(bex_client::fanout::PsError::Protocol(format!(
                                 "{} floats for {k} keys",
                                 rows.len()
                             )))

@@ -35,11 +35,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bemalloc::PoolConfig;
+use bex_client::fanout::PsClient;
+use bex_client::node::{client_config, transport_config, ClientRole};
 use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig};
 use bex_ps_core::topology::Topology;
 use bex_ps_core::{Config, TableSet};
-use bex_ps_server::client::PsClient;
-use bex_ps_server::node::{client_config, transport_config, ClientRole};
 use bex_ps_server::shard::{start_shard, RunningShard, ShardStart};
 use bex_rnic::soft::{FaultRates, LinkFault, LinkModel};
 use bex_transport::sim::SimNet;

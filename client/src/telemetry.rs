@@ -1,5 +1,5 @@
 //! What a bex process exports on `/metrics` besides a server's own series
-//! ([`crate::server::Metrics`]): its NIC, transports and registered pool ([`register_stack`]),
+//! (`bex_ps_server::server::Metrics`): its NIC, transports and registered pool ([`register_stack`]),
 //! RPC clients and servers ([`register_rpc_client`], [`register_rpc_server`]) and the process
 //! itself ([`register_process`]). Every value is read from the component's own counters when
 //! `/metrics` is scraped (`counter_fn`, `gauge_fn`), so nothing is added to a hot path and

@@ -1,4 +1,5 @@
-//! The one place this crate reads clocks.
+//! The one place the server and client crates read clocks (tokio's, so tests on a paused
+//! runtime see virtual time).
 
 /// Now (tokio's clock).
 pub fn now() -> std::time::Instant {

@@ -1,6 +1,5 @@
-//! What a client process (ranker, trainer, canary) and `ps-server` share of the PS: the row
-//! version floor of a start, and connecting a [`PsClient`] from the cluster config. The
-//! process helpers every program shares are in `bex-process`.
+//! Connecting a client process (ranker, trainer, canary) from the cluster file: its NIC and
+//! transports, a [`PsClient`] under a fresh push identity, and its `/metrics`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -12,18 +11,10 @@ use bex_ps_core::metrics::Registry;
 use bex_ps_core::Config;
 use bex_transport::Stack;
 
-use crate::client::PsClient;
+use crate::fanout::PsClient;
 use crate::node::{
     client_config, cluster_secret, nic_spec, transport_config, ClientRole, SetupError,
 };
-
-/// The least row version this process's pushes write: microseconds since the Unix epoch.
-/// A row's version grows by one per push of it, far slower than a microsecond clock, so a
-/// later start writes versions above every earlier start's (a restarted training shard also
-/// raises it above every version its replicas hold, for a clock that went back).
-pub fn version_floor() -> u64 {
-    crate::clock::unix_ms().saturating_mul(1000).max(1)
-}
 
 /// A client process's transports and its PS client.
 #[derive(Debug)]
@@ -46,13 +37,13 @@ impl ClientNode {
         &self,
         addr: SocketAddr,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-        crate::http::serve(addr, Arc::new(ClientEndpoints(self.registry.clone()))).await
+        bex_process::http::serve(addr, Arc::new(ClientEndpoints(self.registry.clone()))).await
     }
 }
 
 struct ClientEndpoints(Arc<Registry>);
 
-impl crate::http::Endpoints for ClientEndpoints {
+impl bex_process::http::Endpoints for ClientEndpoints {
     fn health(&self) -> (bool, String) {
         (true, "{\"state\":\"running\"}".into())
     }

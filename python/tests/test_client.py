@@ -1,0 +1,87 @@
+"""bex.Client against a real cluster (conftest.py): round trips over RDMA and TCP, errors,
+many threads."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+import bex
+
+
+@pytest.fixture(params=["rdma", "tcp"])
+def client(cluster, request):
+    return bex.Client(cluster, transport=request.param)
+
+
+def test_tables_are_described(client):
+    t = client.tables
+    assert set(t) == {"emb", "wide"}
+    assert (t["emb"].id, t["emb"].dim) == (0, 8)
+    assert t["wide"].dim == 64
+
+
+def test_fetch_returns_rows_in_key_order_with_duplicates(client):
+    keys = np.array([5, 1, 5, 1 << 63], dtype=np.uint64)
+    rows = client.fetch("emb", keys)
+    assert rows.dtype == np.float32 and rows.shape == (4, 8)
+    np.testing.assert_array_equal(rows[0], rows[2])
+    # The same rows by table id, bit for bit.
+    np.testing.assert_array_equal(client.fetch(0, keys), rows)
+
+
+def test_a_push_changes_exactly_its_rows_once(client):
+    keys = np.arange(1000, 1010, dtype=np.uint64) + (10_000 if client.transport == "tcp" else 0)
+    before = client.fetch("wide", keys)
+    other = client.fetch("wide", keys + 100_000)
+    grads = np.full((len(keys), 64), 0.5, dtype=np.float32)
+    client.push("wide", keys, grads)
+    after = client.fetch("wide", keys)
+    assert not np.array_equal(before, after), "the pushed rows changed"
+    np.testing.assert_array_equal(client.fetch("wide", keys + 100_000), other)
+
+
+def test_two_clients_see_the_same_bits(cluster):
+    keys = np.arange(0, 300, dtype=np.uint64) * 7919
+    a = bex.Client(cluster, transport="rdma").fetch("wide", keys)
+    b = bex.Client(cluster, transport="tcp").fetch("wide", keys)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_errors_are_exceptions_named_after_their_cause(cluster, client, tmp_path):
+    keys = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(bex.UnknownTable):
+        client.fetch("nope", keys)
+    with pytest.raises(ValueError):
+        client.push("emb", keys, np.zeros((2, 7), dtype=np.float32))
+    with pytest.raises(TypeError):
+        client.fetch("emb", np.array([1.5], dtype=np.float64))
+    with pytest.raises(bex.ConfigError):
+        bex.Client(tmp_path / "missing.toml")
+    with pytest.raises(bex.ConfigError):
+        bex.Client(cluster, transport="carrier-pigeon")
+    assert issubclass(bex.UnknownTable, bex.ServerError)
+    assert issubclass(bex.ServerError, bex.BexError)
+
+
+def test_an_unreachable_cluster_is_an_rpc_error(tmp_path):
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text(
+        "[cluster]\npods = 1\nshards = 1\nbase_port = 9\n"
+        "[[tables]]\nname = \"emb\"\ndim = 8\n"
+    )
+    c = bex.Client(cfg, transport="tcp", training=False)
+    with pytest.raises(bex.RpcError):
+        c.fetch("emb", np.array([1], dtype=np.uint64))
+
+
+def test_many_threads_share_one_client(client):
+    def work(i):
+        keys = np.arange(i * 64, i * 64 + 64, dtype=np.uint64)
+        return i, client.fetch("emb", keys)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = dict(pool.map(work, range(64)))
+    for i, rows in results.items():
+        np.testing.assert_array_equal(
+            rows, client.fetch("emb", np.arange(i * 64, i * 64 + 64, dtype=np.uint64)))
