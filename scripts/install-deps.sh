@@ -6,8 +6,9 @@
 #   debootstrap          the container base image (scripts/docker.sh)
 #   docker.io, docker-compose   unless a Docker Engine / Compose is already installed
 #   kubernetes-client    kubectl (kustomize), unless a kubectl is installed
-#   python3-venv, python3-yaml  a venv in target/py (from PyPI: kubernetes-validate, and numpy
-#                        and pytest for the bex Python package) and the checks
+#   python3-venv, python3-yaml  a venv at target/py (from PyPI, python/requirements-test.txt:
+#                        kubernetes-validate, and numpy, pytest, torch and TorchRec for the
+#                        bex Python package) and the checks
 #   + the verbs build dependencies (scripts/install-verbs-deps.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,12 +33,23 @@ else
 fi
 
 # One venv for the Python tools: kubernetes-validate (the Kubernetes schemas, offline once
-# installed), and numpy and pytest for the bex package (python/; pip fetches maturin to
-# build it).
-if [ ! -x target/py/bin/kubernetes-validate ] || [ ! -x target/py/bin/pytest ]; then
-    python3 -m venv target/py
-    target/py/bin/pip install -q kubernetes-validate numpy pytest
+# installed), and numpy, pytest, torch and TorchRec for the bex package (python/; pip fetches
+# maturin to build it). torch is 5.5 GB installed, so the venv lives outside the clone, under
+# ~/.cache/bex (BEX_PY_CACHE), keyed by the requirements' hash: a second clean clone reuses
+# it. target/py links to it.
+requirements=python/requirements-test.txt
+torchrec=torchrec==1.9.2   # with --no-deps: see $requirements
+key=$( (cat "$requirements"; echo "$torchrec") | sha256sum | cut -c1-12)
+venv="${BEX_PY_CACHE:-$HOME/.cache/bex}/py-$key"
+if [ ! -e "$venv/.complete" ]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q -r "$requirements"
+    "$venv/bin/pip" install -q --no-deps "$torchrec"
+    touch "$venv/.complete"
 fi
+mkdir -p target
+ln -sfn "$venv" target/py
 
 for component in rustfmt clippy; do
     if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then

@@ -72,9 +72,12 @@ target/release/bex-exp check target/e2e/report.json --min-auc 0.75
 step "the Grafana dashboard's queries against what that cluster's servers, rankers and trainers exported"
 target/release/bex-exp dashboard deploy/grafana/bex-dashboard.json target/e2e/metrics
 
-step "Python: pip install ./python (PyO3 + maturin), then pytest against a cluster bex-cluster holds"
+step "Python: pip install ./python (PyO3 + maturin), then pytest against clusters bex-cluster holds (bex.torch, the DLRM example's AUC)"
+cargo build --locked --release -q -p bex-client --bin bex-rows
 target/py/bin/pip install -q ./python
 target/py/bin/python -m pytest -q python/tests
+step "Python binding overhead, quick: bex.Client.fetch 1000x64 against ps-bench on the same server"
+target/py/bin/python python/bench/fetch.py --quick --out target/pybench
 
 if [ "$(id -u)" -eq 0 ]; then
     step "chaos on real processes: kill -9, restart, loss, partition under load; invariants verified"

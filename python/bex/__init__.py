@@ -9,7 +9,8 @@ Calls release the GIL while they wait, so many threads can share one client. Ser
 statuses raise subclasses of ``bex.ServerError`` named after the status (``bex.WrongDim``,
 ``bex.UnknownTable``, ``bex.Unavailable``, ...); no replica answering raises
 ``bex.RpcError``; a bad cluster file or argument raises ``bex.ConfigError``.
-``bex.torch`` has PyTorch modules backed by bex tables.
+``bex.SyntheticClicks`` is the trainer's synthetic click task (``bex.auc`` scores it), and
+``bex.torch`` has PyTorch modules backed by bex tables (import it explicitly; it needs torch).
 """
 
 from ._bex import (  # noqa: F401  (re-exported)
@@ -18,6 +19,7 @@ from ._bex import (  # noqa: F401  (re-exported)
     BadValue,
     BexError,
     Client,
+    ClickStream,
     ConfigError,
     Internal,
     NotTraining,
@@ -25,6 +27,7 @@ from ._bex import (  # noqa: F401  (re-exported)
     ProtocolError,
     RpcError,
     ServerError,
+    SyntheticClicks,
     Table,
     TooLarge,
     TooOld,
@@ -32,6 +35,8 @@ from ._bex import (  # noqa: F401  (re-exported)
     UnknownOp,
     UnknownTable,
     WrongDim,
+    auc,
+    dense_keys,
 )
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "BadValue",
     "BexError",
     "Client",
+    "ClickStream",
     "ConfigError",
     "Internal",
     "NotTraining",
@@ -47,6 +53,7 @@ __all__ = [
     "ProtocolError",
     "RpcError",
     "ServerError",
+    "SyntheticClicks",
     "Table",
     "TooLarge",
     "TooOld",
@@ -54,4 +61,6 @@ __all__ = [
     "UnknownOp",
     "UnknownTable",
     "WrongDim",
+    "auc",
+    "dense_keys",
 ]

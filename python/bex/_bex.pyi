@@ -31,6 +31,7 @@ class Client:
         client_id: int | None = None,
         bind: str | None = None,
         training: bool = True,
+        threads: int = 1,
     ) -> None:
         """Connects to the cluster the cluster TOML file ``config`` describes.
 
@@ -38,7 +39,9 @@ class Client:
         ``transport``: "rdma" (TCP fallback per destination) or "tcp". ``client_id``: names
         the client in logs, seeds replica choice. ``bind``: the IP this client binds
         (default: the file's ``[cluster] host``). ``training``: longer deadlines and push
-        retries. Raises ``ConfigError`` or ``RpcError``.
+        retries. ``threads``: runtime threads running the calls and their I/O (1 costs the
+        fewest wake-ups per call; callers' threads are the concurrency). Raises
+        ``ConfigError`` or ``RpcError``.
         """
     @property
     def tables(self) -> dict[str, Table]:
@@ -55,6 +58,50 @@ class Client:
     ) -> None:
         """Pushes ``grads`` (``(len(keys), dim)`` float32) to the training pod; duplicate
         keys' gradients are summed. Returns once acknowledged (applied exactly once)."""
+
+class SyntheticClicks:
+    """The trainer's synthetic click task: per sample one Zipf-distributed id per slot (key
+    ``slot << 48 | rank``), label ~ Bernoulli(sigmoid(hidden score)). Seeded and
+    deterministic; the defaults are the Rust trainer's."""
+
+    def __init__(
+        self,
+        slots: int = 4,
+        vocab: int = 1000,
+        zipf_exponent: float = 1.1,
+        hidden_dim: int = 4,
+        bias: float = -1.0,
+        first_order: float = 1.2,
+        interaction: float = 0.6,
+        seed: int = 1,
+    ) -> None: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+    def train(self) -> ClickStream:
+        """The training stream (the Rust trainer's)."""
+    def held_out(self) -> ClickStream:
+        """The held-out stream: same ground truth, independent samples."""
+    def stream(self, seed: int) -> ClickStream:
+        """The stream of any seed; equal seeds give equal streams."""
+    def click_probability(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float64]:
+        """The ground truth's click probability per row of ``keys`` (``(n, slots)``)."""
+
+class ClickStream:
+    """An endless, seeded stream of samples."""
+
+    def next_batch(
+        self, n: int
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+        """``(keys, labels)``: keys ``(n, slots)`` uint64, labels ``(n,)`` float32 in {0, 1}."""
+
+def auc(scores: npt.NDArray[np.float32], labels: npt.NDArray[np.float32]) -> float | None:
+    """Exact ROC AUC (ties count one half); None when only one class is present."""
+
+def dense_keys(model: int, params: int, row_dim: int) -> npt.NDArray[np.uint64]:
+    """PS keys of ``params`` dense parameters of model ``model`` in rows ``row_dim`` wide:
+    ``1 << 63 | model << 32 | chunk`` (the Rust trainer's and ranker's layout)."""
 
 class BexError(Exception): ...
 class ConfigError(BexError): ...

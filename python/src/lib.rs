@@ -11,6 +11,8 @@
 //! frames is the client's own copy, as in Rust.
 #![forbid(unsafe_code)]
 
+mod data;
+
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -126,6 +128,30 @@ enum TableRef {
 }
 
 impl Client {
+    /// Runs a PS call as a task on the client's runtime and waits for it on this thread.
+    ///
+    /// Why not `runtime.block_on(call)`: that polls the call on this (Python) thread while
+    /// the runtime's workers own the sockets, so each step of a request crosses between
+    /// threads. As a task, the call runs where its I/O completes, as in a Rust client, and
+    /// this thread is woken once, with the result. Measured (python/bench/fetch.py, 1000-key
+    /// fetches, all threads of the process): 4.6-6.3 context switches per call with
+    /// `block_on` or a task on two workers, 3.5 with a task on one worker (the default), and
+    /// 1.1 for ps-bench, whose caller is itself a task.
+    fn call<T: Send + 'static>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, PsError>> + Send + 'static,
+    ) -> PyResult<T> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            // The receiver waits for this send; it is gone only if that thread died.
+            let _ = tx.send(call.await);
+        });
+        match rx.recv() {
+            Ok(r) => r.map_err(to_py),
+            Err(_) => Err(BexError::new_err("the client's runtime stopped during the call")),
+        }
+    }
+
     fn table(&self, t: &TableRef) -> PyResult<&Table> {
         let found = match t {
             TableRef::Id(id) => self.tables.iter().find(|x| x.id == *id),
@@ -151,9 +177,12 @@ impl Client {
     /// fails) or "tcp". `client_id`: names this client in logs and seeds its replica choice
     /// (default: this process id above a hash of the host name). `bind`: the address this
     /// client's transports bind (default: the cluster file's host). `training`: a training
-    /// client waits longer per request and retries failed pushes.
+    /// client waits longer per request and retries failed pushes. `threads`: the client's
+    /// runtime threads, which run the calls and their I/O (one is enough for a few cores: the
+    /// callers' threads are the concurrency, and every extra worker adds wake-ups per call).
     #[new]
-    #[pyo3(signature = (config, pod=None, transport="rdma", client_id=None, bind=None, training=true))]
+    #[pyo3(signature = (config, pod=None, transport="rdma", client_id=None, bind=None, training=true, threads=1))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
         config: PathBuf,
@@ -162,7 +191,11 @@ impl Client {
         client_id: Option<u64>,
         bind: Option<&str>,
         training: bool,
+        threads: usize,
     ) -> PyResult<Client> {
+        if threads == 0 {
+            return Err(ConfigError::new_err("threads must be at least 1"));
+        }
         let cfg = Config::load(&config).map_err(|e| ConfigError::new_err(e.to_string()))?;
         let transport = match transport {
             "rdma" => TransportKind::Rdma,
@@ -183,7 +216,7 @@ impl Client {
         let client_id = client_id.unwrap_or_else(bex_process::identity::default_client_id);
         let role = if training { ClientRole::Training } else { ClientRole::Serving };
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.transport.app_threads.max(1))
+            .worker_threads(threads)
             .thread_name("bex-client")
             .enable_all()
             .build()
@@ -233,8 +266,8 @@ impl Client {
         let (id, dim) = (t.id, t.dim);
         let keys = keys.as_array().to_vec();
         let n = keys.len();
-        let ps = &self.ps;
-        let rows = py.detach(|| self.runtime.block_on(ps.fetch(id, dim, &keys))).map_err(to_py)?;
+        let ps = Arc::clone(&self.ps);
+        let rows = py.detach(|| self.call(async move { ps.fetch(id, dim, &keys).await }))?;
         PyArray1::from_vec(py, rows).reshape([n, dim as usize])
     }
 
@@ -261,8 +294,8 @@ impl Client {
         }
         let keys = keys.as_array().to_vec();
         let grads: Vec<f32> = grads.as_array().iter().copied().collect();
-        let ps = &self.ps;
-        py.detach(|| self.runtime.block_on(ps.push(id, dim, &keys, &grads))).map_err(to_py)
+        let ps = Arc::clone(&self.ps);
+        py.detach(|| self.call(async move { ps.push(id, dim, &keys, &grads).await }))
     }
 
     fn __repr__(&self) -> String {
@@ -278,6 +311,10 @@ fn _bex(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Client>()?;
     m.add_class::<Table>()?;
+    m.add_class::<data::SyntheticClicks>()?;
+    m.add_class::<data::ClickStream>()?;
+    m.add_function(wrap_pyfunction!(data::auc, m)?)?;
+    m.add_function(wrap_pyfunction!(data::dense_keys, m)?)?;
     m.add("BexError", py.get_type::<BexError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("RpcError", py.get_type::<RpcError>())?;

@@ -2,11 +2,14 @@
 many threads."""
 
 import concurrent.futures
+import json
+import subprocess
 
 import numpy as np
 import pytest
 
 import bex
+from harness import BIN
 
 
 @pytest.fixture(params=["rdma", "tcp"])
@@ -16,7 +19,7 @@ def client(cluster, request):
 
 def test_tables_are_described(client):
     t = client.tables
-    assert set(t) == {"emb", "wide"}
+    assert set(t) == {"emb", "wide", "dense", "sgd"}
     assert (t["emb"].id, t["emb"].dim) == (0, 8)
     assert t["wide"].dim == 64
 
@@ -48,6 +51,22 @@ def test_two_clients_see_the_same_bits(cluster):
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_rows_are_bit_equal_to_what_the_rust_client_sees(client, cluster):
+    """bex-rows is the Rust PsClient: same keys, same transport, after a push."""
+    keys = np.array([3, 77, 3, 1 << 62], dtype=np.uint64) + np.uint64(
+        500_000 if client.transport == "tcp" else 400_000)
+    client.push("wide", keys[:2], np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64))
+    rows = client.fetch("wide", keys)
+    out = subprocess.run(
+        [str(BIN / "bex-rows"), "--config", str(cluster), "--table", "wide",
+         "--transport", client.transport, "--keys", ",".join(str(k) for k in keys)],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()
+    rust = np.array([json.loads(line)["row"] for line in out], dtype=np.float32)
+    assert [json.loads(line)["key"] for line in out] == keys.tolist()
+    np.testing.assert_array_equal(rows.view(np.uint32), rust.view(np.uint32))
+
+
 def test_errors_are_exceptions_named_after_their_cause(cluster, client, tmp_path):
     keys = np.array([1, 2], dtype=np.uint64)
     with pytest.raises(bex.UnknownTable):
@@ -60,6 +79,8 @@ def test_errors_are_exceptions_named_after_their_cause(cluster, client, tmp_path
         bex.Client(tmp_path / "missing.toml")
     with pytest.raises(bex.ConfigError):
         bex.Client(cluster, transport="carrier-pigeon")
+    with pytest.raises(bex.ConfigError):
+        bex.Client(cluster, threads=0)
     assert issubclass(bex.UnknownTable, bex.ServerError)
     assert issubclass(bex.ServerError, bex.BexError)
 

@@ -77,6 +77,12 @@ options:
                           push_ack = replicated (a push answered once the replica applied
                           it) or applied (answered after the training server's apply);
                           server CPU counts the training server only (default: one pod)
+  --cluster PATH          drive a running cluster (its cluster file; table 0 must have dim
+                          64) instead of a ps-server child of its own: other clients, such
+                          as the Python binding's benchmark, then measure the same server.
+                          The CPU and context switches of the server are counted only with
+                          --server-pid; --pin places this process only
+  --server-pid PID        with --cluster: the shard's ps-server, for its CPU and switches
   --quiet                 no per-cell progress on stderr
   -h, --help              this text";
 
@@ -119,6 +125,10 @@ struct Args {
     pin: Pin,
     /// The NIC of both sides.
     nic: Option<NicSpec>,
+    /// A running cluster to drive instead of a child server.
+    cluster: Option<PathBuf>,
+    /// That cluster's server process, for its CPU and context switches.
+    server_pid: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,6 +203,8 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         push_ack: None,
         pin: Pin::Split,
         nic: None,
+        cluster: None,
+        server_pid: None,
     };
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -205,7 +217,9 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => {}
         }
-        const VALUED: [&str; 16] = [
+        const VALUED: [&str; 18] = [
+            "--cluster",
+            "--server-pid",
             "--nic",
             "--pin",
             "--push-ack",
@@ -275,6 +289,10 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                     v.parse().map_err(|_| format!("--max-insert-rows: not a number: {v}"))?
             }
             "--server" => a.server = Some(PathBuf::from(v)),
+            "--cluster" => a.cluster = Some(PathBuf::from(v)),
+            "--server-pid" => {
+                a.server_pid = Some(v.parse().map_err(|_| format!("--server-pid: not a pid: {v}"))?)
+            }
             "--transport-set" => {
                 let (key, n) = v
                     .split_once('=')
@@ -306,6 +324,16 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
     }
     if !(a.seconds > 0.0 && a.seconds.is_finite() && a.warmup >= 0.0 && a.warmup.is_finite()) {
         return Err("--seconds must be > 0 and --warmup-seconds >= 0".into());
+    }
+    if a.cluster.is_some()
+        && (a.push_ack.is_some() || a.server.is_some() || a.base_port.is_some() || a.nic.is_some())
+    {
+        return Err("--cluster drives a running cluster: --push-ack, --server, --base-port and \
+                    --nic describe a child server"
+            .into());
+    }
+    if a.server_pid.is_some() && a.cluster.is_none() {
+        return Err("--server-pid goes with --cluster".into());
     }
     Ok(a)
 }
@@ -1117,7 +1145,30 @@ fn main() {
     }
 }
 
+/// The cluster file of `--cluster`, checked for what the cells assume.
+fn running_cluster(path: &Path, args: &Args) -> Result<Config, String> {
+    let mut cfg = Config::load(path).map_err(|e| e.to_string())?;
+    match cfg.tables.first() {
+        Some(t) if t.dim == DIM => {}
+        Some(t) => return Err(format!("{}: table 0 has dim {}, not {DIM}", path.display(), t.dim)),
+        None => return Err(format!("{}: no tables", path.display())),
+    }
+    apply_transport_set(&mut cfg, &args.transport_set)?;
+    Ok(cfg)
+}
+
 fn run(args: &Args) -> Result<(), String> {
+    if let Some(path) = &args.cluster {
+        let cfg = running_cluster(path, args)?;
+        let placement = choose(args.pin, &allowed_cpus().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        if let Some(cpu) = placement.client_cpu {
+            pin_self(cpu).map_err(|e| e.to_string())?;
+        }
+        let ready = format!("running cluster {}", path.display());
+        // Pid 0 is never a process: its CPU and switches read as zero.
+        return bench_and_report(args, &cfg, &ready, args.server_pid.unwrap_or(0), placement, None);
+    }
     let exe = server_exe(args)?;
     let base_port = match args.base_port {
         Some(p) => p,
@@ -1148,6 +1199,19 @@ fn run(args: &Args) -> Result<(), String> {
     if let Some(cpu) = placement.client_cpu {
         pin_self(cpu).map_err(|e| e.to_string())?;
     }
+    bench_and_report(args, &cfg, &ready, server_pid, placement, Some((server, replica)))
+}
+
+/// Runs the cells on a client runtime of 2 workers and writes the JSON; `children` (the
+/// servers this process started) are killed before the runtime stops.
+fn bench_and_report(
+    args: &Args,
+    cfg: &Config,
+    ready: &str,
+    server_pid: u32,
+    placement: Placement,
+    children: Option<(ServerChild, Option<ServerChild>)>,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1157,14 +1221,13 @@ fn run(args: &Args) -> Result<(), String> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("SIGTERM handler: {e}"))?;
         tokio::select! {
-            r = bench(args, &cfg, &ready, server_pid, placement) => r,
+            r = bench(args, cfg, ready, server_pid, placement) => r,
             _ = term.recv() => Err("interrupted (SIGTERM)".to_string()),
             _ = tokio::signal::ctrl_c() => Err("interrupted (SIGINT)".to_string()),
         }
     });
     // The servers go first (killed and reaped), then the client's runtime.
-    drop(server);
-    drop(replica);
+    drop(children);
     rt.shutdown_timeout(Duration::from_millis(100));
     let doc = out?;
     if let Some(p) = &args.json {

@@ -84,13 +84,13 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Salts of the derived streams, so that none of them coincides with another.
-const SALT_TRAIN: u64 = 0x7472_6169_6e00_0001;
-const SALT_HELD_OUT: u64 = 0x6865_6c64_6f75_7402;
-
 impl SyntheticClicks {
     /// Bits of a key below the slot number: ranks must fit in them.
     pub const RANK_BITS: u32 = 48;
+    /// Stream seed of [`Self::train`] (salts that no small stream seed coincides with).
+    pub const TRAIN_STREAM: u64 = 0x7472_6169_6e00_0001;
+    /// Stream seed of [`Self::held_out`].
+    pub const HELD_OUT_STREAM: u64 = 0x6865_6c64_6f75_7402;
 
     /// Builds the dataset (the inverse-CDF table costs `vocab` doubles).
     ///
@@ -193,21 +193,28 @@ impl SyntheticClicks {
         Sample { keys, label }
     }
 
+    /// The random source of stream `stream_seed`: [`Self::sample`] drawing from it yields
+    /// [`Self::stream`]`(stream_seed)`, for callers that keep a stream without borrowing the
+    /// dataset (the Python binding).
+    pub fn stream_rng(&self, stream_seed: u64) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(mix64(self.cfg.seed) ^ mix64(stream_seed))
+    }
+
     /// An endless stream of samples seeded by `(dataset seed, stream_seed)`; equal arguments
     /// give equal streams.
     pub fn stream(&self, stream_seed: u64) -> impl Iterator<Item = Sample> + '_ {
-        let mut rng = ChaCha8Rng::seed_from_u64(mix64(self.cfg.seed) ^ mix64(stream_seed));
+        let mut rng = self.stream_rng(stream_seed);
         std::iter::repeat_with(move || self.sample(&mut rng))
     }
 
     /// The training stream.
     pub fn train(&self) -> impl Iterator<Item = Sample> + '_ {
-        self.stream(SALT_TRAIN)
+        self.stream(Self::TRAIN_STREAM)
     }
 
     /// The held-out stream: the same ground truth, independent samples.
     pub fn held_out(&self) -> impl Iterator<Item = Sample> + '_ {
-        self.stream(SALT_HELD_OUT)
+        self.stream(Self::HELD_OUT_STREAM)
     }
 }
 
