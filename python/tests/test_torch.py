@@ -198,3 +198,13 @@ def test_unknown_tables_are_named(client):
         bex.torch.Embedding(client, "nope")
     with pytest.raises(ValueError):
         bex.torch.EmbeddingBag(client, "emb", mode="median")
+
+
+def test_an_empty_batch_fetches_and_pushes_nothing(client):
+    emb = bex.torch.Embedding(client, "sgd")
+    out = emb(torch.zeros((0, 3), dtype=torch.int64))
+    assert out.shape == (0, 3, 4)
+    out.sum().backward()
+    bag = bex.torch.EmbeddingBag(client, "sgd")
+    pooled = bag(torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0]))
+    assert pooled.shape == (2, 4) and not pooled.detach().any()
