@@ -85,6 +85,18 @@ def test_errors_are_exceptions_named_after_their_cause(cluster, client, tmp_path
     assert issubclass(bex.ServerError, bex.BexError)
 
 
+def test_a_stale_cluster_file_gets_the_servers_status(cluster, tmp_path):
+    """A client whose file says emb is 16 wide asks the servers for 16-wide rows: they answer
+    WrongDim, which arrives as bex.WrongDim."""
+    text = cluster.read_text()
+    stale = tmp_path / "stale.toml"
+    stale.write_text(text.replace('dim = 8\nname = "emb"', 'dim = 16\nname = "emb"'))
+    assert stale.read_text() != text, "the cluster file's emb entry was rewritten"
+    c = bex.Client(stale, transport="tcp")
+    with pytest.raises(bex.WrongDim):
+        c.fetch("emb", np.array([1, 2], dtype=np.uint64))
+
+
 def test_an_unreachable_cluster_is_an_rpc_error(tmp_path):
     cfg = tmp_path / "dead.toml"
     cfg.write_text(
