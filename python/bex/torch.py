@@ -22,7 +22,11 @@ What crosses the Python/Rust boundary per step: the distinct keys (one copy into
 fetched rows (no copy: numpy owns the buffer the rows were merged into and torch shares it),
 and the gradients (one copy into Rust). In ``eval()`` mode or under ``torch.no_grad()`` the
 modules fetch and never push. A push happens in ``backward()`` and returns once the training
-servers acknowledged it, so after ``loss.backward()`` the next forward sees the update.
+servers acknowledged it, so after ``loss.backward()`` the next forward sees the update; a
+push that still fails after the client's retries (``[rpc] push_retry_ms`` for a training
+client) raises its ``bex`` exception out of ``backward()``. Such a push may or may not
+have been applied (what was lost may be the acknowledgement); within one call, retries are
+applied at most once.
 """
 
 from __future__ import annotations
