@@ -92,7 +92,9 @@ fn credits_prevent_rnr_under_a_flood() {
     assert_eq!(da.rnr_naks_received, 0);
     let c = net.counters(a);
     assert!(c.credit_stalls > 0, "the flood really ran out of credits: {c:?}");
-    assert!(net.counters(b).credit_messages + c.credit_messages > 0 || c.messages_sent > 0);
+    // b sends no data, so nothing carries its credits back but credit messages.
+    let cb = net.counters(b);
+    assert!(cb.credit_messages > 0, "the receiver returned credits by message: {cb:?}");
 }
 
 fn window_run(cwnd: Option<u64>) -> u64 {

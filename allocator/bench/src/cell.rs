@@ -18,7 +18,7 @@ use crate::workload::{self, Workload};
 use crate::{Bemalloc, BenchAlloc};
 
 /// What one cell measured.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CellResult {
     /// Allocator name.
     pub alloc: String,
@@ -174,13 +174,15 @@ pub fn bemalloc_pool(raw: bool) -> (Option<Fabric>, Bemalloc) {
 }
 
 /// One Figure 5 sample.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct Sample {
     /// Milliseconds since the start.
     pub t_ms: u64,
     /// Registered bytes.
+    #[serde(rename = "registered_bytes")]
     pub registered: u64,
     /// Live bytes.
+    #[serde(rename = "live_bytes")]
     pub live: u64,
     /// Registrations so far.
     pub registrations: u64,

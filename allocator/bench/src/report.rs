@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use bex_plot::{chart, svg_doc, Chart, Series, COLORS};
+use serde::Serialize;
 
 use crate::cell::{CellResult, Sample};
 
@@ -13,7 +14,7 @@ pub const ALLOCATORS: [&str; 6] =
     ["glibc", "jemalloc", "mimalloc", "rpmalloc", "bemalloc-raw", "bemalloc"];
 
 /// The median of each (allocator, workload, threads) cell over its repetitions.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Median {
     /// Operations per CPU-second.
     pub ops_per_cpu_s: f64,
@@ -84,12 +85,41 @@ pub fn medians(results: &[CellResult]) -> BTreeMap<Key, Median> {
         .collect()
 }
 
-fn json_str(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+/// One run in the JSON: the cell's measurements and its rates.
+#[derive(Serialize)]
+struct RunJson<'a> {
+    #[serde(flatten)]
+    cell: &'a CellResult,
+    ops_per_cpu_s: f64,
+    ops_per_wall_s: f64,
 }
 
-fn json_opt(v: Option<u64>) -> String {
-    v.map_or("null".into(), |v| v.to_string())
+/// One median in the JSON, with its cell's key.
+#[derive(Serialize)]
+struct MedianJson<'a> {
+    alloc: &'a str,
+    workload: &'a str,
+    threads: usize,
+    #[serde(flatten)]
+    median: &'a Median,
+}
+
+#[derive(Serialize)]
+struct MissingJson<'a> {
+    alloc: &'a str,
+    why: &'a str,
+}
+
+/// The whole file. serde_json writes a non-finite number (a rate of a cell that did not
+/// run) as `null`, so the file is always valid JSON.
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    meta: BTreeMap<&'a str, &'a str>,
+    ops_unit: &'static str,
+    runs: Vec<RunJson<'a>>,
+    medians: Vec<MedianJson<'a>>,
+    missing: Vec<MissingJson<'a>>,
+    footprint: &'a [Sample],
 }
 
 /// The whole run as JSON.
@@ -100,86 +130,31 @@ pub fn json(
     missing: &[(String, String)],
     footprint: &[Sample],
 ) -> String {
-    let mut o = String::from("{\n  \"meta\": {");
-    let m: Vec<String> =
-        meta.iter().map(|(k, v)| format!("{}: {}", json_str(k), json_str(v))).collect();
-    o += &m.join(", ");
-    o += "},\n  \"ops_unit\": \"allocations+frees per CPU-second (user+system) of the process\",\n";
-    o += "  \"runs\": [\n";
-    let runs: Vec<String> = results
-        .iter()
-        .map(|r| {
-            format!(
-                "    {{\"alloc\": {}, \"workload\": {}, \"threads\": {}, \"ops\": {}, \"cpu_s\": {:.4}, \
-                 \"wall_s\": {:.4}, \"ops_per_cpu_s\": {:.0}, \"ops_per_wall_s\": {:.0}, \
-                 \"peak_rss_kib\": {}, \"base_rss_kib\": {}, \"cross_frees\": {}, \
-                 \"handoff_full\": {}, \"failures\": {}, \"registered_bytes\": {}, \
-                 \"registrations_warm\": {}, \"registrations_end\": {}}}",
-                json_str(&r.alloc),
-                json_str(&r.workload),
-                r.threads,
-                r.ops,
-                r.cpu_s,
-                r.wall_s,
-                r.ops_per_cpu_s(),
-                r.ops_per_wall_s(),
-                r.peak_rss_kib,
-                r.base_rss_kib,
-                r.cross_frees,
-                r.handoff_full,
-                r.failures,
-                json_opt(r.registered_bytes),
-                json_opt(r.registrations_warm),
-                json_opt(r.registrations_end),
-            )
-        })
-        .collect();
-    o += &runs.join(",\n");
-    o += "\n  ],\n  \"medians\": [\n";
-    let meds: Vec<String> = med
-        .iter()
-        .map(|((a, w, t), m)| {
-            format!(
-                "    {{\"alloc\": {}, \"workload\": {}, \"threads\": {}, \"reps\": {}, \
-                 \"ops_per_cpu_s\": {:.0}, \"ops_per_wall_s\": {:.0}, \"peak_rss_kib\": {}, \
-                 \"registered_bytes\": {}, \"registrations\": {}, \
-                 \"new_registrations_after_warmup\": {}, \"failures\": {}, \
-                 \"cross_free_share\": {:.4}}}",
-                json_str(a),
-                json_str(w),
-                t,
-                m.reps,
-                m.ops_per_cpu_s,
-                m.ops_per_wall_s,
-                m.peak_rss_kib,
-                json_opt(m.registered_bytes),
-                json_opt(m.registrations),
-                json_opt(m.new_registrations_after_warmup),
-                m.failures,
-                m.cross_free_share,
-            )
-        })
-        .collect();
-    o += &meds.join(",\n");
-    o += "\n  ],\n  \"missing\": [";
-    let miss: Vec<String> = missing
-        .iter()
-        .map(|(a, why)| format!("{{\"alloc\": {}, \"why\": {}}}", json_str(a), json_str(why)))
-        .collect();
-    o += &miss.join(", ");
-    o += "],\n  \"footprint\": [\n";
-    let fp: Vec<String> = footprint
-        .iter()
-        .map(|s| {
-            format!(
-                "    {{\"t_ms\": {}, \"registered_bytes\": {}, \"live_bytes\": {}, \"registrations\": {}}}",
-                s.t_ms, s.registered, s.live, s.registrations
-            )
-        })
-        .collect();
-    o += &fp.join(",\n");
-    o += "\n  ]\n}\n";
-    o
+    let report = ReportJson {
+        meta: meta.iter().map(|(k, v)| (*k, v.as_str())).collect(),
+        ops_unit: "allocations+frees per CPU-second (user+system) of the process",
+        runs: results
+            .iter()
+            .map(|cell| RunJson {
+                cell,
+                ops_per_cpu_s: cell.ops_per_cpu_s(),
+                ops_per_wall_s: cell.ops_per_wall_s(),
+            })
+            .collect(),
+        medians: med
+            .iter()
+            .map(|((alloc, workload, threads), median)| MedianJson {
+                alloc,
+                workload,
+                threads: *threads,
+                median,
+            })
+            .collect(),
+        missing: missing.iter().map(|(alloc, why)| MissingJson { alloc, why }).collect(),
+        footprint,
+    };
+    // Serializing these plain structs cannot fail (string keys, no custom serializers).
+    serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
 }
 
 /// The Figure 4 table with the target ratios.
@@ -330,4 +305,37 @@ pub fn figure5_svg(samples: &[Sample]) -> String {
         Chart::new("Figure 5: bemalloc registered footprint", "seconds since start", "MiB", series);
     chart(&mut body, &c, 0.0, 0.0, 640.0, 340.0, true);
     svg_doc(640.0, 340.0, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(alloc: &str, cpu_s: f64) -> CellResult {
+        CellResult {
+            alloc: alloc.into(),
+            workload: "small".into(),
+            threads: 1,
+            ops: 1000,
+            cpu_s,
+            wall_s: 0.5,
+            ..CellResult::default()
+        }
+    }
+
+    #[test]
+    fn the_json_is_valid_with_odd_names_and_non_finite_numbers() {
+        let results = vec![cell("quote\"back\\slash\nnewline\u{1}", f64::NAN), cell("glibc", 1.0)];
+        let med = medians(&results);
+        let meta = [("host", "a\tb".to_string())];
+        let missing = [("rpmalloc".to_string(), "no \"child\"".to_string())];
+        let text = json(&meta, &results, &med, &missing, &[]);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(v["runs"][0]["alloc"], "quote\"back\\slash\nnewline\u{1}");
+        assert!(v["runs"][0]["cpu_s"].is_null(), "NaN is written as null");
+        assert_eq!(v["runs"][1]["ops_per_cpu_s"], 1000.0);
+        assert_eq!(v["missing"][0]["why"], "no \"child\"");
+        assert_eq!(v["meta"]["host"], "a\tb");
+        assert_eq!(v["medians"].as_array().map(Vec::len), Some(2));
+    }
 }

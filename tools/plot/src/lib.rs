@@ -81,31 +81,122 @@ impl Chart {
     }
 }
 
-/// The smallest of 1, 2, 2.5, 5, 10 × a power of ten that is at least `v` (1 for `v ≤ 0`).
-pub fn nice_max(v: f64) -> f64 {
-    if v <= 0.0 {
+/// The smallest step of 1, 2 or 5 × a power of ten that is at least `raw` (1 for `raw ≤ 0`).
+pub fn step_125(raw: f64) -> f64 {
+    if raw <= 0.0 || !raw.is_finite() {
         return 1.0;
     }
-    let p = 10f64.powf(v.log10().floor());
-    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
-        if m * p >= v {
+    let p = 10f64.powf(raw.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        // A relative tolerance: 0.3 / 0.1 is 2.9999999999999996.
+        if m * p >= raw * (1.0 - 1e-9) {
             return m * p;
         }
     }
     10.0 * p
 }
 
-/// Draws `c` into `o` with its top-left corner at (`x0`, `y0`), `w`×`h` pixels; `legend`
-/// adds the series names in the top-left of the plot area.
+/// Decimals that print every multiple of a 1-2-5 `step` exactly (0.5 → 1, 0.05 → 2, 20 → 0).
+fn step_decimals(step: f64) -> usize {
+    (-step.log10().floor()).max(0.0) as usize
+}
+
+/// The multiples of `step` in `lo..=hi`, labelled with the decimals `step` needs.
+fn ticks_within(lo: f64, hi: f64, step: f64) -> Vec<(f64, String)> {
+    let decimals = step_decimals(step);
+    // The tolerance keeps ends that are multiples up to rounding (0.3 / 0.1).
+    let first = (lo / step - 1e-9).ceil() as i64;
+    let last = (hi / step + 1e-9).floor() as i64;
+    (first..=last)
+        .map(|i| i as f64 * step)
+        // -0.0 would print as "-0.0".
+        .map(|v| (v, format!("{:.*}", decimals, if v == 0.0 { 0.0 } else { v })))
+        .collect()
+}
+
+/// How values map onto one axis of a chart.
+#[derive(Clone, Debug, PartialEq)]
+enum Scale {
+    /// `lo..hi` linear, ticks every `step` (1-2-5) from `lo`.
+    Linear { lo: f64, hi: f64, step: f64 },
+    /// `lo..hi` (powers of ten) logarithmic, a tick per decade.
+    Log10 { lo: f64, hi: f64 },
+}
+
+impl Scale {
+    /// A linear scale from `lo` covering `hi` in at most `intervals` 1-2-5 steps.
+    fn linear(lo: f64, hi: f64, intervals: usize) -> Scale {
+        let step = step_125((hi - lo) / intervals.max(1) as f64);
+        let lo = (lo / step).floor() * step;
+        let hi = ((hi / step).ceil() * step).max(lo + step);
+        Scale::Linear { lo, hi, step }
+    }
+
+    /// The y scale of values `ys`: logarithmic when all are positive and they span two
+    /// decades or more (a linear axis would flatten the small ones to zero), else linear
+    /// from 0.
+    fn for_values(ys: &[f64]) -> Scale {
+        let (mut min, mut max) = (f64::MAX, 0f64);
+        for &y in ys.iter().filter(|y| y.is_finite()) {
+            min = min.min(y);
+            max = max.max(y);
+        }
+        if min > 0.0 && max / min >= 100.0 {
+            let lo = 10f64.powf(min.log10().floor());
+            let hi = 10f64.powf(max.log10().ceil());
+            return Scale::Log10 { lo, hi };
+        }
+        Scale::linear(0.0, (max * 1.05).max(f64::MIN_POSITIVE), 5)
+    }
+
+    /// Position of `v` in 0..=1 along the axis (log: non-positive values clamp to 0).
+    fn unit(&self, v: f64) -> f64 {
+        match *self {
+            Scale::Linear { lo, hi, .. } => (v - lo) / (hi - lo),
+            Scale::Log10 { lo, hi } => {
+                if v <= 0.0 {
+                    0.0
+                } else {
+                    (v.log10() - lo.log10()) / (hi.log10() - lo.log10())
+                }
+            }
+        }
+    }
+
+    /// Tick values and their labels.
+    fn ticks(&self) -> Vec<(f64, String)> {
+        match *self {
+            Scale::Linear { lo, hi, step } => ticks_within(lo, hi, step),
+            Scale::Log10 { lo, hi } => {
+                let (a, b) = (lo.log10().round() as i32, hi.log10().round() as i32);
+                (a..=b)
+                    .map(|e| (10f64.powi(e), format!("{:.*}", (-e).max(0) as usize, 10f64.powi(e))))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Draws `c` into `o` with its top-left corner at (`x0`, `y0`), `w`×`h` pixels. `legend`
+/// lists the series names in a column right of the plot area, never over the data. The y axis
+/// is logarithmic when the values are positive and span two decades or more, else linear
+/// from 0; ticks step by 1, 2 or 5 × a power of ten and are labelled exactly.
 pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend: bool) {
-    let (pl, pr, pt, pb) = (60.0, 10.0, 28.0, 40.0);
+    let legend_w = if legend {
+        let chars = c.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0);
+        (30.0 + 6.5 * chars as f64).min(w * 0.45)
+    } else {
+        0.0
+    };
+    let (pl, pr, pt, pb) = (60.0, 10.0 + legend_w, 28.0, 40.0);
     let (iw, ih) = (w - pl - pr, h - pt - pb);
     let pts = c.series.iter().flat_map(|s| s.points.iter());
-    let (mut xmin, mut xmax, mut ymax) = (f64::MAX, f64::MIN, 0f64);
+    let (mut xmin, mut xmax) = (f64::MAX, f64::MIN);
+    let mut ys = Vec::new();
     for &(x, y) in pts {
         xmin = xmin.min(x);
         xmax = xmax.max(x);
-        ymax = ymax.max(y);
+        ys.push(y);
     }
     if let Some(ticks) = &c.x_ticks {
         for &(x, _) in ticks {
@@ -119,9 +210,9 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
     if xmax == xmin {
         xmax = xmin + 1.0;
     }
-    let ymax = nice_max(ymax * 1.05);
+    let yscale = Scale::for_values(&ys);
     let px = |x: f64| x0 + pl + (x - xmin) / (xmax - xmin) * iw;
-    let py = |y: f64| y0 + pt + ih - y / ymax * ih;
+    let py = |y: f64| y0 + pt + ih - yscale.unit(y) * ih;
     let _ = writeln!(
         o,
         r#"<text x="{:.1}" y="{:.1}" font-size="14" text-anchor="middle" font-weight="bold">{}</text>"#,
@@ -135,8 +226,7 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
         x0 + pl,
         y0 + pt
     );
-    for i in 0..=4 {
-        let y = ymax * i as f64 / 4.0;
+    for (y, label) in yscale.ticks() {
         let _ = writeln!(
             o,
             r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
@@ -146,18 +236,15 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
             py(y),
             x0 + pl - 4.0,
             py(y) + 4.0,
-            fmt_tick(y)
+            label
         );
     }
     let xt: Vec<(f64, String)> = match &c.x_ticks {
         Some(t) => t.clone(),
-        None if xmax - xmin <= 16.0 && xmin.fract() == 0.0 => {
-            (xmin as i64..=xmax as i64).map(|v| (v as f64, fmt_tick(v as f64))).collect()
+        None if xmax - xmin <= 16.0 && xmin.fract() == 0.0 && xmax.fract() == 0.0 => {
+            (xmin as i64..=xmax as i64).map(|v| (v as f64, v.to_string())).collect()
         }
-        None => (0..=5)
-            .map(|i| xmin + (xmax - xmin) * i as f64 / 5.0)
-            .map(|v| (v, fmt_tick(v)))
-            .collect(),
+        None => ticks_within(xmin, xmax, step_125((xmax - xmin) / 5.0)),
     };
     for (x, label) in xt {
         let _ = writeln!(
@@ -168,6 +255,7 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
             escape(&label)
         );
     }
+    let log_note = if matches!(yscale, Scale::Log10 { .. }) { " (log scale)" } else { "" };
     let _ = writeln!(
         o,
         r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle">{}</text>"#,
@@ -177,7 +265,7 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
     );
     let _ = writeln!(
         o,
-        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">{}</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" font-size="12" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">{}{log_note}</text>"#,
         x0 + 14.0,
         y0 + pt + ih / 2.0,
         x0 + 14.0,
@@ -208,8 +296,8 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
             }
         }
         if legend {
-            let ly = y0 + pt + 14.0 + i as f64 * 15.0;
-            let lx = x0 + pl + 8.0;
+            let ly = y0 + pt + 10.0 + i as f64 * 15.0;
+            let lx = x0 + pl + iw + 10.0;
             let _ = writeln!(
                 o,
                 r#"<line x1="{lx:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}" font-size="11">{}</text>"#,
@@ -224,17 +312,15 @@ pub fn chart(o: &mut String, c: &Chart, x0: f64, y0: f64, w: f64, h: f64, legend
     }
 }
 
-/// A tick label: integers without decimals, one decimal from 1, two below.
+/// A value as a short label: at most four decimals, trailing zeros dropped (1.25 → "1.25",
+/// 250 → "250", 0.1 + 0.2 → "0.3").
 pub fn fmt_tick(v: f64) -> String {
     if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 100.0 || v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+        return "0".into();
     }
+    let s = format!("{v:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_string()
 }
 
 /// A byte count as a short label: `512`, `4K`, `1M`.
@@ -285,12 +371,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nice_maxima() {
-        assert_eq!(nice_max(0.0), 1.0);
-        assert_eq!(nice_max(7.0), 10.0);
-        assert_eq!(nice_max(1.5), 2.0);
-        assert_eq!(nice_max(230.0), 250.0);
-        assert_eq!(nice_max(100.0), 100.0);
+    fn ticks_step_by_1_2_5_and_are_labelled_exactly() {
+        assert_eq!(step_125(0.3 / 0.1), 5.0);
+        assert_eq!(step_125(0.24), 0.5);
+        assert_eq!(step_125(3.0), 5.0);
+        assert_eq!(step_125(20.0), 20.0);
+        // 0..1.3 in at most 5 steps: 0.5 apart, labels with one decimal.
+        let t = Scale::linear(0.0, 1.3, 5).ticks();
+        let labels: Vec<&str> = t.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["0.0", "0.5", "1.0", "1.5"]);
+        let t = Scale::linear(0.0, 0.26, 5).ticks();
+        let labels: Vec<&str> = t.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["0.0", "0.1", "0.2", "0.3"]);
+        let t = Scale::linear(0.0, 0.0124, 5).ticks();
+        assert_eq!(t[1].1, "0.005", "a 0.005 step prints three decimals");
+        assert_eq!(Scale::linear(0.0, 230.0, 5).ticks().len(), 6, "0, 50, ..., 250");
+    }
+
+    #[test]
+    fn values_spanning_decades_get_a_log_axis() {
+        let s = Scale::for_values(&[3.0, 40.0, 9000.0]);
+        assert_eq!(s, Scale::Log10 { lo: 1.0, hi: 10_000.0 });
+        let labels: Vec<String> = s.ticks().into_iter().map(|(_, l)| l).collect();
+        assert_eq!(labels, ["1", "10", "100", "1000", "10000"]);
+        assert!((s.unit(100.0) - 0.5).abs() < 1e-12);
+        let small = Scale::for_values(&[0.002, 0.5]);
+        assert_eq!(small.ticks()[0].1, "0.001");
+        // A zero, or less than two decades: linear from 0.
+        assert!(matches!(Scale::for_values(&[0.0, 9000.0]), Scale::Linear { lo, .. } if lo == 0.0));
+        assert!(matches!(Scale::for_values(&[5.0, 90.0]), Scale::Linear { .. }));
     }
 
     #[test]
@@ -298,6 +407,8 @@ mod tests {
         assert_eq!(fmt_tick(0.0), "0");
         assert_eq!(fmt_tick(250.0), "250");
         assert_eq!(fmt_tick(2.5), "2.5");
+        assert_eq!(fmt_tick(1.25), "1.25");
+        assert_eq!(fmt_tick(0.1 + 0.2), "0.3");
         assert_eq!(fmt_tick(0.25), "0.25");
         assert_eq!(fmt_bytes(512), "512");
         assert_eq!(fmt_bytes(4096), "4K");
@@ -327,5 +438,14 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 4, "empty series are not drawn");
         assert_eq!(svg.matches("stroke-dasharray").count(), 4, "line and legend, twice");
         assert!(svg.contains(">1K</text>"));
+        // The legend sits right of the plot area: every legend line starts past it.
+        let plot_right = 60.0 + (300.0 - 60.0 - (10.0 + 30.0 + 6.5 * 5.0));
+        let legend_x: Vec<f64> = svg
+            .lines()
+            .filter(|l| l.starts_with("<line") && l.contains("stroke-width=\"2\""))
+            .filter_map(|l| l.split("x1=\"").nth(1)?.split('"').next()?.parse().ok())
+            .collect();
+        assert_eq!(legend_x.len(), 4, "two drawn series' legend lines, twice: {legend_x:?}");
+        assert!(legend_x.iter().all(|&x| x % 300.0 > plot_right), "{legend_x:?} vs {plot_right}");
     }
 }
