@@ -96,6 +96,8 @@ def python_cell(client: bex.Client, seconds: float, warmup: float, seed: int) ->
         if t0 >= measure_from:
             lat.append((t1 - t0) * 1e6)
     switches = context_switches() - switches
+    if not lat:
+        return {"n": 0}
     lat = np.array(lat)
     return {"n": len(lat), "p50_us": float(np.percentile(lat, 50)),
             "p99_us": float(np.percentile(lat, 99)), "mean_us": float(lat.mean()),

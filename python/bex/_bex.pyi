@@ -42,6 +42,10 @@ class Client:
         retries. ``threads``: runtime threads running the calls and their I/O (1 costs the
         fewest wake-ups per call; callers' threads are the concurrency). Raises
         ``ConfigError`` or ``RpcError``.
+
+        A client's NIC and registered memory pool stay until the process exits: make one
+        per process and share it between threads; after ``fork``, make a new one in the
+        child (calls on the parent's raise ``BexError``). Ctrl-C interrupts a waiting call.
         """
     @property
     def tables(self) -> dict[str, Table]:

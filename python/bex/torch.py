@@ -11,7 +11,8 @@ is no local copy to step, so a torch optimizer only ever sees the dense paramete
     pooled = emb(ids, offsets)            # (bags, dim); loss.backward() pushes the gradients
 
 - ``Embedding`` and ``EmbeddingBag`` take ids as int64 tensors (read as uint64: ``-1`` is
-  ``2**64 - 1``) or uint64 numpy arrays, like ``torch.nn.Embedding``/``EmbeddingBag``.
+  ``2**64 - 1``) or uint64 numpy arrays, like ``torch.nn.Embedding``/``EmbeddingBag``. Inputs
+  and outputs are CPU tensors (a tensor on another device is refused with a ValueError).
 - ``EmbeddingBagCollection`` pools several features, one fetch per table, from a TorchRec
   ``KeyedJaggedTensor`` (or anything with its ``to_dict()``) or from a dict of
   ``(values, lengths)`` pairs.
@@ -45,13 +46,23 @@ Ids = Union[torch.Tensor, np.ndarray]
 __all__ = ["Embedding", "EmbeddingBag", "EmbeddingBagCollection", "DenseParameters", "keys_of"]
 
 
+def _cpu(t, what: str) -> None:
+    """Rows come back as CPU tensors: inputs on another device are refused, not moved."""
+    if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+        raise ValueError(
+            f"{what} on {t.device}: bex.torch modules take CPU tensors and return CPU tensors; "
+            "pass .cpu() and move the output with .to(device)"
+        )
+
+
 def keys_of(ids: Ids) -> np.ndarray:
     """``ids`` as a 1-D uint64 numpy array: int64 tensors and arrays are reinterpreted, not
     converted (no copy when already contiguous on the CPU)."""
     if isinstance(ids, torch.Tensor):
         if ids.is_floating_point() or ids.is_complex():
             raise TypeError(f"ids must be integers, not {ids.dtype}")
-        ids = ids.detach().to("cpu", torch.int64).contiguous().numpy()
+        _cpu(ids, "ids")
+        ids = ids.detach().to(torch.int64).contiguous().numpy()
     a = np.ascontiguousarray(ids).reshape(-1)
     if a.dtype == np.uint64:
         return a
@@ -74,8 +85,20 @@ class _Rows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         g = grad.detach().to("cpu", torch.float32).contiguous().numpy()
-        ctx.client.push(ctx.table, ctx.keys, g)
+        _push_nonzero(ctx.client, ctx.table, ctx.keys, g)
         return None, None, None, None
+
+
+def _push_nonzero(client: Client, table, keys: np.ndarray, grads: np.ndarray) -> None:
+    """Pushes the rows of `grads` that are not all zero. A zero row is not "no change" on the
+    servers: Adam and FTRL still move a row (momentum, step count) for a zero gradient,
+    where torch's optimizers skip a parameter without one (max pooling gives zero gradients
+    to every row but the maxima)."""
+    live = np.any(grads != 0, axis=1)
+    if live.all():
+        client.push(table, keys, grads)
+    elif live.any():
+        client.push(table, keys[live], np.ascontiguousarray(grads[live]))
 
 
 def _fetch(client: Client, table: Union[str, int], keys: np.ndarray, track: bool) -> torch.Tensor:
@@ -147,11 +170,14 @@ class EmbeddingBag(_Table):
         offsets: Ids | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        _cpu(offsets, "offsets")
+        _cpu(per_sample_weights, "per_sample_weights")
         if len(ids.shape) == 2:
             if offsets is not None:
                 raise ValueError("offsets are for 1-D ids; 2-D ids are one bag per row")
             bags, per_bag = ids.shape
-            offsets_t = torch.arange(0, bags * per_bag, per_bag, dtype=torch.int64)
+            # Not arange(0, bags * per_bag, per_bag): a step of 0 for empty bags raises.
+            offsets_t = torch.arange(bags, dtype=torch.int64) * per_bag
         elif len(ids.shape) == 1:
             if offsets is None:
                 raise ValueError("1-D ids need offsets (the start of each bag)")
@@ -172,15 +198,17 @@ class EmbeddingBag(_Table):
 def _jagged(features) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """feature → (values, lengths, weights or None), from a KeyedJaggedTensor (anything with
     ``to_dict()`` of JaggedTensors) or a dict of ``(values, lengths)`` pairs."""
+    out = {}
     if hasattr(features, "to_dict"):
-        out = {}
         for name, jt in features.to_dict().items():
             out[name] = (jt.values(), jt.lengths(), jt.weights_or_none())
-        return out
-    out = {}
-    for name, pair in features.items():
-        values, lengths = pair
-        out[name] = (torch.as_tensor(values), torch.as_tensor(lengths), None)
+    else:
+        for name, pair in features.items():
+            values, lengths = pair
+            out[name] = (torch.as_tensor(values), torch.as_tensor(lengths), None)
+    for name, parts in out.items():
+        for part in parts:
+            _cpu(part, f"feature {name!r}")
     return out
 
 
@@ -242,7 +270,10 @@ class DenseParameters:
     ``module.parameters()`` order, zero-padded to whole rows.
 
     ``pull()`` copies the PS values into the parameters; ``push()`` sends their ``.grad`` (a
-    missing grad counts as zero) and the servers apply the table's optimizer. A training step
+    missing grad counts as zero) and the servers apply the table's optimizer. Rows whose
+    gradient is all zero are not sent, but a parameter without a grad that shares a row with
+    one that has a grad is sent as zero, which Adam still moves: keep frozen parameters in a
+    module of their own (or another model id). A training step
     is ``pull()``, forward, ``backward()``, ``push()``. The initial values are the table's
     ``init``, not torch's: the PS is the source of truth, as for the Rust trainer, whose
     ``[W1 | b1 | w2 | b2]`` layout is that of ``Sequential(Linear, ReLU, Linear)``.
@@ -283,4 +314,4 @@ class DenseParameters:
             if p.grad is not None:
                 flat[at : at + n] = p.grad.detach().to("cpu", torch.float32).reshape(-1).numpy()
             at += n
-        self.client.push(self.table, self.keys, flat.reshape(-1, self.dim))
+        _push_nonzero(self.client, self.table, self.keys, flat.reshape(-1, self.dim))

@@ -111,9 +111,12 @@ def parse_criteo(path: Path, limit: int) -> tuple[np.ndarray, np.ndarray, np.nda
     missing = (1 << RANK_BITS) - 1
     with open(path) as f:
         for n, line in enumerate(f):
-            if n == limit:
+            if len(labels) == limit:
                 break
-            cols = line.rstrip("\n").split("\t")
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            cols = line.split("\t")
             if len(cols) != 1 + CRITEO_INTS + CRITEO_CATS:
                 raise ValueError(f"{path}:{n + 1}: {len(cols)} columns, expected 40")
             labels.append(float(cols[0]))
@@ -163,7 +166,10 @@ def evaluate(model: DLRM, held_out) -> float:
     with torch.no_grad():
         scores = model(keys, dense).numpy()
     model.train()
-    return float(bex.auc(scores.astype(np.float32), labels))
+    auc = bex.auc(scores.astype(np.float32), labels)
+    if auc is None:
+        raise SystemExit("the held-out samples are all of one class: AUC is undefined")
+    return auc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ mod data;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
 use bex_client::{connect_client, ClientRole, PsClient, PsError};
@@ -116,9 +117,14 @@ struct Client {
     ps: Arc<PsClient>,
     tables: Vec<Table>,
     transport: TransportKind,
+    /// The process that built the runtime (a forked child has none of its threads).
+    pid: u32,
     // Dropped last: the client's transports run on it.
     runtime: tokio::runtime::Runtime,
 }
+
+/// How long a waiting call keeps the GIL released before checking for signals.
+const SIGNAL_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// `table` given as a name or an id.
 #[derive(FromPyObject)]
@@ -137,18 +143,45 @@ impl Client {
     /// fetches, all threads of the process): 4.6-6.3 context switches per call with
     /// `block_on` or a task on two workers, 3.5 with a task on one worker (the default), and
     /// 1.1 for ps-bench, whose caller is itself a task.
+    ///
+    /// The GIL is released while waiting, taken back every [`SIGNAL_CHECK`] to let Ctrl-C
+    /// through: then the call raises `KeyboardInterrupt` and its task finishes unobserved
+    /// (a push may still be applied).
     fn call<T: Send + 'static>(
         &self,
+        py: Python<'_>,
         call: impl std::future::Future<Output = Result<T, PsError>> + Send + 'static,
     ) -> PyResult<T> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        if std::process::id() != self.pid {
+            // The runtime's threads did not survive the fork: the task would never run.
+            return Err(BexError::new_err(format!(
+                "this bex.Client was created in process {}; after a fork (e.g. a DataLoader \
+                 worker) create a new bex.Client in the child",
+                self.pid
+            )));
+        }
+        let (tx, mut rx) = std::sync::mpsc::sync_channel(1);
         self.runtime.spawn(async move {
-            // The receiver waits for this send; it is gone only if that thread died.
+            // The receiver is gone only if the caller was interrupted.
             let _ = tx.send(call.await);
         });
-        match rx.recv() {
-            Ok(r) => r.map_err(to_py),
-            Err(_) => Err(BexError::new_err("the client's runtime stopped during the call")),
+        loop {
+            // The receiver moves in and out: `detach` needs a `Send` closure, `&Receiver`
+            // is not.
+            let (back, got) = py.detach(move || {
+                let got = rx.recv_timeout(SIGNAL_CHECK);
+                (rx, got)
+            });
+            rx = back;
+            match got {
+                Ok(r) => return r.map_err(to_py),
+                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(BexError::new_err(
+                        "the call's task ended without a result (it panicked: see the log)",
+                    ))
+                }
+            }
         }
     }
 
@@ -180,6 +213,10 @@ impl Client {
     /// client waits longer per request and retries failed pushes. `threads`: the client's
     /// runtime threads, which run the calls and their I/O (one is enough for a few cores: the
     /// callers' threads are the concurrency, and every extra worker adds wake-ups per call).
+    ///
+    /// A client opens a NIC and a registered memory pool that stay until the process exits
+    /// (bemalloc never returns a pool): make one per process and share it between threads.
+    /// After `fork`, make a new one in the child.
     #[new]
     #[pyo3(signature = (config, pod=None, transport="rdma", client_id=None, bind=None, training=true, threads=1))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
@@ -232,7 +269,7 @@ impl Client {
             .enumerate()
             .map(|(i, t)| Table { id: i as u32, name: t.name.clone(), dim: t.dim })
             .collect();
-        Ok(Client { ps: node.ps, tables, transport, runtime })
+        Ok(Client { ps: node.ps, tables, transport, pid: std::process::id(), runtime })
     }
 
     /// The cluster's tables, by name.
@@ -267,7 +304,7 @@ impl Client {
         let keys = keys.as_array().to_vec();
         let n = keys.len();
         let ps = Arc::clone(&self.ps);
-        let rows = py.detach(|| self.call(async move { ps.fetch(id, dim, &keys).await }))?;
+        let rows = self.call(py, async move { ps.fetch(id, dim, &keys).await })?;
         PyArray1::from_vec(py, rows).reshape([n, dim as usize])
     }
 
@@ -295,7 +332,7 @@ impl Client {
         let keys = keys.as_array().to_vec();
         let grads: Vec<f32> = grads.as_array().iter().copied().collect();
         let ps = Arc::clone(&self.ps);
-        py.detach(|| self.call(async move { ps.push(id, dim, &keys, &grads).await }))
+        self.call(py, async move { ps.push(id, dim, &keys, &grads).await })
     }
 
     fn __repr__(&self) -> String {

@@ -40,7 +40,8 @@ def test_a_push_changes_exactly_its_rows_once(client):
     grads = np.full((len(keys), 64), 0.5, dtype=np.float32)
     client.push("wide", keys, grads)
     after = client.fetch("wide", keys)
-    assert not np.array_equal(before, after), "the pushed rows changed"
+    # wide has the default optimizer, SGD with lr 0.01: applied once, exactly.
+    np.testing.assert_array_equal(after, before - np.float32(0.01) * grads)
     np.testing.assert_array_equal(client.fetch("wide", keys + 100_000), other)
 
 
@@ -118,3 +119,64 @@ def test_many_threads_share_one_client(client):
     for i, rows in results.items():
         np.testing.assert_array_equal(
             rows, client.fetch("emb", np.arange(i * 64, i * 64 + 64, dtype=np.uint64)))
+
+
+def test_a_forked_child_gets_an_error_not_a_hang(cluster):
+    """The client's runtime threads do not survive fork: a call in the child must fail at
+    once (a DataLoader worker with the parent's client), and a new client there works."""
+    import os
+
+    c = bex.Client(cluster, transport="tcp")
+    keys = np.array([1, 2], dtype=np.uint64)
+    want = c.fetch("emb", keys)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status says what happened
+        code = 3
+        try:
+            c.fetch("emb", keys)
+            code = 1
+        except bex.BexError as e:
+            code = 2 if "fork" in str(e) else 4
+        if code == 2:
+            fresh = bex.Client(cluster, transport="tcp").fetch("emb", keys)
+            code = 0 if np.array_equal(fresh, want) else 5
+        os._exit(code)
+    import signal
+    import time
+
+    deadline = time.monotonic() + 30
+    while (got := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(got[1]) == 0, f"child exit {got[1]}"
+
+
+def test_a_signal_interrupts_a_waiting_call(tmp_path):
+    """A training client retries a push to an unreachable cluster for push_retry_ms (10 s);
+    a signal handler's exception (Ctrl-C's KeyboardInterrupt) ends the wait within ~0.1 s."""
+    import signal
+    import time
+
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text(
+        "[cluster]\npods = 1\nshards = 1\nbase_port = 9\n"
+        "[[tables]]\nname = \"emb\"\ndim = 8\n"
+    )
+    c = bex.Client(cfg, transport="tcp", training=True)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    started = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            c.push("emb", np.array([1], dtype=np.uint64), np.ones((1, 8), np.float32))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - started < 2.0

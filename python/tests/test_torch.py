@@ -64,7 +64,59 @@ def test_eval_and_no_grad_never_push(client):
     emb.eval()
     out = emb(keys)
     assert out.grad_fn is None and not out.requires_grad
+    # A loss through an eval-mode lookup still runs backward (w needs a grad), and pushes
+    # nothing to the table.
+    w = torch.ones(1, requires_grad=True)
+    (emb(keys) * w).sum().backward()
+    assert w.grad is not None
     np.testing.assert_array_equal(client.fetch("sgd", keys), before)
+    # The same in train mode pushes: the check above can fail.
+    emb.train()
+    (emb(keys) * w).sum().backward()
+    assert not np.array_equal(client.fetch("sgd", keys), before)
+
+
+def test_inputs_on_another_device_are_refused(client):
+    emb = bex.torch.Embedding(client, "emb")
+    with pytest.raises(ValueError, match="CPU tensors"):
+        emb(torch.zeros(3, dtype=torch.int64, device="meta"))
+    bag = bex.torch.EmbeddingBag(client, "emb")
+    with pytest.raises(ValueError, match="offsets"):
+        bag(torch.zeros(3, dtype=torch.int64), torch.zeros(1, dtype=torch.int64, device="meta"))
+
+
+def test_max_pooling_sends_each_element_to_its_maximum(client):
+    keys = fresh_keys(client, 2, 2500)
+    before = client.fetch("sgd", keys)
+    bag = bex.torch.EmbeddingBag(client, "sgd", mode="max")
+    # One bag of both keys: each output element's gradient goes to the key holding its max.
+    bag(torch.from_numpy(keys.astype(np.int64)).reshape(1, 2)).sum().backward()
+    wins = before[0] >= before[1]
+    want = before - LR * np.stack([wins, ~wins]).astype(np.float32)
+    np.testing.assert_array_equal(client.fetch("sgd", keys), want)
+
+
+class RecordingClient:
+    def __init__(self):
+        self.pushes = []
+
+    def push(self, table, keys, grads):
+        self.pushes.append((table, keys.tolist(), grads.copy()))
+
+
+def test_rows_with_an_all_zero_gradient_are_not_pushed():
+    """Adam and FTRL move a row for a zero gradient (momentum, step count), so a row without
+    a gradient must not be sent (max pooling, DenseParameters' unused rows)."""
+    c = RecordingClient()
+    keys = np.array([7, 8, 9], dtype=np.uint64)
+    g = np.array([[0, 0], [0, 1e-30], [0, 0]], dtype=np.float32)
+    bex.torch._push_nonzero(c, "t", keys, g)
+    assert [(t, k) for t, k, _ in c.pushes] == [("t", [8])]
+    np.testing.assert_array_equal(c.pushes[0][2], g[1:2])
+    bex.torch._push_nonzero(c, "t", keys, np.zeros((3, 2), np.float32))
+    assert len(c.pushes) == 1, "nothing to send: no push at all"
+    bex.torch._push_nonzero(c, "t", keys, np.ones((3, 2), np.float32))
+    assert c.pushes[1][1] == [7, 8, 9]
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
@@ -168,6 +220,13 @@ def test_collection_pools_each_feature_from_one_fetch_per_table(client, make):
     np.testing.assert_array_equal(out["ctx"].detach().numpy(), np.stack([emb[0], emb[0], emb[1]]))
     # Plain dicts of (values, lengths) work the same.
     torch.testing.assert_close(ebc(feats)["item"], out["item"], rtol=0, atol=0)
+    # Backward: "user" and "item" share the sgd table, so key 3 (item twice) and keys 0-2
+    # (user) arrive in one push, each key's gradient summed over both features' uses.
+    before = client.fetch("sgd", keys.astype(np.uint64))
+    (out["user"].sum() + 2 * out["item"].sum()).backward()
+    uses = np.array([1, 1, 1, 2 * 2, 2, 2], dtype=np.float32)  # user 0,1,2; item 3 (x2), 4, 5
+    np.testing.assert_array_equal(client.fetch("sgd", keys.astype(np.uint64)),
+                                  before - LR * uses[:, None] * np.ones((6, 4), np.float32))
     with pytest.raises(KeyError):
         ebc({"user": feats["user"]})
 
@@ -198,6 +257,12 @@ def test_unknown_tables_are_named(client):
         bex.torch.Embedding(client, "nope")
     with pytest.raises(ValueError):
         bex.torch.EmbeddingBag(client, "emb", mode="median")
+
+
+def test_bags_of_no_ids_pool_to_zeros(client):
+    bag = bex.torch.EmbeddingBag(client, "sgd")
+    out = bag(torch.zeros((3, 0), dtype=torch.int64))
+    assert out.shape == (3, 4) and not out.detach().any()
 
 
 def test_an_empty_batch_fetches_and_pushes_nothing(client):
