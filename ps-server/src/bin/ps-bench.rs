@@ -14,8 +14,9 @@
 //! TCP are compared at the same outstanding count (the same offered concurrency, not the same
 //! request rate). Latency is measured per request around `PsClient::fetch`/`push` (encode,
 //! RPC, decode, merge) into hdrhistograms. The child is killed and reaped on exit, error,
-//! panic, SIGINT and SIGTERM (not on SIGKILL of this process: `ps-server` has no
-//! parent-death hook).
+//! panic, SIGINT and SIGTERM; on SIGKILL of this process it gets SIGTERM from the kernel
+//! (`ps-server` asks for `PR_SET_PDEATHSIG`, and it is spawned from the main thread, which
+//! lives as long as this process).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
