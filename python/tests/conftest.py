@@ -6,7 +6,7 @@ import secrets
 
 import pytest
 
-from harness import BIN, REPO, free_port_block, start_cluster, stop_cluster  # noqa: F401
+from harness import free_port_block, start_cluster, stop_cluster
 
 # One secret for every cluster of the session and its clients (bex-cluster and bex.Client
 # both read BEX_SECRET); the examples' subprocesses inherit it.
