@@ -2,12 +2,14 @@
 //! launcher that is SIGKILLed leaves no orphans), a fresh identity per start, free loopback
 //! ports for local runs, CPU and context-switch accounting from `/proc`, its log
 //! subscriber ([`logging`]), its identity from the environment ([`identity`]) and the small
-//! HTTP server of `/health` and `/metrics` ([`http`]).
+//! HTTP server of `/health` and `/metrics` ([`http`]), and the one guard that kills and reaps
+//! a child process ([`child::Guard`]).
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod child;
 pub mod clock;
 pub mod http;
 pub mod identity;

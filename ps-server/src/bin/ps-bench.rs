@@ -33,7 +33,7 @@ use bex_client::node::{
 use bex_process::{context_switches, CpuTimes};
 use bex_ps_core::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
 use bex_ps_core::Config;
-use bex_rnic_perf::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
+use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use bex_transport::{NicSpec, Stack};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};

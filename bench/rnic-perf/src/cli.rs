@@ -1,0 +1,374 @@
+//! The command line (clap derive) and the top-level dispatch.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use bex_transport::NicSpec;
+use clap::{Args, Parser, Subcommand};
+
+use bex_bench::cli::{parse_host_port, Output, ServeArgs};
+use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
+use bex_bench::report::Envelope;
+
+use crate::client::{run_client, ClientOptions};
+use crate::error::{PerfError, Result};
+use crate::launch::{run_local, LocalRun, TOOL};
+use crate::report::{self, JobResult};
+use crate::server::{serve, ServerOptions};
+use crate::spec::{parse_mtu, parse_size_list, resolve_tests, Plan, SizeList, TestSel};
+
+/// The default control port (perftest's).
+pub const DEFAULT_PORT: u16 = 18515;
+
+const LONG_ABOUT: &str = "\
+perftest-style latency and bandwidth benchmarks of the bex RNIC (send_lat, write_lat, send_bw,
+write_bw), with kernel UDP and TCP baselines measured by the same tool in the same run.
+
+Two processes, like perftest: `rnic-perf server` on one side, `rnic-perf client --server
+HOST:PORT` on the other; a TCP control channel carries each job's parameters and the QP
+endpoint exchange. `rnic-perf run` does both on loopback: it spawns the server as a child of
+itself and always reaps it.
+
+Latency is the round-trip time (perftest prints half of it); bandwidth is payload Gb/s, the
+median over repetitions. Ratios: RNIC p50 / UDP p50 for latency, RNIC / TCP for bandwidth.
+Exit status: 0 when every selected test ran (or was n/a), 1 when one failed, 2 for bad usage.";
+
+/// rnic-perf: perftest-style RNIC benchmarks against UDP and TCP baselines.
+#[derive(Debug, Parser)]
+#[command(name = "rnic-perf", version, long_about = LONG_ABOUT, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve benchmark sessions on a TCP control port (perftest's server side).
+    Server(ServerArgs),
+    /// Run benchmarks against a running `rnic-perf server`.
+    Client(ClientArgs),
+    /// Spawn a server child on 127.0.0.1, run the client against it, then reap the child.
+    Run(RunArgs),
+}
+
+/// `rnic-perf server` options.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// TCP control port; 0 picks a free port. The address is printed on stdout once listening.
+    #[arg(long, short = 'p', value_name = "PORT", default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// UDP port of this process's soft RNIC (RoCEv2 uses 4791); 0 picks a free port.
+    #[arg(long, value_name = "PORT", default_value_t = 0)]
+    pub rnic_port: u16,
+    /// The RNIC: soft (the software RNIC, its UDP port from --rnic-port) or
+    /// `verbs[:DEVICE[:PORT[:GID_INDEX]]]` (a hardware device; a build with the `verbs` feature)
+    #[arg(long, value_name = "SPEC", default_value = "soft")]
+    pub nic: NicSpec,
+    /// What every tool's server takes.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// What to measure and how; shared by `client` and `run`.
+#[derive(Clone, Debug, Args)]
+pub struct BenchArgs {
+    /// The RNIC: soft (the software RNIC, its UDP port from --rnic-port) or
+    /// `verbs[:DEVICE[:PORT[:GID_INDEX]]]` (a hardware device; a build with the `verbs` feature)
+    #[arg(long, value_name = "SPEC", default_value = "soft")]
+    pub nic: NicSpec,
+    /// Tests to run, comma-separated. Each RNIC test also brings its baseline (see
+    /// --no-baselines).
+    #[arg(
+        long = "test",
+        short = 't',
+        alias = "tests",
+        value_name = "TEST[,TEST...]",
+        value_delimiter = ',',
+        default_value = "all"
+    )]
+    pub tests: Vec<TestSel>,
+    /// Message sizes in bytes: comma-separated sizes (64, 4K, 1M) and/or power-of-two ranges
+    /// (32..1M = 32, 64, ..., 1048576). At least 1 byte, at most 8 MiB.
+    #[arg(long, short = 's', value_name = "SIZES", default_value = "32..1M", value_parser = parse_size_list)]
+    pub sizes: SizeList,
+    /// Path MTUs of the RNIC tests, comma-separated: an IB MTU (256..4096) and/or a soft MTU
+    /// (multiple of 4, up to 61440). Each RNIC test runs once per MTU.
+    #[arg(long, value_name = "BYTES[,BYTES...]", value_delimiter = ',', default_value = "4096", value_parser = parse_mtu)]
+    pub mtu: Vec<u32>,
+    /// Measured round trips per size in the latency tests.
+    #[arg(long, short = 'n', value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: u32,
+    /// Messages per repetition in the bandwidth tests.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub bw_iters: u32,
+    /// Repetitions per size in the bandwidth tests; the table shows their median.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Round trips (latency) or messages (bandwidth) per size sent before measuring; not
+    /// recorded.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub warmup: u32,
+    /// Most outstanding work requests in the RNIC bandwidth tests (and the send-queue depth).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub window: u32,
+    /// Work requests per post_send call in the RNIC bandwidth tests (at most --window).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Signal every Nth work request in the RNIC bandwidth tests (at most --window; the last
+    /// one is always signaled).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub signal_every: u32,
+    /// RNIC tests: completion-queue polls (or memory checks in write_lat) before blocking on
+    /// the queue's fd (or yielding the CPU between checks). 0 blocks at once.
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub spin_polls: u32,
+    /// Do not add each RNIC test's baseline (udp_lat for *_lat, tcp_bw for *_bw) to the run.
+    #[arg(long)]
+    pub no_baselines: bool,
+    /// Where the report goes.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `rnic-perf client` options.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The server's control address: HOST:PORT, or HOST for the default port 18515.
+    #[arg(long, short = 'S', value_name = "HOST[:PORT]", value_parser = parse_server)]
+    pub server: SocketAddr,
+    /// UDP port of this process's soft RNIC; 0 picks a free port.
+    #[arg(long, value_name = "PORT", default_value_t = 0)]
+    pub rnic_port: u16,
+    /// Pin this process, and the threads it starts (the soft RNIC's too), to CPU N.
+    #[arg(long, value_name = "N")]
+    pub cpu: Option<usize>,
+    /// Benchmark options.
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+/// `rnic-perf run` options.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// UDP port of the client's soft RNIC; the server child's is this + 1. 0 picks free ports.
+    #[arg(long, value_name = "PORT", default_value_t = 0)]
+    pub rnic_port: u16,
+    /// Where client and server run. On small VMs placement dominates latency (sharing a vCPU
+    /// vs waking another one), so both are pinned by default; the report records where.
+    #[arg(long, value_name = "PLACEMENT", default_value = "split")]
+    pub pin: Pin,
+    /// Benchmark options.
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+/// Parses `--server`: `IP:PORT`, `IP`, `HOST:PORT` or `HOST` (default port).
+pub fn parse_server(text: &str) -> Result<SocketAddr, String> {
+    parse_host_port(text, DEFAULT_PORT)
+}
+
+impl BenchArgs {
+    /// The validated plan these options describe.
+    pub fn plan(&self) -> Result<Plan> {
+        let mut mtus = self.mtu.clone();
+        mtus.dedup();
+        let plan = Plan {
+            tests: resolve_tests(&self.tests, !self.no_baselines),
+            sizes: self.sizes.0.clone(),
+            mtus,
+            lat_iters: self.iters,
+            bw_iters: self.bw_iters,
+            warmup: self.warmup,
+            reps: self.reps,
+            window: self.window,
+            batch: self.batch,
+            signal_every: self.signal_every,
+            spin_polls: self.spin_polls,
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+}
+
+/// Parses the process arguments, runs, and returns the exit status.
+pub fn main_entry() -> ExitCode {
+    let cli = Cli::parse();
+    match execute(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rnic-perf: error: {e}");
+            ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+fn execute(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Server(a) => {
+            if let Some(cpu) = a.serve.cpu {
+                pin_self(cpu)?;
+            }
+            a.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
+            serve(&ServerOptions {
+                bind: a.serve.bind,
+                port: a.port,
+                rnic_port: a.rnic_port,
+                nic: a.nic,
+                once: a.serve.once,
+                die_with_parent: a.serve.die_with_parent,
+                quiet: a.serve.quiet,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Client(a) => {
+            let plan = a.bench.plan()?;
+            if let Some(cpu) = a.cpu {
+                pin_self(cpu)?;
+            }
+            a.bench.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
+            let opts = ClientOptions {
+                server: a.server,
+                rnic_port: a.rnic_port,
+                nic: a.bench.nic.clone(),
+                quiet: a.bench.output.quiet,
+            };
+            let results = run_client(&opts, &plan)?;
+            let placement = Placement { client_cpu: a.cpu, server_cpu: None };
+            finish(&a.bench, &plan, &placement, &results)
+        }
+        Command::Run(a) => {
+            let plan = a.bench.plan()?;
+            let placement = choose(a.pin, &allowed_cpus()?)?;
+            if let Some(cpu) = placement.client_cpu {
+                pin_self(cpu)?;
+            }
+            a.bench.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
+            let local = LocalRun {
+                rnic_port: a.rnic_port,
+                nic: &a.bench.nic,
+                server_cpu: placement.server_cpu,
+                quiet: a.bench.output.quiet,
+            };
+            let results = run_local(&plan, &local)?;
+            finish(&a.bench, &plan, &placement, &results)
+        }
+    }
+}
+
+/// Prints the tables, writes the report, and turns failures into exit status 1.
+fn finish(
+    bench: &BenchArgs,
+    plan: &Plan,
+    placement: &Placement,
+    results: &[JobResult],
+) -> Result<ExitCode> {
+    let text = report::table(plan, placement, results);
+    print!("{text}");
+    let envelope = Envelope::new(TOOL, env!("CARGO_PKG_VERSION"), *placement);
+    bench.output.write(
+        TOOL,
+        &text,
+        &report::json(&envelope, plan, results),
+        &[] as &[(&str, String)],
+    )?;
+    Ok(if results.iter().any(JobResult::is_failure) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::TestKind;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("rnic-perf").chain(args.iter().copied()))
+    }
+
+    fn bench(args: &[&str]) -> BenchArgs {
+        match parse(&[&["run"], args].concat()).unwrap().command {
+            Command::Run(r) => r.bench,
+            c => panic!("{c:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_cover_every_test_and_size() {
+        let plan = bench(&[]).plan().unwrap();
+        assert_eq!(plan.tests, TestKind::ALL.to_vec());
+        assert_eq!(plan.sizes.len(), 16);
+        assert_eq!(plan.mtus, vec![4096]);
+        assert_eq!((plan.lat_iters, plan.warmup, plan.reps), (1000, 100, 5));
+    }
+
+    #[test]
+    fn options_reach_the_plan() {
+        let b = bench(&[
+            "--test",
+            "send_lat,tcp_lat",
+            "--sizes",
+            "64,1K..4K",
+            "--iters",
+            "200",
+            "--mtu",
+            "4096,61440",
+            "--window",
+            "64",
+            "--batch",
+            "8",
+            "--signal-every",
+            "32",
+            "--json",
+            "/tmp/x.json",
+        ]);
+        let plan = b.plan().unwrap();
+        assert_eq!(plan.tests, vec![TestKind::UdpLat, TestKind::TcpLat, TestKind::SendLat]);
+        assert_eq!(plan.sizes, vec![64, 1024, 2048, 4096]);
+        assert_eq!(plan.mtus, vec![4096, 61440]);
+        assert_eq!(plan.lat_iters, 200);
+        assert_eq!(b.output.json.as_deref(), Some(std::path::Path::new("/tmp/x.json")));
+        // send_lat at two MTUs, udp_lat and tcp_lat once each: 4 sizes x 4 series.
+        assert_eq!(plan.jobs().len(), 16);
+        let no_base = bench(&["--test", "write_bw", "--no-baselines"]).plan().unwrap();
+        assert_eq!(no_base.tests, vec![TestKind::WriteBw]);
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error_not_a_panic() {
+        let e = parse(&["run", "--test", "bogus_lat"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+        assert!(e.to_string().contains("bogus_lat"), "{e}");
+        let e = parse(&["run", "--sizes", "0"]).unwrap_err();
+        assert!(e.to_string().contains("at least 1 byte"), "{e}");
+        let e = parse(&["run", "--iters", "0"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        let e = parse(&["run", "--mtu", "5001"]).unwrap_err();
+        assert!(e.to_string().contains("soft MTU"), "{e}");
+        let e = parse(&["client", "--test", "udp_lat"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        assert!(e.to_string().contains("--server"), "{e}");
+        let e = parse(&["client", "--server", "no such host!"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        assert!(parse(&["frobnicate"]).is_err());
+        let err = bench(&["--window", "8", "--batch", "16"]).plan().unwrap_err();
+        assert!(err.is_usage() && err.to_string().contains("--batch"), "{err}");
+        let err = bench(&["--window", "8", "--signal-every", "9"]).plan().unwrap_err();
+        assert!(err.is_usage(), "{err}");
+    }
+
+    #[test]
+    fn server_addresses_take_the_default_port() {
+        assert_eq!(parse_server("127.0.0.1").unwrap().port(), DEFAULT_PORT);
+    }
+
+    #[test]
+    fn every_option_is_documented() {
+        use clap::CommandFactory;
+        bex_bench::cli::assert_documented(Cli::command());
+    }
+}
