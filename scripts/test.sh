@@ -51,6 +51,10 @@ step "bex-perf --quick (transport Figures 8-11 and 13: RDMA on the soft RNIC vs 
 cargo build --locked --release -q -p bex-perf
 target/release/bex-perf run --quick --out target/bex-perf
 
+step "ps-bench --quick (one ps-server shard through PsClient, RDMA vs TCP: tables, JSON, figures)"
+cargo build --locked --release -q -p bex-ps-server -p bex-ps-bench
+target/release/ps-bench --quick --quiet --out target/ps-bench
+
 step "incast study in simulation, quick (paper Table 4: servers before the first pause per window)"
 cargo build --locked --release -q -p bex-incast
 target/release/bex-incast --quick --out target/incast
@@ -64,7 +68,7 @@ FUZZ_NICE=0 scripts/fuzz.sh --smoke
 
 step "end-to-end: a 2x2 cluster replays inference traffic and trains; asserts on its report"
 cargo build --locked --release -q -p bex-ps-server -p bex-ranker -p bex-trainer -p bex-launcher \
-    -p bex-experiments
+    -p bex-experiments -p bex-ps-bench
 target/release/bex-cluster doctor --config configs/local.toml
 target/release/bex-cluster run --config configs/local.toml --out target/e2e \
     --set ranker.seconds=4.0

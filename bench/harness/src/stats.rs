@@ -35,6 +35,12 @@ impl LatencyRecorder {
         self.hist.saturating_record(ns.min(MAX_RTT_NS));
     }
 
+    /// Adds every sample of `other` (a recorder per task, merged at the end).
+    pub fn merge(&mut self, other: &LatencyRecorder) {
+        // Same bounds on both sides: adding cannot fail.
+        let _ = self.hist.add(&other.hist);
+    }
+
     /// How many round trips were recorded.
     pub fn len(&self) -> u64 {
         self.hist.len()

@@ -1,6 +1,10 @@
-//! Runs the real `ps-bench --quick` (which spawns a real `ps-server`), checks its JSON is
-//! sane, and that no server child is left behind.
+//! Runs the real `ps-bench --quick` (which spawns a real `ps-server`), checks its report is
+//! sane, its figures are written, and that no server child is left behind.
+//!
+//! `ps-server` comes from `cargo build -p bex-ps-server` in this test's profile (a no-op when
+//! fresh), or from `BEX_BIN_DIR`.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -19,12 +23,34 @@ fn leftover_servers(bench_pid: u32) -> Vec<String> {
     found
 }
 
+/// The `ps-server` executable of this build profile (built first), or `BEX_BIN_DIR`'s.
+fn ps_server() -> PathBuf {
+    if let Ok(d) = std::env::var("BEX_BIN_DIR") {
+        return PathBuf::from(d).join("ps-server");
+    }
+    // target/<profile>/ps-bench → target/<profile>/ps-server
+    let dir = Path::new(env!("CARGO_BIN_EXE_ps-bench")).parent().unwrap();
+    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    build.args(["build", "-q", "-p", "bex-ps-server", "--bin", "ps-server"]);
+    if dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+    assert!(status.success(), "building ps-server failed");
+    dir.join("ps-server")
+}
+
 #[test]
-fn quick_run_writes_sane_json_and_reaps_its_server() {
-    let json = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("ps-bench-quick-{}.json", std::process::id()));
+fn quick_run_writes_sane_json_and_figures_and_reaps_its_server() {
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ps-bench-quick-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let json = out_dir.join("ps-bench.json");
+    let server = ps_server();
     let child = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
-        .args(["--quick", "--quiet", "--json", json.to_str().unwrap()])
+        .args(["--quick", "--quiet", "--out", out_dir.to_str().unwrap()])
+        .arg("--server")
+        .arg(&server)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -38,12 +64,25 @@ fn quick_run_writes_sane_json_and_reaps_its_server() {
     assert!(text.contains("RDMA / TCP"), "table printed:\n{text}");
 
     let doc: Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).unwrap();
-    let _ = std::fs::remove_file(&json);
+    for svg in ["ps-bench-latency.svg", "ps-bench-cpu.svg"] {
+        let text = std::fs::read_to_string(out_dir.join(svg)).expect("figure written");
+        assert!(
+            text.starts_with("<svg")
+                && text.contains("rdma p50") == (svg == "ps-bench-latency.svg"),
+            "{svg}"
+        );
+    }
+    let tables = std::fs::read_to_string(out_dir.join("tables.txt")).unwrap();
+    assert!(tables.contains("RDMA / TCP"), "{tables}");
+    let _ = std::fs::remove_dir_all(&out_dir);
     assert_eq!(doc["tool"], "ps-bench");
+    assert!(doc["version"].is_string());
+    assert!(doc["placement"].is_object(), "{}", doc["placement"]);
     assert_eq!(doc["quick"], true);
     let cmd: Vec<&str> =
         doc["command_line"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert!(cmd.contains(&"--quick"), "{cmd:?}");
+    assert_eq!(doc["settings"]["keys"], serde_json::json!([100, 1000]));
     assert!(doc["server"].as_str().unwrap().starts_with("ready"), "{}", doc["server"]);
     assert!(doc["setup"]["rpc_request_timeout_ms"].as_u64().unwrap() >= 1000);
     // The RDMA cells really ran over RDMA (no TCP calls, no fallback).
