@@ -1,6 +1,7 @@
 //! Medians, the JSON file, the text table and the SVG figures (drawn with the workspace's
 //! small `bex-plot` crate).
 
+use bex_bench::report::Envelope;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -114,7 +115,9 @@ struct MissingJson<'a> {
 /// run) as `null`, so the file is always valid JSON.
 #[derive(Serialize)]
 struct ReportJson<'a> {
-    meta: BTreeMap<&'a str, &'a str>,
+    #[serde(flatten)]
+    envelope: &'a Envelope,
+    meta: &'a Meta,
     ops_unit: &'static str,
     runs: Vec<RunJson<'a>>,
     medians: Vec<MedianJson<'a>>,
@@ -122,16 +125,33 @@ struct ReportJson<'a> {
     footprint: &'a [Sample],
 }
 
+/// How the run was set up, as the report's `meta` says.
+#[derive(Clone, Debug, Serialize)]
+pub struct Meta {
+    /// `--quick`.
+    pub quick: bool,
+    /// Repetitions per cell.
+    pub reps: usize,
+    /// Steps per thread of a large-allocation cell.
+    pub large_steps_per_thread: usize,
+    /// Steps per thread of a small-allocation cell.
+    pub small_steps_per_thread: usize,
+    /// CPUs of this machine.
+    pub cpus: usize,
+}
+
 /// The whole run as JSON.
 pub fn json(
-    meta: &[(&str, String)],
+    envelope: &Envelope,
+    meta: &Meta,
     results: &[CellResult],
     med: &BTreeMap<Key, Median>,
     missing: &[(String, String)],
     footprint: &[Sample],
 ) -> String {
     let report = ReportJson {
-        meta: meta.iter().map(|(k, v)| (*k, v.as_str())).collect(),
+        envelope,
+        meta,
         ops_unit: "allocations+frees per CPU-second (user+system) of the process",
         runs: results
             .iter()
@@ -327,15 +347,25 @@ mod tests {
     fn the_json_is_valid_with_odd_names_and_non_finite_numbers() {
         let results = vec![cell("quote\"back\\slash\nnewline\u{1}", f64::NAN), cell("glibc", 1.0)];
         let med = medians(&results);
-        let meta = [("host", "a\tb".to_string())];
+        let envelope = Envelope::new("alloc-bench", "0", Default::default());
+        let meta = Meta {
+            quick: true,
+            reps: 1,
+            large_steps_per_thread: 2,
+            small_steps_per_thread: 3,
+            cpus: 2,
+        };
         let missing = [("rpmalloc".to_string(), "no \"child\"".to_string())];
-        let text = json(&meta, &results, &med, &missing, &[]);
+        let text = json(&envelope, &meta, &results, &med, &missing, &[]);
         let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
         assert_eq!(v["runs"][0]["alloc"], "quote\"back\\slash\nnewline\u{1}");
         assert!(v["runs"][0]["cpu_s"].is_null(), "NaN is written as null");
         assert_eq!(v["runs"][1]["ops_per_cpu_s"], 1000.0);
         assert_eq!(v["missing"][0]["why"], "no \"child\"");
-        assert_eq!(v["meta"]["host"], "a\tb");
+        assert_eq!(
+            (v["tool"].as_str(), v["meta"]["small_steps_per_thread"].as_u64()),
+            (Some("alloc-bench"), Some(3))
+        );
         assert_eq!(v["medians"].as_array().map(Vec::len), Some(2));
     }
 }

@@ -3,82 +3,79 @@
 //! glibc, jemalloc, mimalloc, rpmalloc, bemalloc's raw base (same arena and hooks, no
 //! registration) and bemalloc (registered with a software RNIC). Method: see the crate docs.
 //!
-//! ```text
-//! alloc-bench [--quick] [--threads 1,2,3,4] [--reps 3] [--allocators glibc,bemalloc,…]
-//!             [--out DIR] [--large-steps N] [--small-steps N] [--footprint-ms MS]
-//! ```
-//! Writes `DIR/alloc-bench.json`, `DIR/figure4.svg`, `DIR/figure5.svg` (default DIR:
-//! `target/alloc-bench`) and prints the tables. Each cell is a child process of this binary
+//! `alloc-bench --help` lists the options. Writes `DIR/tables.txt`, `DIR/alloc-bench.json`,
+//! `DIR/figure4.svg`, `DIR/figure5.svg` (`--out DIR`, default `target/alloc-bench`) and prints
+//! the tables. Each cell is a child process of this binary
 //! (`--cell …`, `--footprint …`); rpmalloc cells run `alloc-bench-rpmalloc` from the same
 //! directory. Exits 1 if a bemalloc cell fails; a competitor that cannot run here is reported
 //! as missing (in the table and the JSON), never given a number.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use bemalloc_bench::cell::{self, run_cell, CellResult, Sample};
-use bemalloc_bench::report::{self, ALLOCATORS};
+use bemalloc_bench::report::{self, Meta, ALLOCATORS};
 use bemalloc_bench::workload::Workload;
 use bemalloc_bench::Global;
+use bex_bench::cli::Output;
+use bex_bench::pin::Placement;
+use bex_bench::report::Envelope;
+use clap::Parser;
 
-struct Opts {
+/// The tool's name, in its report.
+const TOOL: &str = "alloc-bench";
+
+/// alloc-bench: bemalloc against glibc, jemalloc, mimalloc and rpmalloc (Figures 4 and 5).
+#[derive(Debug, Parser)]
+#[command(name = "alloc-bench", version)]
+struct Cli {
+    /// CI run: threads 1,2, one repetition, short cells and footprint run.
+    #[arg(long)]
     quick: bool,
-    threads: Vec<usize>,
-    reps: usize,
+    /// Thread counts, comma-separated (default 1,2,3,4; quick 1,2).
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Vec<u16>,
+    /// Repetitions per cell; tables and figures show medians (default 3; quick 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    reps: Option<u16>,
+    /// Allocators, comma-separated (default all: glibc, jemalloc, mimalloc, rpmalloc,
+    /// bemalloc-raw, bemalloc).
+    #[arg(long, value_name = "A[,A...]", value_delimiter = ',', value_parser = allocator)]
     allocators: Vec<String>,
-    out: PathBuf,
-    large_steps: usize,
-    small_steps: usize,
-    footprint_ms: u64,
+    /// Steps per thread of a large-allocation cell (default 100000; quick 4000).
+    #[arg(long, value_name = "N")]
+    large_steps: Option<usize>,
+    /// Steps per thread of a small-allocation cell (default 4000000; quick 100000).
+    #[arg(long, value_name = "N")]
+    small_steps: Option<usize>,
+    /// Length of the footprint run (Figure 5), ms (default 8000; quick 1500).
+    #[arg(long, value_name = "MS")]
+    footprint_ms: Option<u64>,
+    /// Internal: run one cell in this process (ALLOC WORKLOAD THREADS STEPS) and print its
+    /// result line.
+    #[arg(long, num_args = 4, value_names = ["ALLOC", "WORKLOAD", "THREADS", "STEPS"], hide = true)]
+    cell: Option<Vec<String>>,
+    /// Internal: run the footprint sampler for MS milliseconds and print its samples.
+    #[arg(long, value_name = "MS", hide = true)]
+    footprint: Option<u64>,
+    /// Where the report goes (default --out target/alloc-bench): tables.txt,
+    /// alloc-bench.json, figure4.svg, figure5.svg.
+    #[command(flatten)]
+    output: Output,
+}
+
+fn allocator(text: &str) -> Result<String, String> {
+    if ALLOCATORS.contains(&text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("unknown allocator {text:?}; known: {}", ALLOCATORS.join(", ")))
+    }
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("alloc-bench: {msg}");
-    eprintln!(
-        "usage: alloc-bench [--quick] [--threads 1,2,3,4] [--reps N] [--allocators a,b,…] \
-         [--out DIR] [--large-steps N] [--small-steps N] [--footprint-ms MS]"
-    );
     std::process::exit(2)
-}
-
-fn parse_opts(args: &[String]) -> Opts {
-    let quick = args.iter().any(|a| a == "--quick");
-    let mut o = Opts {
-        quick,
-        threads: vec![1, 2, 3, 4],
-        reps: if quick { 1 } else { 3 },
-        allocators: ALLOCATORS.iter().map(|s| s.to_string()).collect(),
-        out: PathBuf::from("target/alloc-bench"),
-        large_steps: if quick { 4_000 } else { 100_000 },
-        small_steps: if quick { 100_000 } else { 4_000_000 },
-        footprint_ms: if quick { 1_500 } else { 8_000 },
-    };
-    if quick {
-        o.threads = vec![1, 2];
-    }
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().unwrap_or_else(|| usage(&format!("{a} needs a value")));
-        let num =
-            |v: String| v.parse::<usize>().unwrap_or_else(|_| usage(&format!("bad number {v}")));
-        match a.as_str() {
-            "--quick" => {}
-            "--threads" => o.threads = val().split(',').map(|t| num(t.to_string())).collect(),
-            "--reps" => o.reps = num(val()).max(1),
-            "--allocators" => {
-                o.allocators = val().split(',').map(str::to_string).collect();
-                if let Some(bad) = o.allocators.iter().find(|a| !ALLOCATORS.contains(&a.as_str())) {
-                    usage(&format!("unknown allocator {bad}; known: {ALLOCATORS:?}"));
-                }
-            }
-            "--out" => o.out = PathBuf::from(val()),
-            "--large-steps" => o.large_steps = num(val()),
-            "--small-steps" => o.small_steps = num(val()),
-            "--footprint-ms" => o.footprint_ms = num(val()) as u64,
-            other => usage(&format!("unknown argument {other}")),
-        }
-    }
-    o
 }
 
 /// Child: one cell in this process.
@@ -102,38 +99,63 @@ fn child_cell(args: &[String]) {
     println!("{}", r.to_line());
 }
 
-fn main() {
+fn main() -> ExitCode {
     bex_process::logging::init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--cell") => return child_cell(&args[1..]),
-        Some("--footprint") => {
-            let ms: u64 = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(2000);
-            cell::run_footprint(2, Duration::from_millis(ms), Duration::from_millis(100));
-            return;
-        }
-        _ => {}
+    let cli = Cli::parse();
+    if let Some(args) = &cli.cell {
+        child_cell(args);
+        return ExitCode::SUCCESS;
     }
-    let o = parse_opts(&args);
-    let exe = std::env::current_exe().expect("current_exe");
+    if let Some(ms) = cli.footprint {
+        cell::run_footprint(2, Duration::from_millis(ms), Duration::from_millis(100));
+        return ExitCode::SUCCESS;
+    }
+    let q = cli.quick;
+    let threads: Vec<usize> = if cli.threads.is_empty() {
+        if q {
+            vec![1, 2]
+        } else {
+            vec![1, 2, 3, 4]
+        }
+    } else {
+        cli.threads.iter().map(|&t| usize::from(t)).collect()
+    };
+    let allocators: Vec<String> = if cli.allocators.is_empty() {
+        ALLOCATORS.iter().map(|s| s.to_string()).collect()
+    } else {
+        cli.allocators.clone()
+    };
+    let meta = Meta {
+        quick: q,
+        reps: usize::from(cli.reps.unwrap_or(if q { 1 } else { 3 })),
+        large_steps_per_thread: cli.large_steps.unwrap_or(if q { 4_000 } else { 100_000 }),
+        small_steps_per_thread: cli.small_steps.unwrap_or(if q { 100_000 } else { 4_000_000 }),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+    };
+    let footprint_ms = cli.footprint_ms.unwrap_or(if q { 1_500 } else { 8_000 });
+    let mut output = cli.output.clone();
+    if output.out.is_none() && output.json.is_none() {
+        output.out = Some(PathBuf::from("target/alloc-bench"));
+    }
+    let Ok(exe) = std::env::current_exe() else { usage("cannot locate this executable") };
     let rp_exe = exe.with_file_name("alloc-bench-rpmalloc");
     let workloads = [Workload::Large, Workload::Small];
     let mut results: Vec<CellResult> = Vec::new();
     let mut missing: Vec<(String, String)> = Vec::new();
-    let total = o.reps * workloads.len() * o.threads.len() * o.allocators.len();
+    let total = meta.reps * workloads.len() * threads.len() * allocators.len();
     let mut n = 0;
     // Repetitions outermost so slow drift of the machine spreads over every allocator.
-    for rep in 0..o.reps {
+    for rep in 0..meta.reps {
         for w in workloads {
-            for &t in &o.threads {
-                for a in &o.allocators {
+            for &t in &threads {
+                for a in &allocators {
                     n += 1;
                     if missing.iter().any(|(m, _)| m == a) {
                         continue;
                     }
                     let steps = match w {
-                        Workload::Large => o.large_steps,
-                        Workload::Small => o.small_steps,
+                        Workload::Large => meta.large_steps_per_thread,
+                        Workload::Small => meta.small_steps_per_thread,
                     };
                     let cell_args = vec![
                         "--cell".into(),
@@ -170,7 +192,7 @@ fn main() {
     }
     // Figure 5 in its own process.
     let footprint: Vec<Sample> =
-        match cell::spawn(&exe, &["--footprint".into(), o.footprint_ms.to_string()]) {
+        match cell::spawn(&exe, &["--footprint".into(), footprint_ms.to_string()]) {
             Ok(out) => out.lines().filter_map(cell::parse_sample).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "the footprint run (Figure 5) failed");
@@ -180,40 +202,24 @@ fn main() {
 
     let med = report::medians(&results);
     let wnames: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
-    let mut text = report::table(&med, &wnames, &o.threads);
+    let mut text = report::table(&med, &wnames, &threads);
     let step = (footprint.len() / 20).max(1);
     text += &report::footprint_table(&footprint, step);
-    text += &targets(&med, &wnames, &o.threads, &footprint);
+    text += &targets(&med, &wnames, &threads, &footprint);
     for (a, why) in &missing {
         text += &format!("MISSING {a}: {why}\n");
     }
     println!("{text}");
 
-    let meta = vec![
-        ("command", std::env::args().collect::<Vec<_>>().join(" ")),
-        ("quick", o.quick.to_string()),
-        ("reps", o.reps.to_string()),
-        ("large_steps_per_thread", o.large_steps.to_string()),
-        ("small_steps_per_thread", o.small_steps.to_string()),
-        ("cpus", std::thread::available_parallelism().map_or(0, |n| n.get()).to_string()),
-    ];
-    if let Err(e) = std::fs::create_dir_all(&o.out) {
-        eprintln!("cannot create {}: {e}", o.out.display());
-        std::process::exit(1);
-    }
-    let files = [
-        ("alloc-bench.json", report::json(&meta, &results, &med, &missing, &footprint)),
-        ("figure4.svg", report::figure4_svg(&med, &o.threads)),
+    let envelope = Envelope::new(TOOL, env!("CARGO_PKG_VERSION"), Placement::default());
+    let json = report::json(&envelope, &meta, &results, &med, &missing, &footprint);
+    let figures = [
+        ("figure4.svg", report::figure4_svg(&med, &threads)),
         ("figure5.svg", report::figure5_svg(&footprint)),
-        ("tables.txt", text),
     ];
-    for (name, body) in files {
-        let p = o.out.join(name);
-        if let Err(e) = std::fs::write(&p, body) {
-            eprintln!("cannot write {}: {e}", p.display());
-            std::process::exit(1);
-        }
-        eprintln!("wrote {}", p.display());
+    if let Err(e) = output.write(TOOL, &text, &json, &figures) {
+        eprintln!("alloc-bench: {e}");
+        return ExitCode::FAILURE;
     }
     // A competitor that cannot run here is reported as missing; bemalloc itself must run.
     let broken = missing.iter().any(|(a, _)| a.starts_with("bemalloc"))
@@ -221,8 +227,9 @@ fn main() {
         || footprint.is_empty();
     if broken {
         eprintln!("alloc-bench: a bemalloc cell failed (see above)");
-        std::process::exit(1);
+        return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
 }
 
 /// The issue's targets, evaluated on the medians.
@@ -266,4 +273,34 @@ fn targets(
         );
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("alloc-bench").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn options_parse_and_bad_ones_are_refused() {
+        let c = parse(&["--quick", "--threads", "1,3", "--allocators", "glibc,bemalloc"]).unwrap();
+        assert_eq!((c.threads, c.allocators.len()), (vec![1, 3], 2));
+        let c = parse(&["--cell", "glibc", "small", "2", "100"]).unwrap();
+        assert_eq!(c.cell.unwrap().len(), 4);
+        assert!(parse(&["--allocators", "tcmalloc"])
+            .unwrap_err()
+            .to_string()
+            .contains("unknown allocator"));
+        assert!(parse(&["--threads", "0"]).is_err());
+        assert!(parse(&["--reps", "0"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+    }
+
+    #[test]
+    fn every_option_is_documented() {
+        use clap::CommandFactory;
+        bex_bench::cli::assert_documented(Cli::command());
+    }
 }
