@@ -36,6 +36,9 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --locked --workspace --no-deps -q
 step "cargo test"
 cargo test --locked --workspace
 
+step "divan micro-benchmarks of the hot functions, each run once (cargo bench -p bex-micro measures)"
+cargo test --locked -q -p bex-micro --benches
+
 step "cargo test (--features bex-rnic-verbs/verbs)"
 cargo test --locked -p bex-rnic-verbs --features verbs
 
