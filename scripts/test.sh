@@ -64,7 +64,7 @@ target/release/bex-incast --quick --out target/incast
 
 step "PS fault matrix in simulation: 9 scenarios x 25 seeds, real shard/RPC/client code on simulated NICs (--seeds 10000 on demand)"
 cargo build --locked --release -q -p bex-simcluster
-target/release/bex-simcluster --seeds 25 --chunk 25 --out target/simcluster.json
+target/release/bex-simcluster --seeds 25 --chunk 25 --quiet --out target/simcluster
 
 step "fuzz smoke: every cargo-fuzz target for 20 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
 FUZZ_NICE=0 scripts/fuzz.sh --smoke

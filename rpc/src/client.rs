@@ -139,7 +139,7 @@ pub struct ClientStats {
 }
 
 /// The [`ClientStats`] counters at one moment, as plain numbers (reports, deltas).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[allow(missing_docs)] // the fields are ClientStats's
 pub struct ClientCounts {
     pub calls: u64,

@@ -48,10 +48,10 @@ use bex_transport::{Transport, TransportKind};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A fault scenario.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
     /// 1 % loss, 1 % duplication and 1 % reordering on every link for the whole run.
@@ -125,7 +125,7 @@ impl Scenario {
 }
 
 /// What one run observed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
     /// Scenario.
     pub scenario: Scenario,
