@@ -18,7 +18,7 @@ const THREADS: usize = 4;
 const OPS: usize = 30_000;
 
 fn seed() -> u64 {
-    std::env::var("BEX_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xb33a_110c)
+    bex_testkit::seed::seeds(0xb33a_110c..0xb33a_110d).start
 }
 
 /// A buffer stamped with its owner and sequence number in its first and last 8 bytes.

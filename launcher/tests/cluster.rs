@@ -3,17 +3,16 @@
 //! a report on SIGTERM). The real ranker and trainer are built by other crates; the launcher
 //! only needs their contract.
 //!
-//! `ps-server` comes from `cargo build --release -p bex-ps-server` (run here first, a no-op
-//! when fresh; or set `BEX_BIN_DIR` to a directory holding it) and is symlinked next to the
-//! fakes into a per-test `bin_dir`.
+//! `ps-server` comes from `bex_testkit::bins` (built for this test's profile, a no-op when
+//! fresh; or from `BEX_BIN_DIR`) and is symlinked next to the fakes into a per-test `bin_dir`.
 
 use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use bex_testkit::Scratch;
 use serde_json::Value;
 
 const FAKE: &str = r#"#!/bin/sh
@@ -39,46 +38,17 @@ fn pause(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
-fn ps_server() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(d) = std::env::var("BEX_BIN_DIR") {
-            return PathBuf::from(d).join("ps-server");
-        }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--release", "-q", "-p", "bex-ps-server"])
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "cargo build --release -p bex-ps-server failed");
-        // target/<profile>/bex-cluster → target/release/ps-server
-        let target =
-            Path::new(env!("CARGO_BIN_EXE_bex-cluster")).parent().unwrap().parent().unwrap();
-        target.join("release/ps-server")
-    })
-}
-
 struct Run {
-    dir: PathBuf,
+    dir: Scratch,
     bin: PathBuf,
     config: PathBuf,
 }
 
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn setup(name: &str, pods: u32, shards: u32) -> Run {
-    let dir = std::env::temp_dir().join(format!("bex-launcher-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Scratch::new(&format!("launcher-test-{name}"));
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    let server = ps_server();
-    assert!(server.is_file(), "{} missing", server.display());
-    std::os::unix::fs::symlink(server, bin.join("ps-server")).unwrap();
+    std::os::unix::fs::symlink(bex_testkit::bins::ps_server(), bin.join("ps-server")).unwrap();
     for kind in ["ranker", "trainer"] {
         let p = bin.join(kind);
         std::fs::write(&p, FAKE).unwrap();
@@ -97,14 +67,9 @@ fn setup(name: &str, pods: u32, shards: u32) -> Run {
     Run { dir, bin, config }
 }
 
-/// Test `salt` gets ports `base + 6·salt ..`, in one block per test process that was
-/// free below the ephemeral range when first asked for.
+/// Test `salt` gets ports `base + 6·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    let base =
-        *BASE.get_or_init(|| bex_process::free_local_ports(60).expect("free loopback ports"));
-    assert!(salt < 10, "salt {salt} is outside the block");
-    base + salt * 6
+    bex_testkit::ports::base_port(salt, 6, 10)
 }
 
 impl Run {

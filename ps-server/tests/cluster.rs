@@ -2,43 +2,38 @@
 //! failover after `kill -9`, push idempotence, checkpoint restore, and the shared secret.
 //! Every process is killed when the test ends, pass or fail.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::ops::{Deref, DerefMut};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bex_client::fanout::{PsClient, PsError};
 use bex_client::node::{client_config, cluster_secret, nic_spec, transport_config, ClientRole};
+use bex_process::child::Guard;
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
 use bex_ps_core::Config;
+use bex_testkit::{LocalCluster, Scratch};
 use bex_transport::Stack;
 
-struct Cluster {
-    dir: PathBuf,
-    config: PathBuf,
-    cfg: Config,
-    procs: Vec<Option<Child>>,
-}
+/// The 2 × 2 cluster of a test (`bex_testkit::LocalCluster`) and its clients.
+struct Cluster(LocalCluster);
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in self.procs.iter_mut().flatten() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+impl Deref for Cluster {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.0
     }
 }
 
-/// Test `salt` gets ports `base + 12·salt ..`, in one block per test process that was
-/// free below the ephemeral range when first asked for.
+impl DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut LocalCluster {
+        &mut self.0
+    }
+}
+
+/// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    let base =
-        *BASE.get_or_init(|| bex_process::free_local_ports(132).expect("free loopback ports"));
-    assert!(salt < 11, "salt {salt} is outside the block");
-    base + salt * 12
+    bex_testkit::ports::base_port(salt, 12, 11)
 }
 
 impl Cluster {
@@ -47,12 +42,8 @@ impl Cluster {
     }
 
     async fn with(name: &str, salt: u16, tweak: impl FnOnce(&mut Config)) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("bex-cluster-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let mut cfg = Config::local(2, 2, base_port(salt));
         cfg.cluster.name = format!("test-{name}");
-        cfg.cluster.data_dir = dir.join("data");
         cfg.server.checkpoint_interval_s = 0;
         cfg.tables = vec![bex_ps_core::config::TableConfig {
             name: "emb".into(),
@@ -71,78 +62,26 @@ impl Cluster {
         // Failover is tested deterministically: a timed-out request is always retried.
         cfg.rpc.retry_probability = 1.0;
         tweak(&mut cfg);
-        cfg.validate().unwrap();
-        let config = dir.join("cluster.toml");
-        std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-        let mut c = Cluster { dir, config, cfg, procs: Vec::new() };
+        let bin = env!("CARGO_BIN_EXE_ps-server").into();
+        // Bootstrap, catch-up and drain are info events; some tests read them.
+        let mut c = Cluster(LocalCluster::new(name, cfg, bin).env("RUST_LOG", "info"));
         for pod in 0..2 {
             for shard in 0..2 {
-                let p = c.spawn(pod, shard);
-                c.procs.push(Some(p));
+                c.spawn(pod, shard);
             }
         }
         for pod in 0..2 {
             for shard in 0..2 {
-                c.wait_serving(pod, shard).await;
+                c.serving(pod, shard).await;
             }
         }
         c
     }
 
-    /// Waits until the server answers `/health` 200 (Serving: a training shard has caught
-    /// up from its replicas and takes pushes).
-    async fn wait_serving(&self, pod: u32, shard: u32) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let http = self.cfg.topology().unwrap().server(pod, shard).unwrap().http;
-        let start = bex_ps_server::clock::now();
-        loop {
-            let mut answer = String::new();
-            if let Ok(mut s) = tokio::net::TcpStream::connect(http).await {
-                let get = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-                if s.write_all(get).await.is_ok() {
-                    let _ = s.read_to_string(&mut answer).await;
-                }
-            }
-            if answer.starts_with("HTTP/1.1 200") {
-                return;
-            }
-            assert!(
-                bex_ps_server::clock::now() - start < Duration::from_secs(20),
-                "{pod}/{shard} not serving: {answer}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Starts (`pod`, `shard`) again and waits until it serves.
-    async fn restart(&mut self, pod: u32, shard: u32) {
-        let p = self.spawn(pod, shard);
-        self.procs[Cluster::index(pod, shard)] = Some(p);
-        self.wait_serving(pod, shard).await;
-    }
-
-    fn spawn(&self, pod: u32, shard: u32) -> Child {
-        spawn_server(&self.config, pod, shard)
-    }
-
-    fn index(pod: u32, shard: u32) -> usize {
-        (pod * 2 + shard) as usize
-    }
-
-    fn kill9(&mut self, pod: u32, shard: u32) {
-        if let Some(mut c) = self.procs[Cluster::index(pod, shard)].take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    fn term(&mut self, pod: u32, shard: u32) {
-        if let Some(mut c) = self.procs[Cluster::index(pod, shard)].take() {
-            let pid = c.id().to_string();
-            Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-            let status = c.wait().unwrap();
-            assert!(status.success(), "clean exit on SIGTERM: {status}");
-        }
+    /// SIGTERM to (`pod`, `shard`), which must exit cleanly.
+    fn term_clean(&mut self, pod: u32, shard: u32) {
+        let status = self.term(pod, shard);
+        assert!(status.success(), "clean exit on SIGTERM: {status}");
     }
 
     async fn client(&self, local_pod: u32, secret: &[u8]) -> Arc<PsClient> {
@@ -159,34 +98,6 @@ impl Cluster {
         let id = 1000 + u64::from(local_pod) + if rdma { 0 } else { 500 };
         Arc::new(PsClient::new(rdma.then_some(r), tcp, self.cfg.topology().unwrap(), ccfg, id))
     }
-}
-
-fn spawn_server(config: &Path, pod: u32, shard: u32) -> Child {
-    let stderr_path = config.with_file_name(format!("ps-{pod}-{shard}.stderr"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        // Bootstrap, catch-up and drain are info events; some tests read them.
-        .env("RUST_LOG", "info")
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "--pod",
-            &pod.to_string(),
-            "--shard",
-            &shard.to_string(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .expect("ps-server starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    if !line.starts_with("ready") {
-        let _ = child.kill();
-        let _ = child.wait();
-        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        panic!("ps-server {pod}/{shard} did not come up: {line:?}\nits stderr:\n{stderr}");
-    }
-    child
 }
 
 const TABLE: u32 = 0;
@@ -317,7 +228,7 @@ async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly()
     assert_ne!(once, before);
     assert_ne!(twice, once);
     // SIGTERM writes a checkpoint; the restarted server restores every row bit-exactly.
-    c.term(0, 0);
+    c.term_clean(0, 0);
     c.restart(0, 0).await;
     let fresh = c.client(0, &secret).await;
     let restored = fresh.fetch(TABLE, DIM, &ks).await.unwrap();
@@ -669,7 +580,7 @@ async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
     converged(&c, &secret, &ks, Duration::from_secs(5)).await;
     // Restart both training servers (SIGTERM: a checkpoint, then a new process).
     for shard in 0..2 {
-        c.term(0, shard);
+        c.term_clean(0, shard);
         c.restart(0, shard).await;
     }
     let t = connect_client(&c.cfg, 0, local, TransportKind::Rdma, 7, ClientRole::Training)
@@ -754,10 +665,10 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let before_term = acked.load(Ordering::Relaxed);
-    let log = c.config.with_file_name("ps-0-0.stderr");
+    let log = c.stderr_path(0, 0);
     match how {
         Stop::Term => {
-            c.term(0, 0);
+            c.term_clean(0, 0);
             let log = std::fs::read_to_string(&log).unwrap();
             assert!(log.contains("replication flushed"), "the drain flushed replication: {log}");
         }
@@ -804,8 +715,7 @@ async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
 // Issue 14, item 6: off loopback the name-derived secret is refused, before anything binds.
 #[test]
 fn a_server_off_loopback_without_a_secret_refuses_to_start() {
-    let dir = std::env::temp_dir().join(format!("bex-insecure-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("insecure");
     let mut cfg = Config::local(1, 1, base_port(0));
     cfg.cluster.host = "192.0.2.1".parse().unwrap(); // TEST-NET-1: never this host's
     let config = dir.join("cluster.toml");
@@ -815,7 +725,6 @@ fn a_server_off_loopback_without_a_secret_refuses_to_start() {
         .env_remove("BEX_SECRET")
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
     assert!(err.contains("BEX_SECRET") && err.contains("allow_insecure"), "{err}");
@@ -826,8 +735,7 @@ fn a_server_off_loopback_without_a_secret_refuses_to_start() {
 // this in both builds (`scripts/test.sh`).
 #[test]
 fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
-    let dir = std::env::temp_dir().join(format!("bex-nodev-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("nodev");
     let mut cfg = Config::local(1, 1, base_port(0));
     cfg.transport.nic = bex_ps_core::config::NicKind::Verbs;
     cfg.transport.device = "bex_no_such_device".into();
@@ -837,7 +745,6 @@ fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
         .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
     assert!(err.contains("verbs:bex_no_such_device:1: no such RDMA device"), "{err}");
@@ -849,28 +756,24 @@ fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
 // lines with BEX_LOG_FORMAT=json.
 #[test]
 fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_level() {
-    let dir = std::env::temp_dir().join(format!("bex-logs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("logs");
     let run = |env: &[(&str, &str)]| -> String {
         let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
         cfg.cluster.data_dir = dir.join("data");
         let config = dir.join("cluster.toml");
         std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-            .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+        let stderr = dir.join("ps.stderr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
+        cmd.args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
             .env_remove("RUST_LOG")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready"), "{line:?}");
-        Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert_eq!(out.status.code(), Some(0));
-        String::from_utf8_lossy(&out.stderr).into_owned()
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        let mut server = Guard::spawn(&mut cmd, "ps-server").unwrap();
+        server.wait_line("ready", bex_testkit::cluster::READY_WITHIN).unwrap();
+        let status = server.terminate(Duration::from_secs(20)).unwrap();
+        assert_eq!(status.code(), Some(0));
+        std::fs::read_to_string(&stderr).unwrap()
     };
     let json = run(&[("RUST_LOG", "info"), ("BEX_LOG_FORMAT", "json")]);
     let events: Vec<serde_json::Value> =
@@ -884,7 +787,6 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
     assert!(events.iter().any(|e| e["fields"]["message"] == "shutdown checkpoint"), "{json}");
     let quiet = run(&[]);
     assert!(!quiet.contains("drained"), "info is off by default: {quiet}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // Issue 15, item 3: servers named by host (here `localhost`, from /etc/hosts), identity from
@@ -893,9 +795,7 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
 #[test]
 fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() {
     use bex_ps_core::config::{ServerEntry, TransportKind};
-    let dir = std::env::temp_dir().join(format!("bex-names-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("names");
     let port = bex_process::free_local_ports(6).unwrap();
     let mut cfg = Config::local(1, 2, port);
     cfg.cluster.data_dir = dir.join("data");
@@ -914,24 +814,22 @@ fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() 
         .collect();
     let config = dir.join("cluster.toml");
     std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-    let servers: Vec<Child> = (0..2)
+    // Killed and reaped on drop, before the scratch directory goes.
+    let _servers: Vec<Guard> = (0..2)
         .map(|shard| {
-            let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-                .env("BEX_CONFIG", &config)
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
+            cmd.env("BEX_CONFIG", &config)
                 .env("BEX_POD", "0")
                 .env("BEX_SHARD", "ordinal")
                 .env("HOSTNAME", format!("bex-ps-p0-{shard}"))
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-            assert!(line.starts_with(&format!("ready pod=0 shard={shard}")), "{line:?}");
-            child
+                .stderr(Stdio::null());
+            let mut server = Guard::spawn(&mut cmd, format!("ps-server 0/{shard}")).unwrap();
+            let rest = server.wait_line("ready", bex_testkit::cluster::READY_WITHIN).unwrap();
+            assert!(rest.starts_with(&format!("pod=0 shard={shard}")), "{rest:?}");
+            server
         })
         .collect();
-    let _guard = Kill(servers, dir.clone());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     rt.unwrap().block_on(async {
         let local = std::net::IpAddr::from([127, 0, 0, 1]);
@@ -953,17 +851,4 @@ fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() 
         node.ps.push(TABLE, DIM, &ks, &vec![1.0; ks.len() * DIM as usize]).await.unwrap();
         assert_ne!(node.ps.fetch(TABLE, DIM, &ks).await.unwrap(), before);
     });
-}
-
-/// Kills the processes and removes the directory when dropped.
-struct Kill(Vec<Child>, PathBuf);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
 }

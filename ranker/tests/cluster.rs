@@ -3,61 +3,19 @@
 //! and the exit codes of bad config and an unreachable cluster. Every child is killed when
 //! the test ends, pass or fail.
 //!
-//! `ps-server` is another package's binary, so Cargo does not build it for these tests
-//! (`CARGO_BIN_EXE_*` covers only this package's bins, and artifact dependencies are
-//! unstable). The test looks for it next to its own `deps/` directory, i.e.
-//! `target/<profile>/ps-server`, which `cargo build -p bex-ps-server` (same profile) puts
-//! there; `BEX_PS_SERVER=/path/to/ps-server` overrides. Building it from inside the test
-//! would need the build-directory lock that the running `cargo test` holds.
+//! `ps-server` is another package's binary: `bex_testkit::bins` builds it for this test's
+//! profile (a no-op when fresh), or takes it from `BEX_BIN_DIR`.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 
+use bex_ps_core::Config;
+use bex_testkit::LocalCluster;
 use serde_json::Value;
 
-fn ps_server_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("BEX_PS_SERVER") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/cluster-<hash> → target/<profile>/ps-server
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let bin = profile_dir.join("ps-server");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p bex-ps-server` (same profile as this test) first, \
-         or set BEX_PS_SERVER",
-        bin.display()
-    );
-    bin
-}
-
-/// Children killed on drop, and a scratch directory removed.
-struct Cluster {
-    dir: PathBuf,
-    config: PathBuf,
-    procs: Vec<Child>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Test `salt` gets ports `base + 10·salt ..`, in one block per test process that was
-/// free below the ephemeral range when first asked for.
+/// Test `salt` gets ports `base + 10·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    let base =
-        *BASE.get_or_init(|| bex_process::free_local_ports(20).expect("free loopback ports"));
-    assert!(salt < 2, "salt {salt} is outside the block");
-    base + salt * 10
+    bex_testkit::ports::base_port(salt, 10, 2)
 }
 
 const RANKER: &str = r#"
@@ -119,39 +77,25 @@ request_timeout_ms = 1000
     )
 }
 
+/// The test's cluster (`bex_testkit::LocalCluster`; `ps-server` built for this profile).
+struct Cluster(LocalCluster);
+
 impl Cluster {
     /// Writes the config; starts the servers if `start`.
     fn new(name: &str, salt: u16, ranker: &str, start: bool) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("bex-ranker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        let config = dir.join("cluster.toml");
-        let text = config_text(&format!("rk-{name}"), base_port(salt), &dir.join("data"), ranker);
-        std::fs::write(&config, text).expect("write config");
-        let mut c = Cluster { dir, config, procs: Vec::new() };
+        let text = config_text(&format!("rk-{name}"), base_port(salt), Path::new("data"), ranker);
+        let cfg = Config::from_toml_str(&text).expect("the test's config parses");
+        let bin = bex_testkit::bins::ps_server();
+        let mut c = Cluster(LocalCluster::new(&format!("ranker-{name}"), cfg, bin));
         if start {
-            let bin = ps_server_bin();
-            for shard in 0..2 {
-                let child = Command::new(&bin)
-                    .args(["--config", path(&c.config), "--pod", "0", "--shard"])
-                    .arg(shard.to_string())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("ps-server starts");
-                c.procs.push(child);
-                let out = c.procs.last_mut().and_then(|p| p.stdout.take()).expect("stdout");
-                let mut line = String::new();
-                BufReader::new(out).read_line(&mut line).expect("ready line");
-                assert!(line.starts_with("ready"), "ps-server did not come up: {line:?}");
-            }
+            c.0.start();
         }
         c
     }
 
     fn ranker(&self, args: &[&str]) -> std::process::Output {
         Command::new(env!("CARGO_BIN_EXE_ranker"))
-            .args(["--config", path(&self.config), "--quiet"])
+            .args(["--config", path(&self.0.config), "--quiet"])
             .args(args)
             .output()
             .expect("ranker runs")
@@ -199,7 +143,7 @@ fn check_report(v: &Value, transport: &str) {
 }
 
 fn run_json(c: &Cluster, name: &str, args: &[&str]) -> Value {
-    let json = c.dir.join(format!("{name}.json"));
+    let json = c.0.dir().join(format!("{name}.json"));
     let mut all = args.to_vec();
     all.extend(["--json", path(&json)]);
     let out = c.ranker(&all);
@@ -226,7 +170,7 @@ fn ranks_against_a_real_cluster_over_rdma_and_tcp() {
     }
 
     // A generated trace replays the same requests a live run with that seed sends.
-    let trace = c.dir.join("trace.jsonl");
+    let trace = c.0.dir().join("trace.jsonl");
     let out = c.ranker(&["--generate-trace", path(&trace), "--seconds", "1", "--rate", "50"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lines = std::fs::read_to_string(&trace).expect("trace").lines().count() as u64;

@@ -8,9 +8,9 @@
 //! - every send resolves (done or failed) by its deadline, and nothing hangs (virtual-time
 //!   limit).
 //!
-//! `BEX_SIM_SEEDS=n` runs n seeds per scenario (default 50; chunks of 400 run in child
-//! processes, since every simulated node leaks a registered pool); `BEX_SIM_SEED=s` replays
-//! one seed exactly. A failure prints its scenario and seed.
+//! Seeds 1..51 per scenario by default; `BEX_SEED=a..b` runs those (chunks of 400 in child
+//! processes, since every simulated node leaks a registered pool), `BEX_SEED=s` replays one
+//! seed exactly. A failure prints its scenario, seed and replay line.
 
 use std::time::Duration;
 
@@ -297,53 +297,22 @@ fn run(kind: Kind, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("BEX_SIM_SEED") {
-        return vec![s.parse().expect("BEX_SIM_SEED is a number")];
-    }
-    if let Ok(r) = std::env::var("BEX_SIM_SEED_RANGE") {
-        let (a, b) = r.split_once("..").expect("BEX_SIM_SEED_RANGE is a..b");
-        return (a.parse().expect("a")..b.parse().expect("b")).collect();
-    }
-    let n: u64 = std::env::var("BEX_SIM_SEEDS")
-        .map_or(50, |s| s.parse().expect("BEX_SIM_SEEDS is a number"));
-    (1..=n).collect()
-}
-
 const CHUNK: u64 = 400;
 
 fn matrix(name: &str, kind: Kind, test: &str) {
-    let seeds = seeds();
-    if seeds.len() as u64 > CHUNK {
-        // Every node leaks a pool with a jemalloc arena (≤ 4095 per process): run chunks of
-        // seeds in child processes of this test binary.
-        let exe = std::env::current_exe().expect("test binary");
-        let (lo, hi) = (seeds[0], seeds[seeds.len() - 1] + 1);
-        let mut a = lo;
-        while a < hi {
-            let b = (a + CHUNK).min(hi);
-            let out = std::process::Command::new(&exe)
-                .args([test, "--exact", "--test-threads=1", "--nocapture"])
-                .env_remove("BEX_SIM_SEEDS")
-                .env("BEX_SIM_SEED_RANGE", format!("{a}..{b}"))
-                .output()
-                .expect("child test");
-            assert!(
-                out.status.success(),
-                "scenario {name}, seeds {a}..{b} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            a = b;
-        }
-        eprintln!("scenario {name}: {} seeds passed", hi - lo);
+    let seeds = bex_testkit::seed::seeds(1..51);
+    // Every node leaks a pool with a jemalloc arena (≤ 4095 per process): more than CHUNK
+    // seeds run in child processes of this test binary.
+    if bex_testkit::seed::run_chunked(&seeds, CHUNK, &[test, "--test-threads=1"]) {
         return;
     }
-    for &seed in &seeds {
+    for seed in seeds.clone() {
         if let Err(e) = run(kind, seed) {
-            panic!("scenario {name} seed {seed}: {e}\nreplay: BEX_SIM_SEED={seed} cargo test -p bex-transport --test sim_faults {test}");
+            let cmd = format!("cargo test -p bex-transport --test sim_faults {test}");
+            panic!("scenario {name} seed {seed}: {e}\n{}", bex_testkit::seed::replay(seed, &cmd));
         }
     }
-    eprintln!("scenario {name}: {} seeds passed", seeds.len());
+    eprintln!("scenario {name}: {} seeds passed", seeds.end - seeds.start);
 }
 
 macro_rules! scenario {

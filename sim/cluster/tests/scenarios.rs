@@ -1,22 +1,19 @@
 //! The fault matrix of the parameter server in deterministic simulation: every scenario over
 //! a few seeds (debug build; `scripts/test.sh` runs more in release through the binary, and
-//! `BEX_SIMCLUSTER_SEEDS=N` here runs N), and exact replay, in-process and across processes.
+//! `BEX_SEED=a..b` here runs those), and exact replay, in-process and across processes.
 
 use std::process::Command;
 
 use bex_simcluster::{run, Scenario};
 
-fn seeds() -> u64 {
-    std::env::var("BEX_SIMCLUSTER_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3)
-}
-
 fn check(s: Scenario) {
-    for seed in 0..seeds() {
+    for seed in bex_testkit::seed::seeds(0..3) {
         let r = run(s, seed);
         assert!(
             r.passed(),
-            "{} seed {seed} failed (replay: bex-simcluster --scenarios {} --seed {seed}): {:#?}",
+            "{} seed {seed} failed ({}; or bex-simcluster --scenarios {} --seed {seed}): {:#?}",
             s.name(),
+            bex_testkit::seed::replay(seed, "cargo test -p bex-simcluster --test scenarios"),
             s.name(),
             r
         );

@@ -9,8 +9,8 @@
 //! Invariants: every push is acknowledged by the deadline; no acknowledged push is lost and
 //! none is applied twice (the primary's rows equal the exactly-once sum); replicas converge.
 //! Not covered: the real `bex-rpc` client and `ps-server` (async over live transports).
-//! `BEX_SIM_SEEDS=n` / `BEX_SIM_SEED=s` as in the transport's fault matrix (more than 400
-//! seeds run in chunks in child processes).
+//! Seeds 1..31; `BEX_SEED=a..b` or `BEX_SEED=s` as in the transport's fault matrix (more
+//! than 400 seeds run in chunks in child processes).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -283,67 +283,35 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
     Ok((dups, reconnects))
 }
 
-fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("BEX_SIM_SEED") {
-        return vec![s.parse().expect("BEX_SIM_SEED is a number")];
-    }
-    if let Ok(r) = std::env::var("BEX_SIM_SEED_RANGE") {
-        let (a, b) = r.split_once("..").expect("BEX_SIM_SEED_RANGE is a..b");
-        return (a.parse().expect("a")..b.parse().expect("b")).collect();
-    }
-    let n: u64 = std::env::var("BEX_SIM_SEEDS")
-        .map_or(30, |s| s.parse().expect("BEX_SIM_SEEDS is a number"));
-    (1..=n).collect()
-}
-
 /// Seeds per child process: every simulated node leaks a pool with its own jemalloc arena
 /// (at most 4095 per process), so larger runs go to child processes of this test binary.
 const CHUNK: u64 = 400;
 
 #[test]
 fn pushes_apply_exactly_once_and_replicas_converge_under_faults() {
-    let seeds = seeds();
-    if seeds.len() as u64 > CHUNK {
-        let exe = std::env::current_exe().expect("test binary");
-        let (lo, hi) = (seeds[0], seeds[seeds.len() - 1] + 1);
-        let mut a = lo;
-        while a < hi {
-            let b = (a + CHUNK).min(hi);
-            let out = std::process::Command::new(&exe)
-                .args([
-                    "pushes_apply_exactly_once_and_replicas_converge_under_faults",
-                    "--exact",
-                    "--nocapture",
-                ])
-                .env_remove("BEX_SIM_SEEDS")
-                .env("BEX_SIM_SEED_RANGE", format!("{a}..{b}"))
-                .output()
-                .expect("child test");
-            assert!(
-                out.status.success(),
-                "ps scenario, seeds {a}..{b} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            a = b;
-        }
-        eprintln!("ps scenario: {} seeds passed", hi - lo);
+    let seeds = bex_testkit::seed::seeds(1..31);
+    let test = "pushes_apply_exactly_once_and_replicas_converge_under_faults";
+    if bex_testkit::seed::run_chunked(&seeds, CHUNK, &[test]) {
         return;
     }
     let (mut dups, mut reconnects) = (0, 0);
-    for &seed in &seeds {
+    for seed in seeds.clone() {
         match run(seed) {
             Ok((d, r)) => {
                 dups += d;
                 reconnects += r;
             }
-            Err(e) => panic!("ps scenario seed {seed}: {e}\nreplay: BEX_SIM_SEED={seed} cargo test -p bex-incast --test ps_faults"),
+            Err(e) => panic!(
+                "ps scenario seed {seed}: {e}\n{}",
+                bex_testkit::seed::replay(seed, "cargo test -p bex-incast --test ps_faults")
+            ),
         }
     }
     eprintln!(
         "ps scenario: {} seeds passed ({dups} duplicate pushes refused, {reconnects} reconnects)",
-        seeds.len()
+        seeds.end - seeds.start
     );
-    if seeds.len() >= 10 {
+    if seeds.end - seeds.start >= 10 {
         assert!(
             dups > 0 && reconnects > 0,
             "the faults exercised retries ({dups}) and reconnects ({reconnects})"

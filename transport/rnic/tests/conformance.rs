@@ -18,7 +18,7 @@ struct SimBed {
 
 impl SimBed {
     fn new() -> Option<SimBed> {
-        let seed = std::env::var("BEX_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+        let seed = bex_testkit::seed::seeds(7..8).start;
         let fabric = Fabric::new(seed, LinkModel::default());
         let a = fabric.add_device(NicConfig::default());
         let b = fabric.add_device(NicConfig::default());
@@ -29,11 +29,10 @@ impl SimBed {
 impl Drop for SimBed {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!(
-                "fabric seed {} (replay with BEX_SEED={})",
-                self.fabric.seed(),
-                self.fabric.seed()
-            );
+            let seed = self.fabric.seed();
+            let replay =
+                bex_testkit::seed::replay(seed, "cargo test -p bex-rnic --test conformance");
+            eprintln!("fabric seed {seed} ({replay})");
         }
     }
 }
