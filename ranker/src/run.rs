@@ -641,29 +641,9 @@ mod tests {
 
     #[test]
     fn live_schedule_equals_the_generated_trace() {
-        let text = r#"
-[cluster]
-pods = 1
-shards = 2
-[[tables]]
-name = "user"
-dim = 16
-[[tables]]
-name = "item"
-dim = 16
-[[tables]]
-name = "context"
-dim = 8
-[[tables]]
-name = "dense"
-dim = 32
-[ranker]
-rate = 300.0
-seconds = 0.5
-warmup_seconds = 0.2
-candidates_max = 50
-"#;
-        let cfg = bex_ps_core::Config::from_toml_str(text).unwrap();
+        let ranker = "rate = 300.0\nseconds = 0.5\nwarmup_seconds = 0.2\ncandidates_max = 50";
+        let text = bex_testkit::fixtures::ranker_cluster("", ranker);
+        let cfg = bex_ps_core::Config::from_toml_str(&text).unwrap();
         let s = Settings::from_config(&cfg, &crate::settings::Overrides::default()).unwrap();
         let trace =
             bex_traffic::generate_trace(s.spec.clone(), 300.0, Duration::from_millis(700), 1)

@@ -396,27 +396,7 @@ mod tests {
     use super::*;
 
     fn cluster(ranker: &str) -> Result<Config, String> {
-        let text = format!(
-            r#"
-[cluster]
-pods = 1
-shards = 2
-[[tables]]
-name = "user"
-dim = 16
-[[tables]]
-name = "item"
-dim = 16
-[[tables]]
-name = "context"
-dim = 8
-[[tables]]
-name = "dense"
-dim = 32
-[ranker]
-{ranker}
-"#
-        );
+        let text = bex_testkit::fixtures::ranker_cluster("", ranker);
         Config::from_toml_str(&text).map_err(|e| e.to_string())
     }
 

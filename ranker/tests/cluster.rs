@@ -36,45 +36,24 @@ slots = [
 ]
 "#;
 
-fn config_text(name: &str, port: u16, data: &Path, ranker: &str) -> String {
-    format!(
-        r#"
-[cluster]
-name = "{name}"
-pods = 1
-shards = 2
-host = "127.0.0.1"
-base_port = {port}
-data_dir = "{data}"
-
+/// The ranker's tables on 1 pod × 2 shards at `port`, `ranker` as `[ranker]`.
+fn config(name: &str, port: u16, ranker: &str) -> Config {
+    let extra = "
 [server]
 checkpoint_interval_s = 0
 checkpoint_on_shutdown = false
 restore_on_start = false
 
-[[tables]]
-name = "user"
-dim = 16
-[[tables]]
-name = "item"
-dim = 16
-[[tables]]
-name = "context"
-dim = 8
-[[tables]]
-name = "dense"
-dim = 32
-
 [rpc]
 # Loopback under a test harness on 2 shared cores: generous deadlines.
 connect_timeout_ms = 500
 request_timeout_ms = 1000
-
-[ranker]
-{ranker}
-"#,
-        data = data.display()
-    )
+";
+    let text = bex_testkit::fixtures::ranker_cluster(extra, ranker);
+    let mut cfg = Config::from_toml_str(&text).expect("the test's config parses");
+    cfg.cluster.name = name.into();
+    cfg.cluster.base_port = port;
+    cfg
 }
 
 /// The test's cluster (`bex_testkit::LocalCluster`; `ps-server` built for this profile).
@@ -83,8 +62,7 @@ struct Cluster(LocalCluster);
 impl Cluster {
     /// Writes the config; starts the servers if `start`.
     fn new(name: &str, salt: u16, ranker: &str, start: bool) -> Cluster {
-        let text = config_text(&format!("rk-{name}"), base_port(salt), Path::new("data"), ranker);
-        let cfg = Config::from_toml_str(&text).expect("the test's config parses");
+        let cfg = config(&format!("rk-{name}"), base_port(salt), ranker);
         let bin = bex_testkit::bins::ps_server();
         let mut c = Cluster(LocalCluster::new(&format!("ranker-{name}"), cfg, bin));
         if start {
