@@ -11,13 +11,17 @@
 //! - [`any`]: [`Transport`] and [`Socket`], either kind behind one type;
 //! - [`stack`]: the one builder that opens a NIC (software or hardware) and the transports
 //!   on it;
-//! - [`sim`], [`simio`]: the deterministic simulation, by hand and behind the async API.
+//! - [`sim`], [`simio`]: the deterministic simulation, by hand and behind the async API;
+//! - `contract` (feature `contract`): the socket contract every transport keeps, one suite
+//!   for RDMA, TCP and the simulation.
 // One unsafe block: registering a CQ's descriptor with the runtime (`driver`).
 #![deny(unsafe_code)]
 
 pub mod any;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "contract")]
+pub mod contract;
 pub(crate) mod driver;
 pub(crate) mod endpoint;
 pub(crate) mod engine;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bemalloc::{Pool, PoolConfig};
 use bex_rnic::soft::{SoftDevice, UdpConfig};
 use bex_rnic::Device;
-use bex_transport::{Config, Msg, RdmaTransport, TcpTransport};
+use bex_transport::{Config, RdmaTransport, TcpTransport};
 
 /// A software RNIC on loopback, a pool registered with it, and a transport on both.
 pub async fn rdma(cfg: Config) -> (RdmaTransport, SoftDevice) {
@@ -42,27 +42,5 @@ pub async fn tcp(cfg: Config) -> TcpTransport {
         .expect("transport starts")
 }
 
-/// A message of `len` bytes whose content depends on `seed`.
-pub fn pattern(pool: &'static Pool, len: usize, seed: u64) -> Msg {
-    let mut m = Msg::alloc(pool, len).unwrap();
-    fill(m.as_mut_slice(), seed);
-    m
-}
-
-pub fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        chunk.copy_from_slice(&b[..chunk.len()]);
-    }
-}
-
-pub fn check(msg: &Msg, len: usize, seed: u64) {
-    assert_eq!(msg.len(), len, "length of message {seed}");
-    let mut want = vec![0u8; len];
-    fill(&mut want, seed);
-    assert!(msg.as_slice() == &want[..], "content of message {seed} ({len} bytes) differs");
-}
+#[allow(unused_imports)] // each test binary uses some of them
+pub use bex_transport::contract::{check, fill, pattern};
