@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::cleanup::{delete_namespace, Record};
 use crate::clock::{now, wait_then_now};
-use crate::launch::{ChaosEvent, LaunchConfig};
+use crate::launch::{ChaosAction, ChaosEvent, LaunchConfig};
 use crate::plan::{log_paths, tbf_params, Plan, ProcSpec, Role};
 use crate::probe::{counter_delta, http_get, rnic_counters, Stop};
 
@@ -138,6 +138,8 @@ pub struct Executor {
     chaos: Vec<ChaosEvent>,
     chaos_next: usize,
     chaos_log: Vec<Value>,
+    /// An iptables fault was applied: heal before `verify` reads every server.
+    network_faults: bool,
     /// Servers the schedule killed and has not restarted.
     down: BTreeSet<String>,
     /// Servers the schedule restarted, and when: a replica may still be copying its shard
@@ -219,6 +221,7 @@ impl Executor {
             chaos,
             chaos_next: 0,
             chaos_log: Vec::new(),
+            network_faults: false,
             down: BTreeSet::new(),
             restarted: BTreeMap::new(),
             restarted_clients: BTreeSet::new(),
@@ -486,22 +489,26 @@ impl Executor {
     }
 
     fn chaos_action(&mut self, ev: &ChaosEvent) -> Result<String, String> {
-        match ev.action.as_str() {
-            "kill" => {
-                let i = self.server_index(&ev.target)?;
+        let action = ev.parse()?;
+        if action.is_network_fault() {
+            self.network_faults = true;
+        }
+        match action {
+            ChaosAction::Kill { server } => {
+                let i = self.server_index(&server)?;
                 let s = &mut self.servers[i];
                 if s.poll().is_some() {
                     return Err("already not running".into());
                 }
                 s.signal(Signal::SIGKILL);
                 s.status = s.child.wait().ok();
-                self.down.insert(ev.target.clone());
+                self.down.insert(server);
                 Ok(format!("SIGKILL pid {}", s.pid))
             }
-            "term" => {
+            ChaosAction::Term { server } => {
                 // A graceful stop: the server drains (refuses pushes, flushes replication),
                 // checkpoints and must exit 0 within its grace.
-                let i = self.server_index(&ev.target)?;
+                let i = self.server_index(&server)?;
                 let s = &mut self.servers[i];
                 if s.poll().is_some() {
                     return Err("already not running".into());
@@ -511,7 +518,7 @@ impl Executor {
                 while s.poll().is_none() && now() < t0 + SERVER_STOP_GRACE {
                     wait_then_now(Duration::from_millis(5));
                 }
-                self.down.insert(ev.target.clone());
+                self.down.insert(server);
                 match s.status {
                     Some(st) if st.success() => Ok(format!(
                         "SIGTERM pid {}: exited 0 after {:.2} s",
@@ -526,12 +533,12 @@ impl Executor {
                     }
                 }
             }
-            "restart-client" => {
+            ChaosAction::RestartClient { client } => {
                 let i = self
                     .clients
                     .iter_mut()
-                    .position(|c| c.spec.name == ev.target && c.poll().is_none())
-                    .ok_or_else(|| format!("no running client {}", ev.target))?;
+                    .position(|c| c.spec.name == client && c.poll().is_none())
+                    .ok_or_else(|| format!("no running client {client}"))?;
                 let c = &mut self.clients[i];
                 c.signal(Signal::SIGTERM);
                 let t0 = now();
@@ -562,8 +569,8 @@ impl Executor {
                 self.restarted_clients.insert(spec.name.clone());
                 Ok(format!("pid {old_pid} exited 0 on SIGTERM; started again as pid {pid}"))
             }
-            "restart" => {
-                let i = self.server_index(&ev.target)?;
+            ChaosAction::Restart { server } => {
+                let i = self.server_index(&server)?;
                 if self.servers[i].poll().is_none() {
                     return Err("still running (kill it first)".into());
                 }
@@ -576,14 +583,14 @@ impl Executor {
                 let r = self.spawn(&spec)?;
                 let pid = r.pid;
                 self.servers[i] = r;
-                self.down.remove(&ev.target);
-                self.restarted.insert(ev.target.clone(), now());
+                self.down.remove(&server);
+                self.restarted.insert(server, now());
                 Ok(format!("started again as pid {pid}"))
             }
-            "loss" => {
-                let i = self.server_index(&ev.target)?;
+            ChaosAction::Loss { server, probability } => {
+                let i = self.server_index(&server)?;
                 let ns = self.servers[i].spec.netns.clone().ok_or("loss needs netns mode")?;
-                let p = format!("{}", ev.probability);
+                let p = format!("{probability}");
                 Self::iptables(
                     &ns,
                     &[
@@ -601,16 +608,14 @@ impl Executor {
                 )?;
                 Ok(format!("{ns} drops {p} of its input"))
             }
-            "rdma-blackhole" => {
-                let i = self.server_index(&ev.target)?;
+            ChaosAction::RdmaBlackhole { server } => {
+                let i = self.server_index(&server)?;
                 let ns = self.servers[i].spec.netns.clone().ok_or("needs netns mode")?;
                 Self::iptables(&ns, &["-A", "INPUT", "-p", "udp", "-j", "DROP"])?;
                 Self::iptables(&ns, &["-A", "OUTPUT", "-p", "udp", "-j", "DROP"])?;
                 Ok(format!("{ns} drops all UDP (the software RNIC); TCP still works"))
             }
-            "partition" => {
-                let pod: u32 =
-                    ev.target.trim_start_matches("pod").parse().map_err(|_| "bad pod")?;
+            ChaosAction::Partition { pod } => {
                 let mut cut = Vec::new();
                 for s in &self.servers {
                     if matches!(s.spec.role, Role::Server { pod: p, .. } if p == pod) {
@@ -625,8 +630,7 @@ impl Executor {
                 }
                 Ok(format!("cut off {}", cut.join(", ")))
             }
-            "heal" => self.heal(),
-            other => Err(format!("unknown action {other}")),
+            ChaosAction::Heal => self.heal(),
         }
     }
 
@@ -684,11 +688,7 @@ impl Executor {
     /// Runs `bex-chaos verify` over the canaries' reports (after healing the network).
     fn run_verify(&mut self, deadline: Instant) -> Value {
         let Some(spec) = self.plan.verify.clone() else { return Value::Null };
-        if self
-            .chaos_log
-            .iter()
-            .any(|e| ["loss", "partition", "rdma-blackhole"].iter().any(|a| e["action"] == *a))
-        {
+        if self.network_faults {
             if let Err(e) = self.heal() {
                 self.reasons.push(format!("healing before verify: {e}"));
             }

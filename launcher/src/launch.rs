@@ -146,51 +146,140 @@ pub struct ChaosEvent {
     pub probability: f64,
 }
 
+/// What a chaos event does: its `action`, `target` and `probability`, checked and typed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ChaosAction {
+    /// SIGKILL a server.
+    Kill {
+        /// `ps-p<pod>-s<shard>`.
+        server: String,
+    },
+    /// SIGTERM a server, which must drain, checkpoint and exit 0.
+    Term {
+        /// `ps-p<pod>-s<shard>`.
+        server: String,
+    },
+    /// Start a stopped server again.
+    Restart {
+        /// `ps-p<pod>-s<shard>`.
+        server: String,
+    },
+    /// SIGTERM a running client (which must exit 0) and start it again with the same id.
+    RestartClient {
+        /// `ranker-<n>`, `trainer-<n>` or `canary-<n>`.
+        client: String,
+    },
+    /// Drop `probability` of the packets a server's host receives (iptables; netns).
+    Loss {
+        /// `ps-p<pod>-s<shard>`.
+        server: String,
+        /// In (0, 1).
+        probability: f64,
+    },
+    /// Cut every server of a pod off the network (netns).
+    Partition {
+        /// The pod.
+        pod: u32,
+    },
+    /// Drop a server's UDP (the software RNIC's packets) while TCP works (netns).
+    RdmaBlackhole {
+        /// `ps-p<pod>-s<shard>`.
+        server: String,
+    },
+    /// Remove every loss, partition and blackhole (netns).
+    Heal,
+}
+
+impl ChaosAction {
+    /// Its name in the config and the report.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ChaosAction::Kill { .. } => "kill",
+            ChaosAction::Term { .. } => "term",
+            ChaosAction::Restart { .. } => "restart",
+            ChaosAction::RestartClient { .. } => "restart-client",
+            ChaosAction::Loss { .. } => "loss",
+            ChaosAction::Partition { .. } => "partition",
+            ChaosAction::RdmaBlackhole { .. } => "rdma-blackhole",
+            ChaosAction::Heal => "heal",
+        }
+    }
+
+    /// True for the faults made with iptables in the hosts' network namespaces.
+    pub fn is_network_fault(&self) -> bool {
+        matches!(
+            self,
+            ChaosAction::Loss { .. }
+                | ChaosAction::Partition { .. }
+                | ChaosAction::RdmaBlackhole { .. }
+                | ChaosAction::Heal
+        )
+    }
+}
+
+/// `ps-p<pod>-s<shard>`.
+fn is_server_name(t: &str) -> bool {
+    t.strip_prefix("ps-p")
+        .and_then(|r| r.split_once("-s"))
+        .is_some_and(|(p, s)| p.parse::<u32>().is_ok() && s.parse::<u32>().is_ok())
+}
+
 impl ChaosEvent {
-    fn check(&self, i: usize, netns: bool) -> Option<FieldError> {
-        let field = format!("launch.chaos[{i}]");
-        let server = |t: &str| {
-            t.strip_prefix("ps-p")
-                .and_then(|r| r.split_once("-s"))
-                .is_some_and(|(p, s)| p.parse::<u32>().is_ok() && s.parse::<u32>().is_ok())
+    /// The typed action, or why the event is wrong.
+    pub fn parse(&self) -> Result<ChaosAction, String> {
+        let server = || {
+            if is_server_name(&self.target) {
+                Ok(self.target.clone())
+            } else {
+                Err(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
+            }
         };
-        let bad = |m: String| Some(FieldError::new(field.clone(), m));
+        Ok(match self.action.as_str() {
+            "kill" => ChaosAction::Kill { server: server()? },
+            "term" => ChaosAction::Term { server: server()? },
+            "restart" => ChaosAction::Restart { server: server()? },
+            "rdma-blackhole" => ChaosAction::RdmaBlackhole { server: server()? },
+            "loss" => {
+                let server = server()?;
+                if !(self.probability > 0.0 && self.probability < 1.0) {
+                    return Err("loss: probability must be in (0, 1)".into());
+                }
+                ChaosAction::Loss { server, probability: self.probability }
+            }
+            "partition" => match self.target.strip_prefix("pod").map(str::parse::<u32>) {
+                Some(Ok(pod)) => ChaosAction::Partition { pod },
+                _ => return Err("partition: target must be a pod like \"pod1\"".into()),
+            },
+            "restart-client" => {
+                let client = ["ranker-", "trainer-", "canary-"]
+                    .iter()
+                    .any(|k| self.target.strip_prefix(k).is_some_and(|n| n.parse::<u32>().is_ok()));
+                if !client {
+                    return Err("restart-client: target must be a client like \"trainer-2\"".into());
+                }
+                ChaosAction::RestartClient { client: self.target.clone() }
+            }
+            "heal" => ChaosAction::Heal,
+            other => {
+                return Err(format!(
+                    "unknown action {other:?} (kill, term, restart, restart-client, loss, \
+                     partition, rdma-blackhole, heal)"
+                ))
+            }
+        })
+    }
+
+    fn check(&self, i: usize, netns: bool) -> Option<FieldError> {
+        let bad = |m: String| Some(FieldError::new(format!("launch.chaos[{i}]"), m));
         if !(self.at_s.is_finite() && self.at_s >= 0.0) {
             return bad("at_s must be ≥ 0".into());
         }
-        let needs_netns =
-            matches!(self.action.as_str(), "loss" | "partition" | "heal" | "rdma-blackhole");
-        if needs_netns && !netns {
-            return bad(format!("{} needs mode = \"netns\" (iptables per host)", self.action));
-        }
-        match self.action.as_str() {
-            "kill" | "term" | "restart" if !server(&self.target) => {
-                bad(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
+        match self.parse() {
+            Err(e) => bad(e),
+            Ok(a) if a.is_network_fault() && !netns => {
+                bad(format!("{} needs mode = \"netns\" (iptables per host)", a.name()))
             }
-            "loss" | "rdma-blackhole" if !server(&self.target) => {
-                bad(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
-            }
-            "loss" if !(self.probability > 0.0 && self.probability < 1.0) => {
-                bad("loss: probability must be in (0, 1)".into())
-            }
-            "partition"
-                if self.target.strip_prefix("pod").is_none_or(|n| n.parse::<u32>().is_err()) =>
-            {
-                bad("partition: target must be a pod like \"pod1\"".into())
-            }
-            "restart-client"
-                if !["ranker-", "trainer-", "canary-"].iter().any(|k| {
-                    self.target.strip_prefix(k).is_some_and(|n| n.parse::<u32>().is_ok())
-                }) =>
-            {
-                bad("restart-client: target must be a client like \"trainer-2\"".into())
-            }
-            "kill" | "term" | "restart" | "restart-client" | "loss" | "partition" | "heal"
-            | "rdma-blackhole" => None,
-            other => bad(format!(
-                "unknown action {other:?} (kill, term, restart, restart-client, loss, \
-                 partition, rdma-blackhole, heal)"
-            )),
+            Ok(_) => None,
         }
     }
 }
@@ -362,8 +451,17 @@ mod tests {
         let e = with(Mode::Loopback, ok).check().unwrap_err();
         assert_eq!(e.len(), 4, "{e:?}");
         assert!(with(Mode::Loopback, vec![ev("kill", "ps-p1-s0", 0.0)]).check().is_ok());
+        assert_eq!(
+            ev("loss", "ps-p0-s1", 0.05).parse().unwrap(),
+            ChaosAction::Loss { server: "ps-p0-s1".into(), probability: 0.05 }
+        );
+        assert_eq!(
+            ev("partition", "pod3", 0.0).parse().unwrap(),
+            ChaosAction::Partition { pod: 3 }
+        );
         for bad in [
             ev("kill", "pod1", 0.0),
+            ev("restart-client", "ps-p0-s0", 0.0),
             ev("loss", "ps-p0-s1", 1.5),
             ev("partition", "ps-p1-s0", 0.0),
             ev("rdma-blackhole", "pod0", 0.0),
