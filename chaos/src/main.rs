@@ -16,7 +16,7 @@ use bex_model::{dense_keys, dense_len, SyntheticClicks};
 use bex_process::exit_with_parent;
 use bex_ps_core::config::TransportKind;
 use bex_ps_core::Config;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 /// Invariant checkers for chaos runs on real processes (`bex-cluster` applies the faults):
 /// `canary` pushes countable increments while faults happen; `verify` checks afterwards that
@@ -27,12 +27,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Transport {
-    Rdma,
-    Tcp,
 }
 
 #[derive(Debug, Args)]
@@ -47,7 +41,7 @@ struct Common {
     bind: IpAddr,
     /// Data-path transport [default: the config's `[transport] kind`].
     #[arg(long, value_enum)]
-    transport: Option<Transport>,
+    transport: Option<TransportKind>,
     /// PS client id, unique in the cluster (a number, or `ordinal`) [default: this process
     /// id above a hash of the host name].
     #[arg(long, value_name = "N", env = "BEX_ID", value_parser = bex_process::identity::parse_here)]
@@ -111,21 +105,6 @@ fn load(path: &Path) -> Result<Config, String> {
     Ok(cfg)
 }
 
-fn kind(cfg: &Config, t: Option<Transport>) -> TransportKind {
-    match t {
-        Some(Transport::Rdma) => TransportKind::Rdma,
-        Some(Transport::Tcp) => TransportKind::Tcp,
-        None => cfg.transport.kind,
-    }
-}
-
-fn kind_name(k: TransportKind) -> &'static str {
-    match k {
-        TransportKind::Rdma => "rdma",
-        TransportKind::Tcp => "tcp",
-    }
-}
-
 /// The trainer's rows (embedding keys of its task, its dense rows), from `[trainer]` with the
 /// trainer's defaults.
 fn trainer_sets(cfg: &Config) -> Result<Vec<KeySet>, String> {
@@ -175,7 +154,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             if !(seconds.is_finite() && seconds > 0.0) || keys == 0 || in_flight == 0 {
                 return Err(usage("--seconds, --keys and --in-flight must be positive".into()));
             }
-            let k = kind(&cfg, common.transport);
+            let k = common.transport.unwrap_or(cfg.transport.kind);
             let id = common.id.unwrap_or_else(bex_process::identity::default_client_id);
             let component = component.unwrap_or((id % u64::from(t.1)) as u32);
             if component >= t.1 {
@@ -203,7 +182,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             let owner = (!shared_keys).then(|| node.ps.push_id());
             let target = canary::Target { table: t, owner, keys, component };
             let mut report = canary::run(node.ps.clone(), target, in_flight, seconds, stop).await;
-            report.transport = kind_name(k).into();
+            report.transport = k.to_string();
             write_json(&common.json, &report).map_err(|e| (1, e))?;
             println!(
                 "canary {id} over {}: {} pushes acknowledged, {} failed, {} keys, {:.1} s{}",
@@ -231,7 +210,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
                 reports.push(r);
             }
             let sets = trainer_sets(&cfg).map_err(usage)?;
-            let k = kind(&cfg, common.transport);
+            let k = common.transport.unwrap_or(cfg.transport.kind);
             let id = common.id.unwrap_or_else(bex_process::identity::default_client_id);
             let topo = cfg.topology().map_err(|e| usage(e.to_string()))?;
             let node =

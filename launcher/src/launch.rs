@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use bex_ps_core::config::FieldError;
+use bex_ps_core::config::{FieldError, TransportKind};
 
 /// Where the processes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,26 +12,6 @@ pub enum Mode {
     Loopback,
     /// One network namespace per host, joined by a bridge (root only).
     Netns,
-}
-
-/// The clients' transport.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClientTransport {
-    /// ByteExpress over the software RNIC (TCP fallback).
-    Rdma,
-    /// TCP only.
-    Tcp,
-}
-
-impl ClientTransport {
-    /// The `--transport` value of the client binaries.
-    pub fn as_arg(self) -> &'static str {
-        match self {
-            ClientTransport::Rdma => "rdma",
-            ClientTransport::Tcp => "tcp",
-        }
-    }
 }
 
 /// `[launch]`, keys as in `configs/local.toml`.
@@ -57,7 +37,7 @@ pub struct LaunchConfig {
     /// Extra trainer arguments.
     pub trainer_args: Vec<String>,
     /// The clients' transport.
-    pub transport: ClientTransport,
+    pub transport: TransportKind,
     /// Deadline of the whole workload (all phases), seconds.
     pub timeout_s: u64,
     /// Directory of the binaries; empty = the directory of `bex-cluster`.
@@ -95,7 +75,7 @@ impl Default for LaunchConfig {
             phases: vec!["inference".into(), "training".into()],
             ranker_args: Vec::new(),
             trainer_args: Vec::new(),
-            transport: ClientTransport::Rdma,
+            transport: TransportKind::Rdma,
             timeout_s: 600,
             fresh_data: true,
             bin_dir: String::new(),

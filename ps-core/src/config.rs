@@ -481,15 +481,9 @@ impl TableConfig {
     }
 }
 
-/// Which transport the data path uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TransportKind {
-    /// ByteExpress over RC verbs (hardware or the software RNIC).
-    Rdma,
-    /// TCP (the fallback and the baseline).
-    Tcp,
-}
+/// Which transport the data path uses (`[transport] kind`): the one enum of
+/// `bex-transport-kind`, shared with the transports and the tools.
+pub use bex_transport_kind::TransportKind;
 
 /// Which NIC carries RDMA.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

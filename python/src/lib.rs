@@ -234,15 +234,8 @@ impl Client {
             return Err(ConfigError::new_err("threads must be at least 1"));
         }
         let cfg = Config::load(&config).map_err(|e| ConfigError::new_err(e.to_string()))?;
-        let transport = match transport {
-            "rdma" => TransportKind::Rdma,
-            "tcp" => TransportKind::Tcp,
-            other => {
-                return Err(ConfigError::new_err(format!(
-                    "transport {other:?}: \"rdma\" or \"tcp\""
-                )))
-            }
-        };
+        let transport: TransportKind =
+            transport.parse().map_err(|e| ConfigError::new_err(format!("transport: {e}")))?;
         let bind: IpAddr = match bind {
             Some(b) => b
                 .parse()
@@ -285,10 +278,7 @@ impl Client {
     /// "rdma" or "tcp".
     #[getter]
     fn transport(&self) -> &'static str {
-        match self.transport {
-            TransportKind::Rdma => "rdma",
-            TransportKind::Tcp => "tcp",
-        }
+        self.transport.name()
     }
 
     /// Rows of `keys` (a 1-D uint64 array; duplicates allowed) from `table` (a name or an

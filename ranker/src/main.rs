@@ -16,7 +16,7 @@ use bex_ps_core::Config;
 use bex_ranker::report::{self, RunInfo};
 use bex_ranker::run::{run, Ranker, RankerMetrics, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 /// Replays synthetic inference traffic against a bex PS cluster: open-loop Poisson arrivals
 /// (or a trace), each request fanning out to k models whose embedding rows are fetched from
@@ -46,7 +46,7 @@ struct Cli {
     /// Data-path transport [default: the config's `[transport] kind`]. rdma falls back to
     /// tcp per destination when RDMA fails.
     #[arg(long, value_enum, value_name = "KIND")]
-    transport: Option<Transport>,
+    transport: Option<TransportKind>,
     /// PS client id, unique among the cluster's clients (a number, or `ordinal`: the number
     /// ending the host name) [default: this process id above a hash of the host name].
     #[arg(long, value_name = "N", env = "BEX_ID", value_parser = bex_process::identity::parse_here)]
@@ -87,14 +87,6 @@ struct Cli {
     /// client, transports, NIC, process.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Transport {
-    /// ByteExpress over the (software) RNIC.
-    Rdma,
-    /// TCP only.
-    Tcp,
 }
 
 /// Bad usage or config: exit 2.
@@ -154,11 +146,7 @@ fn main() {
         }
         None => Schedule::generated(&settings).unwrap_or_else(|e| usage(e)),
     };
-    let kind = match cli.transport {
-        Some(Transport::Rdma) => TransportKind::Rdma,
-        Some(Transport::Tcp) => TransportKind::Tcp,
-        None => cfg.transport.kind,
-    };
+    let kind = cli.transport.unwrap_or(cfg.transport.kind);
     let client_id = cli.id.unwrap_or_else(bex_process::identity::default_client_id);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -226,10 +214,7 @@ fn main() {
         let out = run(ranker.clone(), schedule, opts, snapshot, stop_rx).await;
         signals.abort();
         let info = RunInfo {
-            transport: match kind {
-                TransportKind::Rdma => "rdma".into(),
-                TransportKind::Tcp => "tcp".into(),
-            },
+            transport: kind.to_string(),
             config: cli.config.display().to_string(),
             pod: cli.pod,
             client_id,

@@ -29,15 +29,6 @@ use bex_trainer::store::PsStore;
 use bex_trainer::train::{EvalPoint, Stats, Trainer};
 use clap::Parser;
 
-/// Which transport the trainer's requests use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Kind {
-    /// ByteExpress over the software RNIC, falling back to TCP per destination.
-    Rdma,
-    /// TCP only.
-    Tcp,
-}
-
 /// Trains a synthetic click model (embeddings + MLP) against a bex PS cluster.
 ///
 /// Run-length, batch and model defaults come from the `[trainer]` section of the cluster
@@ -61,7 +52,7 @@ struct Args {
     bind: IpAddr,
     /// Transport for requests; default: the config's `[transport].kind`.
     #[arg(long, value_enum)]
-    transport: Option<Kind>,
+    transport: Option<TransportKind>,
     /// Trainer id: names it in logs and reports and is the default training-stream seed. A
     /// restart may reuse it: pushes are deduplicated under a fresh random identity per
     /// start (reported as `push_id`), so a restarted trainer's pushes are applied. A
@@ -198,11 +189,7 @@ fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
 
 async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     let stop = stop_on_signals().unwrap_or_else(|e| runtime_error(format!("signals: {e}")));
-    let kind = match args.transport {
-        Some(Kind::Rdma) => TransportKind::Rdma,
-        Some(Kind::Tcp) => TransportKind::Tcp,
-        None => cfg.transport.kind,
-    };
+    let kind = args.transport.unwrap_or(cfg.transport.kind);
     let client = connect_client(&cfg, pod, args.bind, kind, args.id, ClientRole::Training)
         .await
         .unwrap_or_else(|e| {
@@ -318,10 +305,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         kind: "trainer",
         id: args.id,
         push_id: client.ps.push_id(),
-        transport: match client.kind {
-            TransportKind::Rdma => "rdma".into(),
-            TransportKind::Tcp => "tcp".into(),
-        },
+        transport: client.kind.to_string(),
         table: trainer.settings().emb.name.clone(),
         dense_table: trainer.settings().dense.name.clone(),
         seed,

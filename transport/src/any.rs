@@ -16,23 +16,9 @@ use crate::rdma::{RdmaSocket, RdmaTransport};
 use crate::simio::{SimTransport, SimTransportSocket};
 use crate::tcp::{TcpSocket, TcpTransport};
 
-/// Which transport a [`Transport`] or [`Socket`] runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TransportKind {
-    /// ByteExpress over RC queue pairs.
-    Rdma,
-    /// One TCP connection per socket.
-    Tcp,
-}
-
-impl std::fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TransportKind::Rdma => "rdma",
-            TransportKind::Tcp => "tcp",
-        })
-    }
-}
+/// Which transport a [`Transport`] or [`Socket`] runs on (the one enum of
+/// `bex-transport-kind`, shared with the config and the tools).
+pub use bex_transport_kind::TransportKind;
 
 /// A transport of either kind.
 #[derive(Clone, Debug)]

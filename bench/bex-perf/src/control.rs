@@ -96,14 +96,14 @@ pub fn unexpected(wanted: &str, got: &Ctl) -> BenchError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{Kind, Knobs};
+    use crate::spec::{Knobs, TransportKind};
 
     #[tokio::test]
     async fn messages_round_trip_and_garbage_is_an_error() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let setup = ServerSetup {
-            kind: Kind::Rdma,
+            kind: TransportKind::Rdma,
             transports: 3,
             knobs: Knobs::default(),
             echo_max: u64::MAX,

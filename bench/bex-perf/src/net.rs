@@ -10,7 +10,7 @@ use bex_transport::{Config, CounterSnapshot, Nic, NicSpec};
 pub use bex_transport::{Socket, Transport};
 
 use crate::error::Result;
-use crate::spec::Kind;
+use crate::spec::TransportKind;
 
 /// This process's NIC and the pool registered with it.
 #[derive(Debug)]
@@ -31,12 +31,12 @@ impl Node {
     }
 
     /// Starts a transport of `kind` listening on `ip` (any port).
-    pub async fn start(&self, kind: Kind, ip: IpAddr, cfg: Config) -> Result<Transport> {
+    pub async fn start(&self, kind: TransportKind, ip: IpAddr, cfg: Config) -> Result<Transport> {
         let listen = SocketAddr::new(ip, 0);
         Ok(match kind {
-            Kind::Rdma => Transport::Rdma(self.nic.rdma(listen, cfg).await?),
+            TransportKind::Rdma => Transport::Rdma(self.nic.rdma(listen, cfg).await?),
             // TCP receives into the same registered pool: both kinds deliver pool memory.
-            Kind::Tcp => Transport::Tcp(self.nic.tcp(listen, cfg).await?),
+            TransportKind::Tcp => Transport::Tcp(self.nic.tcp(listen, cfg).await?),
         })
     }
 }

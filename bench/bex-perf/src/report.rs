@@ -864,7 +864,7 @@ pub fn figures(points: &[Point]) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{Kind, Knobs, Work};
+    use crate::spec::{Knobs, TransportKind, Work};
     use bex_bench::stats::{summarize_bw, LatencyRecorder};
     use std::time::Duration;
 
@@ -873,7 +873,7 @@ mod tests {
             test,
             series: series.into(),
             x,
-            kind: if series == "tcp" { Kind::Tcp } else { Kind::Rdma },
+            kind: if series == "tcp" { TransportKind::Tcp } else { TransportKind::Rdma },
             knobs: Knobs::default(),
             server: None,
             work: Work::PingPong { size: x, warmup: 0, iters: 1 },

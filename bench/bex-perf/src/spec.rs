@@ -89,24 +89,8 @@ impl fmt::Display for Test {
     }
 }
 
-/// Which transport a job measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// bex's RDMA transport over the software RNIC (UDP on loopback).
-    Rdma,
-    /// bex's TCP transport.
-    Tcp,
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Rdma => "rdma",
-            Kind::Tcp => "tcp",
-        })
-    }
-}
+/// Which transport a job measures (the one transport-kind enum).
+pub use bex_transport::TransportKind;
 
 /// The transport settings a job changes (the rest are [`Config`]'s defaults).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,7 +150,7 @@ impl Knobs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerSetup {
     /// Transport kind.
-    pub kind: Kind,
+    pub kind: TransportKind,
     /// Transports to start, each on its own bootstrap address (a transport keeps one engine
     /// per peer address, so N engines between two processes need N transports on one side).
     pub transports: u32,
@@ -296,7 +280,7 @@ pub struct Job {
     /// The x value (size, outstanding messages, fragment, engines or large flows).
     pub x: u64,
     /// Transport kind.
-    pub kind: Kind,
+    pub kind: TransportKind,
     /// Client transport settings.
     pub knobs: Knobs,
     /// Server setup (`None` for simulation jobs).
@@ -407,11 +391,11 @@ impl Plan {
                     // With waiting drivers (the default) and, unless spinning was asked
                     // for everywhere, with drivers that poll LAT_SPIN_US first.
                     let spin = Knobs { spin_us: LAT_SPIN_US, ..base };
-                    let mut series = vec![("rdma", Kind::Rdma, base)];
+                    let mut series = vec![("rdma", TransportKind::Rdma, base)];
                     if base.spin_us == 0 {
-                        series.push(("rdma spin", Kind::Rdma, spin));
+                        series.push(("rdma spin", TransportKind::Rdma, spin));
                     }
-                    series.push(("tcp", Kind::Tcp, base));
+                    series.push(("tcp", TransportKind::Tcp, base));
                     for &size in &sizes {
                         for &(name, kind, knobs) in &series {
                             jobs.push(Job {
@@ -432,10 +416,10 @@ impl Plan {
                     // The paper's MTUs (1 KB, 4 KB) and the software RNIC's largest (60 KB, a
                     // soft-only size: fewer, larger UDP datagrams).
                     let series = [
-                        ("rdma mtu4096", Kind::Rdma, 4096),
-                        ("rdma mtu1024", Kind::Rdma, 1024),
-                        ("rdma mtu61440", Kind::Rdma, 61440),
-                        ("tcp", Kind::Tcp, 4096),
+                        ("rdma mtu4096", TransportKind::Rdma, 4096),
+                        ("rdma mtu1024", TransportKind::Rdma, 1024),
+                        ("rdma mtu61440", TransportKind::Rdma, 61440),
+                        ("tcp", TransportKind::Tcp, 4096),
                     ];
                     for &w in &windows {
                         for (name, kind, mtu) in series {
@@ -471,9 +455,9 @@ impl Plan {
                             test: t,
                             series: "rdma".into(),
                             x: f,
-                            kind: Kind::Rdma,
+                            kind: TransportKind::Rdma,
                             knobs,
-                            server: Some(server(Kind::Rdma, knobs, 1, 0)),
+                            server: Some(server(TransportKind::Rdma, knobs, 1, 0)),
                             work: Work::Window {
                                 size: MB,
                                 engines: 1,
@@ -495,7 +479,7 @@ impl Plan {
                                 test: t,
                                 series: format!("{link} Gb/s"),
                                 x: f,
-                                kind: Kind::Rdma,
+                                kind: TransportKind::Rdma,
                                 knobs,
                                 server: None,
                                 work: Work::SimTput {
@@ -513,16 +497,16 @@ impl Plan {
                     let engines: Vec<u64> = if q { vec![1, 8] } else { pow2(0, 7) };
                     let msgs = if q { 4000 } else { 20_000 };
                     let series = [
-                        ("rdma 1 endpoint", Kind::Rdma, 1),
-                        ("rdma 2 endpoints", Kind::Rdma, 2),
-                        ("tcp", Kind::Tcp, 1),
+                        ("rdma 1 endpoint", TransportKind::Rdma, 1),
+                        ("rdma 2 endpoints", TransportKind::Rdma, 2),
+                        ("tcp", TransportKind::Tcp, 1),
                     ];
                     for &n in &engines {
                         for (name, kind, io) in series {
                             let n32 = n as u32;
                             let knobs = Knobs { endpoints: io, cq_depth: cq_for(n32), ..base };
                             // RDMA: one server transport per engine; TCP: N connections to one.
-                            let transports = if kind == Kind::Rdma { n32 } else { 1 };
+                            let transports = if kind == TransportKind::Rdma { n32 } else { 1 };
                             jobs.push(Job {
                                 test: t,
                                 series: name.into(),
@@ -557,9 +541,9 @@ impl Plan {
                                 test: t,
                                 series: name.into(),
                                 x: k,
-                                kind: Kind::Rdma,
+                                kind: TransportKind::Rdma,
                                 knobs,
-                                server: Some(server(Kind::Rdma, knobs, 1, HOL_SMALL)),
+                                server: Some(server(TransportKind::Rdma, knobs, 1, HOL_SMALL)),
                                 work: Work::Hol {
                                     small: HOL_SMALL,
                                     large: MB,
@@ -576,11 +560,11 @@ impl Plan {
                     let flows: Vec<u64> = if q { vec![0, 2] } else { vec![0, 1, 2, 4] };
                     let iters = (s.iters / 4).max(20);
                     let series = [
-                        ("rdma 4K fragments", Kind::Rdma, 4 * KB, true),
-                        ("rdma no fragmentation", Kind::Rdma, 2 * MB, true),
-                        ("rdma 4K fragments one lane", Kind::Rdma, 4 * KB, false),
-                        ("tcp", Kind::Tcp, 4 * KB, true),
-                        ("tcp one lane", Kind::Tcp, 4 * KB, false),
+                        ("rdma 4K fragments", TransportKind::Rdma, 4 * KB, true),
+                        ("rdma no fragmentation", TransportKind::Rdma, 2 * MB, true),
+                        ("rdma 4K fragments one lane", TransportKind::Rdma, 4 * KB, false),
+                        ("tcp", TransportKind::Tcp, 4 * KB, true),
+                        ("tcp one lane", TransportKind::Tcp, 4 * KB, false),
                     ];
                     for &k in &flows {
                         for (name, kind, frag, lanes) in series {
@@ -622,7 +606,7 @@ impl Plan {
                                 test: t,
                                 series: name.into(),
                                 x: k,
-                                kind: Kind::Rdma,
+                                kind: TransportKind::Rdma,
                                 knobs,
                                 server: None,
                                 work: Work::Sim {
@@ -654,9 +638,9 @@ impl Plan {
                                     test: t,
                                     series: format!("{name}{suffix}"),
                                     x: size,
-                                    kind: Kind::Rdma,
+                                    kind: TransportKind::Rdma,
                                     knobs,
-                                    server: Some(server(Kind::Rdma, knobs, 1, u64::MAX)),
+                                    server: Some(server(TransportKind::Rdma, knobs, 1, u64::MAX)),
                                     work: Work::PingPong { size, warmup: warm, iters: s.iters },
                                 });
                             }
@@ -677,9 +661,9 @@ impl Plan {
                                 test: t,
                                 series: name.into(),
                                 x: size,
-                                kind: Kind::Rdma,
+                                kind: TransportKind::Rdma,
                                 knobs,
-                                server: Some(server(Kind::Rdma, knobs, 1, 0)),
+                                server: Some(server(TransportKind::Rdma, knobs, 1, 0)),
                                 work: Work::Broadcast {
                                     size,
                                     shared,
