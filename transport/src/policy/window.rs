@@ -36,13 +36,24 @@ impl SendWindow {
         if fits {
             self.outstanding += len;
             self.high_water = self.high_water.max(self.outstanding);
+            debug_assert!(
+                self.cwnd.is_none_or(|w| self.outstanding <= w || self.outstanding == len),
+                "the window admitted {} B past its bound {:?} with other bytes outstanding",
+                self.outstanding,
+                self.cwnd
+            );
         } else {
             self.stalls += 1;
         }
         fits
     }
-    /// `len` bytes completed.
+    /// `len` bytes completed (bytes this window admitted: the engine's own bookkeeping).
     pub fn complete(&mut self, len: u64) {
+        debug_assert!(
+            len <= self.outstanding,
+            "completing {len} B with only {} B outstanding",
+            self.outstanding
+        );
         self.outstanding = self.outstanding.saturating_sub(len);
     }
 }
@@ -50,6 +61,15 @@ impl SendWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "completing 10 B with only 4 B outstanding")]
+    fn completing_more_than_was_admitted_is_a_bug_caught_in_debug_builds() {
+        let mut w = SendWindow::new(None);
+        assert!(w.try_admit(4));
+        w.complete(10);
+    }
 
     #[test]
     fn bounds_outstanding_bytes() {

@@ -359,6 +359,27 @@ impl Qp {
             self.retransmit_at =
                 if self.una_psn == self.req_psn { None } else { self.timeout.map(|t| now + t) };
         }
+        self.debug_check_psns();
+    }
+
+    /// The requester's PSN order: oldest unacknowledged (`una_psn`) ≤ next to send
+    /// (`req_psn`) ≤ one past the highest ever sent (`max_sent_psn`), within half the 24-bit
+    /// space.
+    fn debug_check_psns(&self) {
+        debug_assert!(
+            psn::diff(self.req_psn, self.una_psn) >= 0,
+            "qp {:#x}: next PSN {:#x} before the oldest unacknowledged {:#x}",
+            self.qpn,
+            self.req_psn,
+            self.una_psn
+        );
+        debug_assert!(
+            psn::diff(self.max_sent_psn, self.req_psn) >= 0,
+            "qp {:#x}: next PSN {:#x} beyond one past the highest sent ({:#x})",
+            self.qpn,
+            self.req_psn,
+            self.max_sent_psn
+        );
     }
 
     /// Go-back-N: transmission resumes at `from`, which must be an outstanding PSN.
@@ -381,6 +402,7 @@ impl Qp {
         self.sq_next = k;
         self.req_psn = from;
         self.pkts_since_ack_req = 0;
+        self.debug_check_psns();
     }
 
     /// Completes the receive being filled with a failure `status`.
@@ -1310,6 +1332,7 @@ impl NicCore {
             qp.max_sent_psn = psn::add(req_psn, 1);
         }
         qp.req_psn = psn::add(req_psn, 1);
+        qp.debug_check_psns();
         if last {
             qp.sq_next += 1;
         }

@@ -490,6 +490,8 @@ mod gf2 {
 /// Writes the headers of `h` into `out` (which must hold [`Header::encoded_len`] bytes) and
 /// returns their length.
 pub fn write_header(h: &Header, pad: u8, out: &mut [u8]) -> usize {
+    debug_assert!(h.psn <= PSN_MASK, "PSN {:#x} does not fit 24 bits", h.psn);
+    debug_assert!(h.dest_qpn <= 0xFF_FFFF, "QPN {:#x} does not fit 24 bits", h.dest_qpn);
     out[0] = h.opcode as u8;
     out[1] = (u8::from(h.solicited) << 7) | ((pad & 3) << 4);
     out[2..4].copy_from_slice(&h.pkey.to_be_bytes());
