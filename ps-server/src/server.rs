@@ -18,7 +18,7 @@ use bex_ps_core::control::{
 use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
 use bex_ps_core::metrics::{Counter, Histogram, Registry, LATENCY_BUCKETS_S, SIZE_BUCKETS_BYTES};
 use bex_ps_core::wire::{self, DataHeader, Limits, Op, RequestView, Status};
-use bex_ps_core::{TableSet, Topology};
+use bex_ps_core::{Table, TableSet, Topology};
 use bex_rpc::{alloc_frame, Client, RpcError, HEADER_LEN};
 use bex_transport::Msg;
 use parking_lot::Mutex;
@@ -924,198 +924,12 @@ impl PsServer {
         }
     }
 
+    /// Answers one request: one method per op.
     async fn handle_request(self: &Arc<Self>, op: Op, v: RequestView<'_>) -> Result<Msg, RpcError> {
-        let h = v.header;
-        let seq = h.seq;
-        let table = |id: u32| self.tables.get(id);
+        let seq = v.header.seq;
         match op {
-            Op::Fetch => {
-                if self.role == Role::Training && self.state() == ServingState::Restoring {
-                    return self.error(Some(op), Status::Unavailable, seq, "catching up");
-                }
-                let Some(t) = table(h.table) else {
-                    return self.error(Some(op), Status::UnknownTable, seq, "no such table");
-                };
-                if t.dim() != h.dim as usize {
-                    return self.error(
-                        Some(op),
-                        Status::WrongDim,
-                        seq,
-                        "dimension differs from the table's",
-                    );
-                }
-                // Checked before allocating: a small request must not make the server
-                // allocate a reply its peers' decoders refuse (or whose length overflows).
-                let Some(len) =
-                    wire::fetch_response_len(h.count as usize, h.dim as usize).filter(|&len| {
-                        len <= self.limits.max_frame_bytes
-                            && u32::try_from(len - wire::RESPONSE_HEADER_LEN).is_ok()
-                    })
-                else {
-                    return self.error(
-                        Some(op),
-                        Status::TooLarge,
-                        seq,
-                        "response would exceed the frame limit",
-                    );
-                };
-                // Rows go straight into the registered reply buffer.
-                let mut m = alloc_frame(self.pool, len)?;
-                let (_, rows) = wire::begin_fetch_response(
-                    &mut m.as_mut_slice()[HEADER_LEN..],
-                    seq,
-                    h.count,
-                    h.dim,
-                )
-                .map_err(|e| RpcError::Protocol(e.to_string()))?;
-                // Only the training pod stores rows it has never seen; replicas answer
-                // unseen keys with the (deterministic) initial values without storing them.
-                let create = self.role == Role::Training && h.flags & wire::flags::NO_CREATE == 0;
-                if let Err(e) = t.fetch_into_le(v.keys, rows, create) {
-                    return self.error(Some(op), Status::Internal, seq, &e.to_string());
-                }
-                self.metrics.fetched_keys.add(u64::from(h.count));
-                Ok(m)
-            }
-            Op::Push | Op::Replicate => {
-                if op == Op::Push && self.role != Role::Training {
-                    return self.error(
-                        Some(op),
-                        Status::NotTraining,
-                        seq,
-                        "only the training pod applies pushes",
-                    );
-                }
-                if self.read_only.load(Ordering::Acquire) {
-                    return self.error(Some(op), Status::Unavailable, seq, "read-only");
-                }
-                // Replicated: the replication order first (see the field), then the gate.
-                let order = match (op, self.push_ack) {
-                    (Op::Push, PushAck::Replicated) if !self.repl.is_empty() => {
-                        Some(self.replication_order.clone().lock_owned().await)
-                    }
-                    _ => None,
-                };
-                let applying = self.apply_gate.read().await;
-                // Checked under the gate: once the drain held it, no update gets past here.
-                // A training shard takes pushes only once it has caught up (Serving).
-                match self.state() {
-                    ServingState::Draining => {
-                        return self.error(Some(op), Status::Unavailable, seq, "draining")
-                    }
-                    ServingState::Serving => {}
-                    _ if op == Op::Push => {
-                        return self.error(Some(op), Status::Unavailable, seq, "catching up")
-                    }
-                    _ => {}
-                }
-                let Some(t) = table(h.table) else {
-                    return self.error(Some(op), Status::UnknownTable, seq, "no such table");
-                };
-                // A Replicate with whole rows carries the table's stride, steps and version.
-                let state = op == Op::Replicate && h.flags & wire::flags::STATE != 0;
-                let want = if state { t.state_width() } else { t.dim() };
-                if want != h.dim as usize {
-                    return self.error(
-                        Some(op),
-                        Status::WrongDim,
-                        seq,
-                        "dimension differs from the table's",
-                    );
-                }
-                if state {
-                    // Whole versioned rows apply over older ones whatever the verdict: a
-                    // copy is never wrong to apply. Admitting, once they are applied,
-                    // records the identity they carry (a push's, when its own replication),
-                    // so a restarted training shard that copies these rows knows that push
-                    // is in them.
-                    return match t.apply_replica_state_le(v.keys, v.values) {
-                        Ok(_) => {
-                            if self.dedupe.admit(h.client, seq) == Verdict::Duplicate {
-                                self.metrics.duplicates.inc();
-                            }
-                            self.update_seq.fetch_add(1, Ordering::AcqRel);
-                            self.status(op, Status::Ok, seq, h.count)
-                        }
-                        Err(e) => self.error(Some(op), Status::BadValue, seq, &e.to_string()),
-                    };
-                }
-                // Validated before admission (the dedupe contract): a push admitted and then
-                // refused would have its retry answered Duplicate, never applied.
-                if let Some(i) = v.values.iter().position(|g| !g.is_finite()) {
-                    return self.error(
-                        Some(op),
-                        Status::BadValue,
-                        seq,
-                        &format!("value {i} is not finite"),
-                    );
-                }
-                let verdict = {
-                    let verdict = self.dedupe.admit(h.client, seq);
-                    if verdict == Verdict::New {
-                        let applied = if op == Op::Replicate {
-                            t.apply_replica_le(v.keys, v.values)
-                        } else {
-                            t.push_le(v.keys, v.values, None)
-                        };
-                        if let Err(e) = applied {
-                            return self.error(Some(op), Status::BadValue, seq, &e.to_string());
-                        }
-                        self.update_seq.fetch_add(1, Ordering::AcqRel);
-                    }
-                    verdict
-                };
-                let push = PendingPush {
-                    table: h.table,
-                    keys: if op == Op::Push { v.keys.iter().collect() } else { Vec::new() },
-                    client: h.client,
-                    seq,
-                };
-                if op == Op::Push && verdict == Verdict::New && self.push_ack == PushAck::Applied {
-                    // Queued under the gate: a drain that holds it next sees this push.
-                    self.queue_for_replicas(push.clone(), h.dim, None);
-                }
-                drop(applying);
-                match verdict {
-                    Verdict::New => {}
-                    Verdict::Duplicate => {
-                        self.metrics.duplicates.inc();
-                    }
-                    Verdict::TooOld => {
-                        return self.error(
-                            Some(op),
-                            Status::TooOld,
-                            seq,
-                            "sequence older than the dedupe window",
-                        );
-                    }
-                }
-                if op == Op::Replicate {
-                    let status =
-                        if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
-                    return self.status(op, status, seq, h.count);
-                }
-                if verdict == Verdict::New {
-                    self.metrics.pushed_keys.add(u64::from(h.count));
-                }
-                let acked = match order {
-                    // A retry answered Duplicate replicates too: the first attempt's
-                    // replication may have failed.
-                    Some(order) => self.replicate_push(push, h.dim, order).await,
-                    None => true,
-                };
-                if !acked {
-                    self.metrics.push_not_replicated.inc();
-                    return self.error(
-                        Some(op),
-                        Status::Unavailable,
-                        seq,
-                        "applied, but no replica acknowledged it in time: retry",
-                    );
-                }
-                let status = if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
-                self.status(op, status, seq, h.count)
-            }
+            Op::Fetch => self.fetch(v),
+            Op::Push | Op::Replicate => self.update(op, v).await,
             Op::Tables => self.control(op, seq, &TablesInfo { tables: self.tables.infos() }),
             Op::Health => self.control(op, seq, &self.health()),
             Op::Checkpoint => {
@@ -1125,63 +939,266 @@ impl PsServer {
                     Err(e) => self.error(Some(op), Status::Internal, seq, &e),
                 }
             }
-            Op::Snapshot => {
-                let req: SnapshotRequest = match v.control() {
-                    Ok(r) => r,
-                    Err(e) => return self.error(Some(op), Status::BadControl, seq, &e.to_string()),
-                };
-                let mut chunk = Vec::new();
-                let max = (req.max_bytes as usize).clamp(4096, 16 << 20);
-                let windows = || self.dedupe.export();
-                match checkpoint::snapshot_chunk(&self.tables, req.cursor, max, windows, &mut chunk)
-                {
-                    Ok(rows) => {
-                        let mut m =
-                            alloc_frame(self.pool, wire::RESPONSE_HEADER_LEN + chunk.len())?;
-                        let (_, body) = wire::begin_body_response(
-                            &mut m.as_mut_slice()[HEADER_LEN..],
-                            op,
-                            seq,
-                            rows,
-                            chunk.len(),
-                        )
-                        .map_err(|e| RpcError::Protocol(e.to_string()))?;
-                        body.copy_from_slice(&chunk);
-                        Ok(m)
-                    }
-                    Err(e) => self.error(Some(op), Status::BadControl, seq, &e.to_string()),
-                }
+            Op::Snapshot => self.snapshot(v),
+            Op::Admin => self.admin(v),
+        }
+    }
+
+    /// Fetch: rows straight into the registered reply (created on the training pod unless
+    /// the request says `NO_CREATE`).
+    fn fetch(&self, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let (op, h) = (Op::Fetch, v.header);
+        let seq = h.seq;
+        let table = |id: u32| self.tables.get(id);
+        if self.role == Role::Training && self.state() == ServingState::Restoring {
+            return self.error(Some(op), Status::Unavailable, seq, "catching up");
+        }
+        let Some(t) = table(h.table) else {
+            return self.error(Some(op), Status::UnknownTable, seq, "no such table");
+        };
+        if t.dim() != h.dim as usize {
+            return self.error(
+                Some(op),
+                Status::WrongDim,
+                seq,
+                "dimension differs from the table's",
+            );
+        }
+        // Checked before allocating: a small request must not make the server
+        // allocate a reply its peers' decoders refuse (or whose length overflows).
+        let Some(len) = wire::fetch_response_len(h.count as usize, h.dim as usize).filter(|&len| {
+            len <= self.limits.max_frame_bytes
+                && u32::try_from(len - wire::RESPONSE_HEADER_LEN).is_ok()
+        }) else {
+            return self.error(
+                Some(op),
+                Status::TooLarge,
+                seq,
+                "response would exceed the frame limit",
+            );
+        };
+        // Rows go straight into the registered reply buffer.
+        let mut m = alloc_frame(self.pool, len)?;
+        let (_, rows) =
+            wire::begin_fetch_response(&mut m.as_mut_slice()[HEADER_LEN..], seq, h.count, h.dim)
+                .map_err(|e| RpcError::Protocol(e.to_string()))?;
+        // Only the training pod stores rows it has never seen; replicas answer
+        // unseen keys with the (deterministic) initial values without storing them.
+        let create = self.role == Role::Training && h.flags & wire::flags::NO_CREATE == 0;
+        if let Err(e) = t.fetch_into_le(v.keys, rows, create) {
+            return self.error(Some(op), Status::Internal, seq, &e.to_string());
+        }
+        self.metrics.fetched_keys.add(u64::from(h.count));
+        Ok(m)
+    }
+
+    /// Push (the training pod applies a gradient) or Replicate (a replica applies rows):
+    /// gated by role, read-only, drain and catch-up, deduplicated, replicated as `push_ack`
+    /// says.
+    async fn update(self: &Arc<Self>, op: Op, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let h = v.header;
+        let seq = h.seq;
+        let table = |id: u32| self.tables.get(id);
+        if op == Op::Push && self.role != Role::Training {
+            return self.error(
+                Some(op),
+                Status::NotTraining,
+                seq,
+                "only the training pod applies pushes",
+            );
+        }
+        if self.read_only.load(Ordering::Acquire) {
+            return self.error(Some(op), Status::Unavailable, seq, "read-only");
+        }
+        // Replicated: the replication order first (see the field), then the gate.
+        let order = match (op, self.push_ack) {
+            (Op::Push, PushAck::Replicated) if !self.repl.is_empty() => {
+                Some(self.replication_order.clone().lock_owned().await)
             }
-            Op::Admin => {
-                let req: AdminRequest = match v.control() {
-                    Ok(r) => r,
-                    Err(e) => return self.error(Some(op), Status::BadControl, seq, &e.to_string()),
+            _ => None,
+        };
+        let applying = self.apply_gate.read().await;
+        // Checked under the gate: once the drain held it, no update gets past here.
+        // A training shard takes pushes only once it has caught up (Serving).
+        match self.state() {
+            ServingState::Draining => {
+                return self.error(Some(op), Status::Unavailable, seq, "draining")
+            }
+            ServingState::Serving => {}
+            _ if op == Op::Push => {
+                return self.error(Some(op), Status::Unavailable, seq, "catching up")
+            }
+            _ => {}
+        }
+        let Some(t) = table(h.table) else {
+            return self.error(Some(op), Status::UnknownTable, seq, "no such table");
+        };
+        // A Replicate with whole rows carries the table's stride, steps and version.
+        let state = op == Op::Replicate && h.flags & wire::flags::STATE != 0;
+        let want = if state { t.state_width() } else { t.dim() };
+        if want != h.dim as usize {
+            return self.error(
+                Some(op),
+                Status::WrongDim,
+                seq,
+                "dimension differs from the table's",
+            );
+        }
+        if state {
+            return self.apply_whole_rows(t, v);
+        }
+        // Validated before admission (the dedupe contract): a push admitted and then
+        // refused would have its retry answered Duplicate, never applied.
+        if let Some(i) = v.values.iter().position(|g| !g.is_finite()) {
+            return self.error(
+                Some(op),
+                Status::BadValue,
+                seq,
+                &format!("value {i} is not finite"),
+            );
+        }
+        let verdict = {
+            let verdict = self.dedupe.admit(h.client, seq);
+            if verdict == Verdict::New {
+                let applied = if op == Op::Replicate {
+                    t.apply_replica_le(v.keys, v.values)
+                } else {
+                    t.push_le(v.keys, v.values, None)
                 };
-                let message = match req {
-                    AdminRequest::Ping => "pong".to_string(),
-                    AdminRequest::SetReadOnly(on) => {
-                        self.read_only.store(on, Ordering::Release);
-                        format!("read-only {on}")
-                    }
-                    AdminRequest::ResetDedupe => {
-                        self.dedupe.clear();
-                        "dedupe state cleared".into()
-                    }
-                    AdminRequest::SetRdma(on) => match self.rdma.lock().as_ref() {
-                        Some(t) => {
-                            t.set_in_service(on);
-                            format!("RDMA in service: {on}")
-                        }
-                        None => "no RDMA transport".into(),
-                    },
-                    AdminRequest::Shutdown => {
-                        self.shutdown.notify_waiters();
-                        "shutting down".into()
-                    }
-                };
-                self.control(op, seq, &AdminResponse { message })
+                if let Err(e) = applied {
+                    return self.error(Some(op), Status::BadValue, seq, &e.to_string());
+                }
+                self.update_seq.fetch_add(1, Ordering::AcqRel);
+            }
+            verdict
+        };
+        let push = PendingPush {
+            table: h.table,
+            keys: if op == Op::Push { v.keys.iter().collect() } else { Vec::new() },
+            client: h.client,
+            seq,
+        };
+        if op == Op::Push && verdict == Verdict::New && self.push_ack == PushAck::Applied {
+            // Queued under the gate: a drain that holds it next sees this push.
+            self.queue_for_replicas(push.clone(), h.dim, None);
+        }
+        drop(applying);
+        match verdict {
+            Verdict::New => {}
+            Verdict::Duplicate => {
+                self.metrics.duplicates.inc();
+            }
+            Verdict::TooOld => {
+                return self.error(
+                    Some(op),
+                    Status::TooOld,
+                    seq,
+                    "sequence older than the dedupe window",
+                );
             }
         }
+        if op == Op::Replicate {
+            let status = if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
+            return self.status(op, status, seq, h.count);
+        }
+        if verdict == Verdict::New {
+            self.metrics.pushed_keys.add(u64::from(h.count));
+        }
+        let acked = match order {
+            // A retry answered Duplicate replicates too: the first attempt's
+            // replication may have failed.
+            Some(order) => self.replicate_push(push, h.dim, order).await,
+            None => true,
+        };
+        if !acked {
+            self.metrics.push_not_replicated.inc();
+            return self.error(
+                Some(op),
+                Status::Unavailable,
+                seq,
+                "applied, but no replica acknowledged it in time: retry",
+            );
+        }
+        let status = if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
+        self.status(op, status, seq, h.count)
+    }
+
+    /// A Replicate of whole versioned rows: they apply over older ones whatever the verdict
+    /// (a copy is never wrong to apply). Admitting them once applied records the identity
+    /// they carry (a push's, when its own replication), so a restarted training shard that
+    /// copies these rows knows that push is in them.
+    fn apply_whole_rows(&self, t: &Table, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let (op, h) = (Op::Replicate, v.header);
+        match t.apply_replica_state_le(v.keys, v.values) {
+            Ok(_) => {
+                if self.dedupe.admit(h.client, h.seq) == Verdict::Duplicate {
+                    self.metrics.duplicates.inc();
+                }
+                self.update_seq.fetch_add(1, Ordering::AcqRel);
+                self.status(op, Status::Ok, h.seq, h.count)
+            }
+            Err(e) => self.error(Some(op), Status::BadValue, h.seq, &e.to_string()),
+        }
+    }
+
+    /// Snapshot: one chunk of the shard's rows and dedupe windows from a cursor.
+    fn snapshot(&self, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let (op, seq) = (Op::Snapshot, v.header.seq);
+        let req: SnapshotRequest = match v.control() {
+            Ok(r) => r,
+            Err(e) => return self.error(Some(op), Status::BadControl, seq, &e.to_string()),
+        };
+        let mut chunk = Vec::new();
+        let max = (req.max_bytes as usize).clamp(4096, 16 << 20);
+        let windows = || self.dedupe.export();
+        match checkpoint::snapshot_chunk(&self.tables, req.cursor, max, windows, &mut chunk) {
+            Ok(rows) => {
+                let mut m = alloc_frame(self.pool, wire::RESPONSE_HEADER_LEN + chunk.len())?;
+                let (_, body) = wire::begin_body_response(
+                    &mut m.as_mut_slice()[HEADER_LEN..],
+                    op,
+                    seq,
+                    rows,
+                    chunk.len(),
+                )
+                .map_err(|e| RpcError::Protocol(e.to_string()))?;
+                body.copy_from_slice(&chunk);
+                Ok(m)
+            }
+            Err(e) => self.error(Some(op), Status::BadControl, seq, &e.to_string()),
+        }
+    }
+
+    /// Admin: ping, read-only, dedupe reset, RDMA in or out of service, shutdown.
+    fn admin(&self, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let (op, seq) = (Op::Admin, v.header.seq);
+        let req: AdminRequest = match v.control() {
+            Ok(r) => r,
+            Err(e) => return self.error(Some(op), Status::BadControl, seq, &e.to_string()),
+        };
+        let message = match req {
+            AdminRequest::Ping => "pong".to_string(),
+            AdminRequest::SetReadOnly(on) => {
+                self.read_only.store(on, Ordering::Release);
+                format!("read-only {on}")
+            }
+            AdminRequest::ResetDedupe => {
+                self.dedupe.clear();
+                "dedupe state cleared".into()
+            }
+            AdminRequest::SetRdma(on) => match self.rdma.lock().as_ref() {
+                Some(t) => {
+                    t.set_in_service(on);
+                    format!("RDMA in service: {on}")
+                }
+                None => "no RDMA transport".into(),
+            },
+            AdminRequest::Shutdown => {
+                self.shutdown.notify_waiters();
+                "shutting down".into()
+            }
+        };
+        self.control(op, seq, &AdminResponse { message })
     }
 }
 
