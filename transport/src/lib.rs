@@ -6,7 +6,9 @@
 //! - `engine` (sans-IO: one QP's protocol), `endpoint` (one CQ's engines and the sockets'
 //!   application side), `driver` (the async edge: one task per endpoint on the
 //!   application's runtime, woken by the CQ's fd);
-//! - [`rdma`]: the RDMA transport (connection table, authenticated bootstrap, sockets);
+//! - [`rdma`]: the RDMA transport (connection table, authenticated bootstrap, engine
+//!   placement on endpoints, sockets);
+//! - [`auth`]: the peer authentication both transports' handshakes use;
 //! - [`tcp`]: the same socket API over TCP, one connection per socket (fallback and baseline);
 //! - [`any`]: [`Transport`] and [`Socket`], either kind behind one type;
 //! - [`stack`]: the one builder that opens a NIC (software or hardware) and the transports
@@ -18,6 +20,7 @@
 #![deny(unsafe_code)]
 
 pub mod any;
+pub mod auth;
 pub mod clock;
 pub mod config;
 #[cfg(feature = "contract")]

@@ -24,9 +24,6 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-
 /// First bytes of a hello: the protocol and its version.
 pub const HELLO_MAGIC: [u8; 8] = *b"BEXTCP\x00\x01";
 /// Bytes of a hello's nonce.
@@ -34,7 +31,7 @@ pub const NONCE_LEN: usize = 32;
 /// Bytes of a hello.
 pub const HELLO_LEN: usize = 8 + NONCE_LEN + 16 + 2;
 /// Bytes of a proof (an HMAC-SHA256).
-pub const PROOF_LEN: usize = 32;
+pub const PROOF_LEN: usize = crate::auth::PROOF_LEN;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 16;
 
@@ -83,36 +80,16 @@ impl Hello {
     }
 }
 
-/// Which side of a connection computes a proof.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// The side that connected.
-    Initiator,
-    /// The side that accepted.
-    Acceptor,
-}
+pub use crate::auth::Role;
 
-fn mac(secret: &[u8], role: Role, hello_i: &[u8], hello_a: &[u8]) -> Hmac<Sha256> {
-    // HMAC accepts keys of any length (long ones are hashed), so this cannot fail.
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(PROOF_LABEL);
-    mac.update(match role {
-        Role::Initiator => b"initiator",
-        Role::Acceptor => b"acceptor!",
-    });
-    mac.update(hello_i);
-    mac.update(hello_a);
-    mac
-}
-
-/// The proof `role` sends: an HMAC of both hellos (initiator's first) under `secret`.
+/// The proof `role` sends: [`crate::auth::proof`] under this transport's label.
 pub fn proof(
     secret: &[u8],
     role: Role,
     hello_initiator: &[u8; HELLO_LEN],
     hello_acceptor: &[u8; HELLO_LEN],
 ) -> [u8; PROOF_LEN] {
-    mac(secret, role, hello_initiator, hello_acceptor).finalize().into_bytes().into()
+    crate::auth::proof(secret, PROOF_LABEL, role, hello_initiator, hello_acceptor)
 }
 
 /// Checks (in constant time) a proof `role` sent.
@@ -123,7 +100,7 @@ pub fn verify(
     hello_acceptor: &[u8; HELLO_LEN],
     got: &[u8; PROOF_LEN],
 ) -> bool {
-    mac(secret, role, hello_initiator, hello_acceptor).verify_slice(got).is_ok()
+    crate::auth::verify(secret, PROOF_LABEL, role, hello_initiator, hello_acceptor, got)
 }
 
 /// A frame, as its header announces it.

@@ -17,13 +17,12 @@ use std::sync::Arc;
 use bemalloc::Pool;
 use bex_rnic::verbs::{InitAttrs, QpCaps, QpEndpoint, RtrAttrs, RtsAttrs};
 use bex_rnic::{bootstrap, Device, QpInit, QueuePair, SharedReceiveQueue};
-use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
-use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
+use crate::auth::{proof, verify, Role, PROOF_LEN};
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::driver::{Cmd, Control, Driven};
 use crate::endpoint::{Accepted, Done, Endpoint, OnEngineGone};
@@ -36,7 +35,6 @@ use crate::recv::RecvRing;
 // Version 2: engine headers of 48 bytes (standing grants).
 const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x02";
 const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2;
-const PROOF_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug)]
 struct EngineRef {
@@ -85,215 +83,11 @@ struct FactoryImpl<D: Device> {
     listen_addr: SocketAddr,
 }
 
-struct Hello {
-    nonce: [u8; 16],
-    endpoint: QpEndpoint,
-    rq_depth: u32,
-    sq_depth: u32,
-    listen: SocketAddr,
-}
+mod handshake;
+mod placement;
+mod socket;
 
-impl Hello {
-    fn encode(&self) -> [u8; HELLO_LEN] {
-        let mut b = [0u8; HELLO_LEN];
-        b[..8].copy_from_slice(&HELLO_MAGIC);
-        b[8..24].copy_from_slice(&self.nonce);
-        let e = 24 + bootstrap::ENDPOINT_LEN;
-        b[24..e].copy_from_slice(&bootstrap::encode(&self.endpoint));
-        b[e..e + 4].copy_from_slice(&self.rq_depth.to_le_bytes());
-        b[e + 4..e + 8].copy_from_slice(&self.sq_depth.to_le_bytes());
-        b[e + 8..e + 24].copy_from_slice(&QpEndpoint::gid_of(self.listen.ip()));
-        b[e + 24..e + 26].copy_from_slice(&self.listen.port().to_le_bytes());
-        b
-    }
-
-    fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello> {
-        let refuse = |why: &str| TransportError::Refused(format!("bootstrap: {why}"));
-        if b[..8] != HELLO_MAGIC {
-            return Err(refuse("not a bex transport (bad magic or version)"));
-        }
-        let mut nonce = [0u8; 16];
-        nonce.copy_from_slice(&b[8..24]);
-        let e = 24 + bootstrap::ENDPOINT_LEN;
-        let mut ep = [0u8; bootstrap::ENDPOINT_LEN];
-        ep.copy_from_slice(&b[24..e]);
-        let endpoint = bootstrap::decode(&ep).map_err(|e| refuse(&e.to_string()))?;
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let rq_depth = u32_at(e);
-        let sq_depth = u32_at(e + 4);
-        let rq_ok = rq_depth == 0 || (4..=16384).contains(&rq_depth);
-        if !rq_ok || !(2..=16384).contains(&sq_depth) {
-            return Err(refuse("queue depths out of range"));
-        }
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[e + 8..e + 24]);
-        let port = u16::from_le_bytes([b[e + 24], b[e + 25]]);
-        let listen = QpEndpoint { gid, udp_port: port, lid: 0, qpn: 0, psn: 0 }.socket_addr();
-        Ok(Hello { nonce, endpoint, rq_depth, sq_depth, listen })
-    }
-}
-
-fn proof(secret: &[u8], initiator: bool, hello_i: &[u8], hello_a: &[u8]) -> [u8; PROOF_LEN] {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(b"bex-transport/1");
-    mac.update(if initiator { b"initiator" } else { b"acceptor!" });
-    mac.update(hello_i);
-    mac.update(hello_a);
-    mac.finalize().into_bytes().into()
-}
-
-fn verify(secret: &[u8], initiator: bool, hello_i: &[u8], hello_a: &[u8], got: &[u8]) -> bool {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(b"bex-transport/1");
-    mac.update(if initiator { b"initiator" } else { b"acceptor!" });
-    mac.update(hello_i);
-    mac.update(hello_a);
-    mac.verify_slice(got).is_ok()
-}
-
-impl<D: Device + 'static> FactoryImpl<D> {
-    async fn bootstrap(
-        &self,
-        mut stream: TcpStream,
-        initiator: bool,
-    ) -> Result<(SocketAddr, EngineRef)> {
-        let _ = stream.set_nodelay(true);
-        let endpoint = self.place_engine()?;
-        let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
-        let cq = &self.cqs[endpoint];
-        let caps = QpCaps {
-            max_send_wr: self.cfg.sq_depth,
-            max_recv_wr: self.cfg.rq_depth,
-            max_send_sge: 2,
-            max_recv_sge: 1,
-        };
-        let srq = self.srqs[endpoint].as_deref();
-        let td = self.tds[endpoint].as_deref();
-        let qp = self.device.create_qp(
-            &self.pd,
-            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: td, caps },
-        )?;
-        let mine = Hello {
-            nonce: rand::random(),
-            endpoint: qp.endpoint(),
-            // 0 tells the peer this side draws on an SRQ and takes no credits.
-            rq_depth: if self.cfg.srq { 0 } else { self.cfg.rq_depth },
-            sq_depth: self.cfg.sq_depth,
-            listen: self.listen_addr,
-        }
-        .encode();
-        stream.write_all(&mine).await?;
-        let mut theirs = [0u8; HELLO_LEN];
-        stream.read_exact(&mut theirs).await?;
-        let hello = Hello::decode(&theirs).inspect_err(|_| {
-            Counters::add(&self.counters.bootstrap_refused, 1);
-        })?;
-        let (hi, ha) = if initiator { (&mine, &theirs) } else { (&theirs, &mine) };
-        stream.write_all(&proof(&self.cfg.secret, initiator, hi, ha)).await?;
-        let mut their_proof = [0u8; PROOF_LEN];
-        stream.read_exact(&mut their_proof).await.map_err(|_| {
-            TransportError::Refused("bootstrap: the peer closed during authentication".into())
-        })?;
-        if !verify(&self.cfg.secret, !initiator, hi, ha, &their_proof) {
-            Counters::add(&self.counters.bootstrap_refused, 1);
-            return Err(TransportError::Refused(
-                "bootstrap: the peer does not have the cluster's shared secret".into(),
-            ));
-        }
-        qp.to_init(&InitAttrs { port: self.cfg.qp_port, ..InitAttrs::default() })?;
-        let peer = if initiator { stream.peer_addr()? } else { hello.listen };
-        let driven = &self.endpoints[endpoint];
-        let parts = EngineParts {
-            cfg: self.cfg.clone(),
-            pool: self.pool,
-            dev: self.dev_index,
-            counters: self.counters.clone(),
-            qpn: qp.qpn(),
-            peer_rq_depth: hello.rq_depth,
-            accepting: true,
-            socket_ids: self.socket_ids.clone(),
-            shared_recv: driven.ep.lock().shared_ring(),
-        };
-        let mut engine = Engine::<Done>::new(parts, crate::clock::now())?;
-        // Its own receives go up in INIT, before the peer can send.
-        if let Some(Post::Recv(wrs)) = engine.poll_post() {
-            qp.post_recv(wrs)?;
-        }
-        let rtr =
-            RtrAttrs { remote: hello.endpoint, path_mtu: self.cfg.path_mtu, min_rnr_timer: 12 };
-        qp.to_rtr(&rtr)?;
-        qp.to_rts(&RtsAttrs {
-            sq_psn: qp.endpoint().psn,
-            timeout: self.cfg.qp_timeout,
-            retry_cnt: self.cfg.qp_retry_cnt,
-            rnr_retry: self.cfg.qp_rnr_retry,
-        })?;
-        // The endpoint hosts the engine before the peer learns it may send (the ready byte),
-        // so no completion of this QP can reach an endpoint that does not know it.
-        let qpn = engine.qpn;
-        driven.ep.lock().add_engine(engine, qp, peer);
-        stream.write_all(&[1]).await?;
-        let mut ready = [0u8; 1];
-        stream.read_exact(&mut ready).await?;
-        placed.keep();
-        Counters::add(&self.counters.engines_up, 1);
-        Ok((peer, EngineRef { endpoint, qpn }))
-    }
-}
-
-/// An engine's place on an endpoint, given back unless the bootstrap completes.
-struct PlacedEngine {
-    counts: Arc<Vec<AtomicUsize>>,
-    endpoint: usize,
-    keep: bool,
-}
-
-impl PlacedEngine {
-    fn keep(mut self) {
-        self.keep = true;
-    }
-}
-
-impl Drop for PlacedEngine {
-    fn drop(&mut self) {
-        if !self.keep {
-            self.counts[self.endpoint].fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl<D: Device + 'static> FactoryImpl<D> {
-    /// Completion entries one engine may need on its endpoint's CQ.
-    fn cq_entries_per_engine(&self) -> usize {
-        let receives = if self.cfg.srq { 0 } else { self.cfg.rq_depth };
-        (self.cfg.sq_depth + receives) as usize
-    }
-
-    /// Picks an endpoint (round-robin) whose CQ has room for one more engine.
-    fn place_engine(&self) -> Result<usize> {
-        let n = self.cqs.len();
-        let shared = if self.cfg.srq { self.cfg.srq_depth as usize } else { 0 };
-        let room =
-            (self.cfg.cq_depth as usize).saturating_sub(shared) / self.cq_entries_per_engine();
-        let start = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
-        for k in 0..n {
-            let w = (start + k) % n;
-            let c = &self.engine_counts[w];
-            let mut cur = c.load(Ordering::Acquire);
-            while cur < room {
-                match c.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Ok(w),
-                    Err(now) => cur = now,
-                }
-            }
-        }
-        Err(TransportError::Refused(format!(
-            "every endpoint's CQ is full ({room} engines of {} entries each per {} entries): raise cq_depth or endpoints",
-            self.cq_entries_per_engine(),
-            self.cfg.cq_depth
-        )))
-    }
-}
+pub use socket::RdmaSocket;
 
 impl<D: Device + 'static> Factory for FactoryImpl<D> {
     fn device_stats(&self) -> bex_rnic::DeviceStats {
@@ -616,111 +410,5 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// A logical connection over an engine.
-pub struct RdmaSocket {
-    id: u32,
-    peer: SocketAddr,
-    ctl: Arc<dyn Control>,
-    /// Keeps the transport (its endpoints' drivers) alive while the socket is.
-    _transport: Arc<Inner>,
-    inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<Result<Msg>>>,
-    /// The error that ended the socket, repeated by every later `recv`.
-    ended: Mutex<Option<TransportError>>,
-    slots: Arc<Semaphore>,
-}
-
-impl std::fmt::Debug for RdmaSocket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaSocket").field("id", &self.id).field("peer", &self.peer).finish()
-    }
-}
-
-impl RdmaSocket {
-    /// The peer transport's address.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
-    async fn submit(&self, payload: Payload, target: Option<RemoteTarget>) -> Result<()> {
-        let _permit = self.slots.acquire().await.map_err(|_| TransportError::Shutdown)?;
-        let (done, rx) = oneshot::channel();
-        self.ctl.apply(Cmd::Send { socket: self.id, payload, target, done: Done::Notify(done) })?;
-        rx.await.map_err(|_| TransportError::Shutdown)?
-    }
-
-    /// Sends a message; resolves when the NIC is done with its buffer. Many sends may be in
-    /// flight at once; beyond `max_queued_sends` this waits (backpressure).
-    pub async fn send(&self, msg: Msg) -> Result<()> {
-        self.submit(msg.into(), None).await
-    }
-
-    /// Sends a shared message without copying it (one more use of its buffer); resolves when
-    /// the NIC is done with this use.
-    pub async fn send_shared(&self, msg: &SharedMsg) -> Result<()> {
-        self.submit(msg.into(), None).await
-    }
-
-    /// Queues a message without waiting for the NIC to finish with it, so nobody is woken
-    /// when it does: for request/response traffic, where the response says the request
-    /// arrived. Waits only for room in the socket's queue (`max_queued_sends`). A later
-    /// failure fails the engine, and so this socket's `recv`.
-    pub async fn send_detached(&self, msg: impl Into<Payload>) -> Result<()> {
-        let permit =
-            self.slots.clone().acquire_owned().await.map_err(|_| TransportError::Shutdown)?;
-        let done = Done::Detached(permit);
-        self.ctl.apply(Cmd::Send { socket: self.id, payload: msg.into(), target: None, done })
-    }
-
-    /// Writes a message straight into a buffer the peer exposed, skipping RTS/CTS.
-    pub async fn send_to(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
-        self.submit(msg.into(), Some(target)).await
-    }
-
-    /// [`RdmaSocket::send_to`] without waiting for the NIC (as [`RdmaSocket::send_detached`]).
-    pub async fn send_to_detached(&self, msg: Msg, target: RemoteTarget) -> Result<()> {
-        let permit =
-            self.slots.clone().acquire_owned().await.map_err(|_| TransportError::Shutdown)?;
-        let done = Done::Detached(permit);
-        self.ctl.apply(Cmd::Send {
-            socket: self.id,
-            payload: msg.into(),
-            target: Some(target),
-            done,
-        })
-    }
-
-    /// Exposes `buf` so the peer can [`RdmaSocket::send_to`] into it; when the peer's write
-    /// completes, the whole buffer arrives on this socket's `recv` (the peer's message fills
-    /// its start; the length travels in the application's own protocol).
-    pub async fn expose(&self, buf: Msg) -> Result<RemoteTarget> {
-        let (reply, rx) = oneshot::channel();
-        self.ctl.apply(Cmd::Expose { socket: self.id, buf, reply })?;
-        rx.await.map_err(|_| TransportError::Shutdown)?
-    }
-
-    /// The next message, in order.
-    pub async fn recv(&self) -> Result<Msg> {
-        if let Some(e) = self.ended.lock().clone() {
-            return Err(e);
-        }
-        let r = self.inbox.lock().await.recv().await.unwrap_or(Err(TransportError::Closed));
-        if let Err(e) = &r {
-            *self.ended.lock() = Some(e.clone());
-        }
-        r
-    }
-
-    /// Fails the engine under this socket, as a QP error would (every socket on it fails).
-    pub fn fail_engine(&self, why: &str) {
-        let _ = self.ctl.apply(Cmd::FailEngine { socket: self.id, why: why.to_string() });
-    }
-}
-
-impl Drop for RdmaSocket {
-    fn drop(&mut self) {
-        let _ = self.ctl.apply(Cmd::Close { socket: self.id });
     }
 }

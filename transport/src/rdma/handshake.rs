@@ -1,0 +1,155 @@
+//! The bootstrap over one TCP connection: hellos (QP endpoint, queue depths, listen address,
+//! nonce), proofs under the shared secret ([`crate::auth`]), the QP connected before the
+//! ready byte.
+
+use super::placement::PlacedEngine;
+use super::*;
+
+struct Hello {
+    nonce: [u8; 16],
+    endpoint: QpEndpoint,
+    rq_depth: u32,
+    sq_depth: u32,
+    listen: SocketAddr,
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(&HELLO_MAGIC);
+        b[8..24].copy_from_slice(&self.nonce);
+        let e = 24 + bootstrap::ENDPOINT_LEN;
+        b[24..e].copy_from_slice(&bootstrap::encode(&self.endpoint));
+        b[e..e + 4].copy_from_slice(&self.rq_depth.to_le_bytes());
+        b[e + 4..e + 8].copy_from_slice(&self.sq_depth.to_le_bytes());
+        b[e + 8..e + 24].copy_from_slice(&QpEndpoint::gid_of(self.listen.ip()));
+        b[e + 24..e + 26].copy_from_slice(&self.listen.port().to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello> {
+        let refuse = |why: &str| TransportError::Refused(format!("bootstrap: {why}"));
+        if b[..8] != HELLO_MAGIC {
+            return Err(refuse("not a bex transport (bad magic or version)"));
+        }
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&b[8..24]);
+        let e = 24 + bootstrap::ENDPOINT_LEN;
+        let mut ep = [0u8; bootstrap::ENDPOINT_LEN];
+        ep.copy_from_slice(&b[24..e]);
+        let endpoint = bootstrap::decode(&ep).map_err(|e| refuse(&e.to_string()))?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let rq_depth = u32_at(e);
+        let sq_depth = u32_at(e + 4);
+        let rq_ok = rq_depth == 0 || (4..=16384).contains(&rq_depth);
+        if !rq_ok || !(2..=16384).contains(&sq_depth) {
+            return Err(refuse("queue depths out of range"));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[e + 8..e + 24]);
+        let port = u16::from_le_bytes([b[e + 24], b[e + 25]]);
+        let listen = QpEndpoint { gid, udp_port: port, lid: 0, qpn: 0, psn: 0 }.socket_addr();
+        Ok(Hello { nonce, endpoint, rq_depth, sq_depth, listen })
+    }
+}
+
+/// This transport's label in the handshake's proofs ([`crate::auth`]).
+const PROOF_LABEL: &[u8] = b"bex-transport/1";
+
+fn role(initiator: bool) -> Role {
+    if initiator {
+        Role::Initiator
+    } else {
+        Role::Acceptor
+    }
+}
+
+impl<D: Device + 'static> FactoryImpl<D> {
+    pub(super) async fn bootstrap(
+        &self,
+        mut stream: TcpStream,
+        initiator: bool,
+    ) -> Result<(SocketAddr, EngineRef)> {
+        let _ = stream.set_nodelay(true);
+        let endpoint = self.place_engine()?;
+        let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
+        let cq = &self.cqs[endpoint];
+        let caps = QpCaps {
+            max_send_wr: self.cfg.sq_depth,
+            max_recv_wr: self.cfg.rq_depth,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+        };
+        let srq = self.srqs[endpoint].as_deref();
+        let td = self.tds[endpoint].as_deref();
+        let qp = self.device.create_qp(
+            &self.pd,
+            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: td, caps },
+        )?;
+        let mine = Hello {
+            nonce: rand::random(),
+            endpoint: qp.endpoint(),
+            // 0 tells the peer this side draws on an SRQ and takes no credits.
+            rq_depth: if self.cfg.srq { 0 } else { self.cfg.rq_depth },
+            sq_depth: self.cfg.sq_depth,
+            listen: self.listen_addr,
+        }
+        .encode();
+        stream.write_all(&mine).await?;
+        let mut theirs = [0u8; HELLO_LEN];
+        stream.read_exact(&mut theirs).await?;
+        let hello = Hello::decode(&theirs).inspect_err(|_| {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+        })?;
+        let (hi, ha) = if initiator { (&mine, &theirs) } else { (&theirs, &mine) };
+        stream.write_all(&proof(&self.cfg.secret, PROOF_LABEL, role(initiator), hi, ha)).await?;
+        let mut their_proof = [0u8; PROOF_LEN];
+        stream.read_exact(&mut their_proof).await.map_err(|_| {
+            TransportError::Refused("bootstrap: the peer closed during authentication".into())
+        })?;
+        if !verify(&self.cfg.secret, PROOF_LABEL, role(!initiator), hi, ha, &their_proof) {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+            return Err(TransportError::Refused(
+                "bootstrap: the peer does not have the cluster's shared secret".into(),
+            ));
+        }
+        qp.to_init(&InitAttrs { port: self.cfg.qp_port, ..InitAttrs::default() })?;
+        let peer = if initiator { stream.peer_addr()? } else { hello.listen };
+        let driven = &self.endpoints[endpoint];
+        let parts = EngineParts {
+            cfg: self.cfg.clone(),
+            pool: self.pool,
+            dev: self.dev_index,
+            counters: self.counters.clone(),
+            qpn: qp.qpn(),
+            peer_rq_depth: hello.rq_depth,
+            accepting: true,
+            socket_ids: self.socket_ids.clone(),
+            shared_recv: driven.ep.lock().shared_ring(),
+        };
+        let mut engine = Engine::<Done>::new(parts, crate::clock::now())?;
+        // Its own receives go up in INIT, before the peer can send.
+        if let Some(Post::Recv(wrs)) = engine.poll_post() {
+            qp.post_recv(wrs)?;
+        }
+        let rtr =
+            RtrAttrs { remote: hello.endpoint, path_mtu: self.cfg.path_mtu, min_rnr_timer: 12 };
+        qp.to_rtr(&rtr)?;
+        qp.to_rts(&RtsAttrs {
+            sq_psn: qp.endpoint().psn,
+            timeout: self.cfg.qp_timeout,
+            retry_cnt: self.cfg.qp_retry_cnt,
+            rnr_retry: self.cfg.qp_rnr_retry,
+        })?;
+        // The endpoint hosts the engine before the peer learns it may send (the ready byte),
+        // so no completion of this QP can reach an endpoint that does not know it.
+        let qpn = engine.qpn;
+        driven.ep.lock().add_engine(engine, qp, peer);
+        stream.write_all(&[1]).await?;
+        let mut ready = [0u8; 1];
+        stream.read_exact(&mut ready).await?;
+        placed.keep();
+        Counters::add(&self.counters.engines_up, 1);
+        Ok((peer, EngineRef { endpoint, qpn }))
+    }
+}
