@@ -22,10 +22,16 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 step "cargo clippy (--features bex-rnic-verbs/verbs)"
 cargo clippy --locked --workspace --all-targets --features bex-rnic-verbs/verbs -- -D warnings
 
-step "layering: no client binary links the server (ranker, trainer, bex-chaos, bex-cluster)"
+step "layering: no client binary links the server; the client library, ranker, bex-chaos, bex-cluster and the Python package link the protocol (bex-ps-proto), not the server's storage (bex-ps-core)"
 for p in bex-ranker bex-trainer bex-chaos bex-launcher; do
     if cargo tree --locked -e normal -p "$p" --prefix none | grep -q '^bex-ps-server '; then
         echo "$p depends on bex-ps-server" >&2
+        exit 1
+    fi
+done
+for p in bex-client bex-ranker bex-chaos bex-launcher bex-python; do
+    if cargo tree --locked -e normal -p "$p" --prefix none | grep -q '^bex-ps-core '; then
+        echo "$p depends on bex-ps-core (the server's storage)" >&2
         exit 1
     fi
 done

@@ -14,8 +14,8 @@
 pub mod canary;
 pub mod verify;
 
-use bex_ps_core::config::{InitConfig, OptimizerConfig};
-use bex_ps_core::Config;
+use bex_ps_proto::config::{InitConfig, OptimizerConfig};
+use bex_ps_proto::Config;
 
 /// The canary table's id and dim, checked to count pushes exactly: zero init and SGD with
 /// lr = 1 (a gradient of −1 adds exactly 1, exact in f32 up to 2^24).

@@ -14,8 +14,8 @@ use bex_client::connect_client;
 use bex_client::node::ClientRole;
 use bex_model::{dense_keys, dense_len, SyntheticClicks};
 use bex_process::exit_with_parent;
-use bex_ps_core::config::TransportKind;
-use bex_ps_core::Config;
+use bex_ps_proto::config::TransportKind;
+use bex_ps_proto::Config;
 use clap::{Args, Parser, Subcommand};
 
 /// Invariant checkers for chaos runs on real processes (`bex-cluster` applies the faults):

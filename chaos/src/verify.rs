@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_client::fanout::PsClient;
-use bex_ps_core::wire::{self, DataHeader, Limits, Op};
+use bex_ps_proto::wire::{self, DataHeader, Limits, Op};
 use serde::Serialize;
 
 use crate::canary::CanaryReport;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_process::incarnation_id;
-use bex_ps_core::config::TransportKind;
-use bex_ps_core::metrics::Registry;
-use bex_ps_core::Config;
+use bex_ps_proto::config::TransportKind;
+use bex_ps_proto::metrics::Registry;
+use bex_ps_proto::Config;
 use bex_transport::Stack;
 
 use crate::fanout::PsClient;
@@ -88,7 +88,7 @@ pub async fn connect_client(
     tracing::info!(client_id, push_id = format_args!("{push_id:#018x}"), "push identity");
     let registry = Arc::new(Registry::new());
     let stack = Arc::new(stack);
-    let metrics = |e: bex_ps_core::metrics::MetricsError| SetupError::new("metrics", e);
+    let metrics = |e: bex_ps_proto::metrics::MetricsError| SetupError::new("metrics", e);
     let mut ps =
         PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id)
             .with_metrics(&registry)

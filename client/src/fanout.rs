@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bex_ps_core::metrics::{Counter, Histogram, MetricsError, Registry, LATENCY_BUCKETS_S};
-use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
-use bex_ps_core::{FanoutPlan, Topology};
+use bex_ps_proto::metrics::{Counter, Histogram, MetricsError, Registry, LATENCY_BUCKETS_S};
+use bex_ps_proto::wire::{self, DataHeader, Limits, Op, Status};
+use bex_ps_proto::{FanoutPlan, Topology};
 use bex_rpc::{alloc_frame, Client, Endpoint, RpcError, HEADER_LEN};
 use bex_transport::Transport;
 

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use bex_ps_core::config::{NicKind, RpcConfig, TransportConfig};
+use bex_ps_proto::config::{NicKind, RpcConfig, TransportConfig};
 use bex_rpc::ClientConfig;
 use bex_transport::{Config, Mtu, NicSpec, SoftNic, VerbsNic};
 
@@ -112,7 +112,7 @@ pub fn client_config(r: &RpcConfig, local_pod: u32, seed: u64, role: ClientRole)
 /// name, for loopback only (or with `[cluster] allow_insecure = true`): the name is in the
 /// config file, so off loopback anyone who can read the config could join. `bind` is the
 /// address this process binds.
-pub fn cluster_secret(cfg: &bex_ps_core::Config, bind: IpAddr) -> Result<Vec<u8>, String> {
+pub fn cluster_secret(cfg: &bex_ps_proto::Config, bind: IpAddr) -> Result<Vec<u8>, String> {
     secret_from(
         std::env::var("BEX_SECRET").ok(),
         &cfg.cluster.name,

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bex_ps_core::metrics::{MetricsError, Registry};
+use bex_ps_proto::metrics::{MetricsError, Registry};
 use bex_rpc::{Client, ClientCounts, ServerStats};
 use bex_transport::{CounterSnapshot, NicStats, Stack};
 

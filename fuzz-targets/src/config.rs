@@ -1,6 +1,7 @@
 //! The cluster configuration loader.
 
-use bex_ps_core::{Config, TableSet};
+use bex_ps_core::TableSet;
+use bex_ps_proto::Config;
 
 /// `data` as a TOML cluster file: parsing, `validate` and `topology` never panic; a config
 /// that validates has a topology, tables that build and a server address for every (pod,
@@ -11,7 +12,7 @@ pub fn config(data: &[u8]) {
     let valid = cfg.validate();
     let topo = cfg.topology();
     let _ = cfg.limits();
-    let _ = cfg.dedupe_config();
+    let _ = bex_ps_core::dedupe::DedupeConfig::of(&cfg);
     if valid.is_ok() {
         let topo = topo.expect("a valid config has a topology");
         for pod in 0..topo.pods() {

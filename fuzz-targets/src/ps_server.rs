@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use bemalloc::Pool;
 use bex_ps_core::dedupe::DedupeConfig;
-use bex_ps_core::wire::{self, flags, DataHeader, Limits, Op, Status};
 use bex_ps_core::TableSet;
+use bex_ps_proto::wire::{self, flags, DataHeader, Limits, Op, Status};
 use bex_ps_server::server::{Handler, PsServer, ServerParts};
 use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
 use bex_rnic::Device;
@@ -118,7 +118,7 @@ fn server(pod: u32) -> Arc<PsServer> {
             dedupe_windows: Vec::new(),
             replication_id: 1,
             version_floor: 1,
-            push_ack: bex_ps_core::config::PushAck::Applied,
+            push_ack: bex_ps_proto::config::PushAck::Applied,
             push_ack_timeout: std::time::Duration::from_millis(100),
         },
         &topo,

@@ -3,15 +3,15 @@
 use std::sync::OnceLock;
 
 use bex_ps_core::checkpoint::{self, CHUNK_HEADER_LEN};
-use bex_ps_core::control::{
+use bex_ps_proto::control::{
     AdminRequest, AdminResponse, CheckpointRequest, CheckpointSummary, HealthInfo, SnapshotRequest,
     TablesInfo,
 };
-use bex_ps_core::wire::{
+use bex_ps_proto::wire::{
     self, DataHeader, Limits, Op, RequestHeader, ResponseHeader, Status, REQUEST_HEADER_LEN,
     RESPONSE_HEADER_LEN,
 };
-use bex_ps_core::{Config, TableSpec};
+use bex_ps_proto::{Config, TableSpec};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Tight limits next to the defaults, so the limit checks themselves get exercised.
@@ -58,7 +58,7 @@ fn request(data: &[u8], limits: &Limits) {
         // Whole rows (Replicate with STATE): up to three arrays, a step count and a version.
         let max_dim = if h.flags & wire::flags::STATE != 0 {
             assert_eq!(h.op, Op::Replicate, "STATE only on Replicate");
-            3 * limits.max_dim + bex_ps_core::table::STATE_EXTRA_WORDS as u32
+            3 * limits.max_dim + bex_ps_proto::spec::STATE_EXTRA_WORDS as u32
         } else {
             limits.max_dim
         };

@@ -2,11 +2,11 @@
 //! smoke test mutates.
 
 use bex_ps_core::checkpoint::snapshot_chunk;
-use bex_ps_core::control::{
+use bex_ps_core::TableSet;
+use bex_ps_proto::control::{
     AdminRequest, CheckpointRequest, SnapshotCursor, SnapshotRequest, TablesInfo,
 };
-use bex_ps_core::wire::{self, flags, DataHeader, Op, Status};
-use bex_ps_core::TableSet;
+use bex_ps_proto::wire::{self, flags, DataHeader, Op, Status};
 use bex_rnic::soft::packet::{self, Aeth, Header, Opcode, Reth, Syndrome};
 use bex_transport::proto::{self, Kind};
 use bex_transport::tcp::wire::{Frame, Hello, Role, NONCE_LEN};
@@ -141,7 +141,7 @@ fn ps_requests() -> Vec<(u16, Vec<u8>)> {
             .expect("replicate encodes");
         out.push((Op::Replicate as u16, f[..n].to_vec()));
         // Whole rows: the table's stride, a step count and a version per row.
-        let width = (spec.stride() + bex_ps_core::table::STATE_EXTRA_WORDS) as u32;
+        let width = (spec.stride() + bex_ps_proto::spec::STATE_EXTRA_WORDS) as u32;
         let rows: Vec<f32> = (0..keys.len() * width as usize).map(|i| i as f32 * 0.5).collect();
         let st = DataHeader { seq: 100, dim: width, flags: flags::STATE, ..h };
         let mut f = vec![0u8; wire::push_request_len(keys.len(), width as usize)];

@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bex_ps_core::config::NicKind;
-use bex_ps_core::Config;
+use bex_ps_proto::config::NicKind;
+use bex_ps_proto::Config;
 use serde::Serialize;
 
 /// How bad a finding is.

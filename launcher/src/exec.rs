@@ -161,7 +161,7 @@ impl Drop for Executor {
 /// The configuration the processes read: the plan's, without `[launch]` (it is the
 /// launcher's alone and is recorded in report.json), so binaries built before that section
 /// existed still accept the file.
-pub fn process_config_text(cfg: &bex_ps_core::Config) -> Result<String, String> {
+pub fn process_config_text(cfg: &bex_ps_proto::Config) -> Result<String, String> {
     let mut doc = match toml::Value::try_from(cfg) {
         Ok(toml::Value::Table(t)) => t,
         Ok(_) => return Err("configuration is not a table".into()),

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use bex_ps_core::config::{FieldError, TransportKind};
+use bex_ps_proto::config::{FieldError, TransportKind};
 
 /// Where the processes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

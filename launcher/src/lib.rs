@@ -19,7 +19,7 @@ pub mod overrides;
 pub mod plan;
 pub mod probe;
 
-use bex_ps_core::Config;
+use bex_ps_proto::Config;
 
 use crate::launch::LaunchConfig;
 

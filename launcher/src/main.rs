@@ -139,7 +139,7 @@ struct DoctorArgs {
 }
 
 /// The address servers of a loopback run bind (the `[cluster]` host), for the doctor.
-fn cluster_ip(cfg: &bex_ps_core::Config) -> std::net::IpAddr {
+fn cluster_ip(cfg: &bex_ps_proto::Config) -> std::net::IpAddr {
     cfg.cluster.host
 }
 
@@ -200,7 +200,7 @@ fn main() {
 fn load_file(
     path: &std::path::Path,
     sets: &[String],
-) -> Result<(bex_ps_core::Config, bex_launcher::launch::LaunchConfig), i32> {
+) -> Result<(bex_ps_proto::Config, bex_launcher::launch::LaunchConfig), i32> {
     let text =
         std::fs::read_to_string(path).map_err(|e| usage(&format!("{}: {e}", path.display())))?;
     load_config(&text, sets).map_err(|e| usage(&format!("{}:\n{e}", path.display())))

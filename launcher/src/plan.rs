@@ -5,8 +5,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use bex_ps_core::config::ServerEntry;
-use bex_ps_core::Config;
+use bex_ps_proto::config::ServerEntry;
+use bex_ps_proto::Config;
 
 use crate::launch::{parse_rate, parse_size, LaunchConfig, Mode};
 

@@ -242,7 +242,7 @@ fn a_held_cluster_serves_until_sigterm_and_then_succeeds() {
     let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the run's secret is readable by its owner only");
     assert_eq!(std::fs::read_to_string(&secret).unwrap().len(), 32);
-    let cfg = bex_ps_core::Config::load(std::path::Path::new(config)).unwrap();
+    let cfg = bex_ps_proto::Config::load(std::path::Path::new(config)).unwrap();
     let topo = cfg.topology().unwrap();
     pause(300);
     for shard in 0..2 {

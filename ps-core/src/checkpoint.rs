@@ -82,10 +82,11 @@ use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::control::SnapshotCursor;
 use crate::dedupe::WindowState;
-use crate::optim::OptimizerKind;
-use crate::table::{RecordFormat, TableError, TableSet, TableSpec, STRIPES};
+use crate::table::{RecordFormat, TableError, TableSet, STRIPES};
+use bex_ps_proto::control::SnapshotCursor;
+use bex_ps_proto::optim::OptimizerKind;
+use bex_ps_proto::TableSpec;
 
 /// Checkpoint magic.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"BEXCKPT\0";
@@ -759,8 +760,8 @@ pub fn apply_snapshot_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::init::Initializer;
-    use crate::optim::Optimizer;
+    use bex_ps_proto::init::Initializer;
+    use bex_ps_proto::optim::Optimizer;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     struct TempDir(PathBuf);

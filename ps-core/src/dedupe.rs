@@ -45,6 +45,16 @@ pub struct DedupeConfig {
     pub max_clients: usize,
 }
 
+impl DedupeConfig {
+    /// A server's sizes, from `[server]` of its cluster file.
+    pub fn of(cfg: &bex_ps_proto::Config) -> DedupeConfig {
+        DedupeConfig {
+            window: cfg.server.dedupe_window,
+            max_clients: cfg.server.dedupe_max_clients,
+        }
+    }
+}
+
 impl Default for DedupeConfig {
     fn default() -> Self {
         DedupeConfig { window: 1024, max_clients: 4096 }
@@ -144,7 +154,7 @@ impl Dedupe {
 
     /// Decides and records (client, seq); see the module docs.
     pub fn admit(&self, client: u64, seq: u64) -> Verdict {
-        let part = &self.parts[(crate::shard::mix64(client) % PARTS as u64) as usize];
+        let part = &self.parts[(bex_ps_proto::shard::mix64(client) % PARTS as u64) as usize];
         let mut p = part.lock();
         p.clock += 1;
         let now = p.clock;
@@ -212,7 +222,7 @@ impl Dedupe {
 
     /// Adds `s` as a newly seen client's window (see [`Dedupe::import`]).
     fn import_one(&self, s: &WindowState) {
-        let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
+        let part = &self.parts[(bex_ps_proto::shard::mix64(s.client) % PARTS as u64) as usize];
         let mut p = part.lock();
         p.clock += 1;
         let now = p.clock;
@@ -278,7 +288,7 @@ impl Dedupe {
     pub fn merge(&self, windows: &[WindowState]) {
         let w = self.window();
         for s in windows {
-            let part = &self.parts[(crate::shard::mix64(s.client) % PARTS as u64) as usize];
+            let part = &self.parts[(bex_ps_proto::shard::mix64(s.client) % PARTS as u64) as usize];
             let mut p = part.lock();
             if !p.clients.contains_key(&s.client) {
                 if p.clients.len() >= 2 * self.per_part {
@@ -355,7 +365,7 @@ mod tests {
 
     /// `n` clients that all fall in `client`'s part.
     fn same_part(client: u64, n: usize) -> Vec<u64> {
-        let part_of = |c: u64| crate::shard::mix64(c) % PARTS as u64;
+        let part_of = |c: u64| bex_ps_proto::shard::mix64(c) % PARTS as u64;
         (client + 1..).filter(|&c| part_of(c) == part_of(client)).take(n).collect()
     }
 
@@ -473,7 +483,7 @@ mod tests {
     fn least_recently_seen_client_is_evicted() {
         // max 16 clients → one per part; a second client in the same part evicts the first.
         let d = d(64, 16);
-        let part_of = |c: u64| crate::shard::mix64(c) % PARTS as u64;
+        let part_of = |c: u64| bex_ps_proto::shard::mix64(c) % PARTS as u64;
         let a = 1u64;
         let b = (2..).find(|&c| part_of(c) == part_of(a)).unwrap();
         assert_eq!(d.admit(a, 1), Verdict::New);

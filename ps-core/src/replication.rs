@@ -10,7 +10,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::control::ReplicationStatus;
+use bex_ps_proto::control::ReplicationStatus;
 
 #[derive(Debug, Default, Clone)]
 struct Target {

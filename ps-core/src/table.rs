@@ -45,63 +45,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
 
-use crate::config::FieldError;
-use crate::control::{TableInfo, TableStats};
-use crate::init::Initializer;
-use crate::optim::Optimizer;
-use crate::wire::{LeF32s, LeU64s, Status, MAX_DIM};
+use bex_ps_proto::config::FieldError;
+use bex_ps_proto::control::{TableInfo, TableStats};
+use bex_ps_proto::init::Initializer;
+use bex_ps_proto::optim::Optimizer;
+use bex_ps_proto::spec::{TableSpec, STATE_EXTRA_WORDS};
+use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
 pub const STRIPES: usize = 64;
-
-/// Longest table name in bytes.
-pub const MAX_TABLE_NAME: usize = 64;
-
-/// The definition of a table. The same value on every server of a cluster (it comes from
-/// the cluster configuration).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TableSpec {
-    /// Name: 1..=64 bytes of `[A-Za-z0-9_.-]`.
-    pub name: String,
-    /// Row dimension, `1..=4096`.
-    pub dim: u32,
-    /// Initializer seed (with the key, decides initial rows).
-    pub seed: u64,
-    /// How missing rows start.
-    pub init: Initializer,
-    /// How pushes update rows.
-    pub optimizer: Optimizer,
-}
-
-impl TableSpec {
-    /// Problems with the definition; fields are relative (`dim`, `optimizer.lr`, …).
-    pub fn check(&self) -> Vec<FieldError> {
-        let mut out = Vec::new();
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= MAX_TABLE_NAME
-            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !name_ok {
-            out.push(FieldError::new("name", "must be 1..=64 bytes of [A-Za-z0-9_.-]"));
-        }
-        if !(1..=MAX_DIM).contains(&self.dim) {
-            out.push(FieldError::new("dim", format!("must be in 1..={MAX_DIM}")));
-        }
-        for (f, m) in self.init.check() {
-            out.push(FieldError::new(format!("init.{f}"), m));
-        }
-        for (f, m) in self.optimizer.check() {
-            out.push(FieldError::new(format!("optimizer.{f}"), m));
-        }
-        out
-    }
-
-    /// f32 per stored row: values and optimizer state.
-    pub fn stride(&self) -> usize {
-        self.dim as usize * (1 + self.optimizer.state_slots())
-    }
-}
 
 /// Misuse of a table (or bad values from the network).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -246,10 +199,6 @@ pub struct Table {
     /// The least version a push writes (see the module docs).
     version_floor: AtomicU64,
 }
-
-/// Words a whole row carries after its `stride` f32 in a Replicate with state: the step
-/// count's bits, then the version's low and high 32 bits.
-pub const STATE_EXTRA_WORDS: usize = 3;
 
 /// Counts from a fetch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -549,7 +498,7 @@ impl Table {
         Ok(self.replica_rows(keys.iter(), row))
     }
 
-    /// Whole rows of `keys` as Replicate with [`flags::STATE`](crate::wire::flags::STATE)
+    /// Whole rows of `keys` as Replicate with [`flags::STATE`](bex_ps_proto::wire::flags::STATE)
     /// carries them: per key the `stride` f32 of the row (values, then optimizer state),
     /// then the bits of its step count and of its version (low, high 32 bits),
     /// `keys.len() × state_width()` into `out`. A missing row reads as a new one (initial
@@ -597,7 +546,7 @@ impl Table {
     }
 
     /// Replicas: overwrite whole rows — values, optimizer state, step count and version —
-    /// of `keys` from a Replicate frame with [`flags::STATE`](crate::wire::flags::STATE)
+    /// of `keys` from a Replicate frame with [`flags::STATE`](bex_ps_proto::wire::flags::STATE)
     /// (`rows` is `keys.len() × state_width()`, see
     /// [`read_state_into`](Self::read_state_into)) where the copy's version is newer than
     /// the stored row's (a missing row is created), so a replica holds exactly the training
@@ -901,8 +850,8 @@ mod tests {
         let mut rows = vec![0f32; keys.len() * t.state_width()];
         t.read_state_into(keys, &mut rows).unwrap();
         let (mut kb, mut vb) = (vec![0u8; 8 * keys.len()], vec![0u8; 4 * rows.len()]);
-        crate::wire::put_u64s(&mut kb, keys);
-        crate::wire::put_f32s(&mut vb, &rows);
+        bex_ps_proto::wire::put_u64s(&mut kb, keys);
+        bex_ps_proto::wire::put_f32s(&mut vb, &rows);
         (kb, vb)
     }
 
@@ -955,8 +904,8 @@ mod tests {
         assert_eq!(src.rows(), 3);
         let mut kb = vec![0u8; 8 * ks.len()];
         let mut vb = vec![0u8; 4 * rows.len()];
-        crate::wire::put_u64s(&mut kb, &ks);
-        crate::wire::put_f32s(&mut vb, &rows);
+        bex_ps_proto::wire::put_u64s(&mut kb, &ks);
+        bex_ps_proto::wire::put_f32s(&mut vb, &rows);
         let dst = Table::new(spec("t", 3, opt)).unwrap();
         let (k, v) = (LeU64s::new(&kb).unwrap(), LeF32s::new(&vb).unwrap());
         assert_eq!(dst.apply_replica_state_le(k, v).unwrap(), 4);
@@ -1012,7 +961,7 @@ mod tests {
         .unwrap();
         let keys = [5u64, 6];
         let mut kb = vec![0u8; 16];
-        crate::wire::put_u64s(&mut kb, &keys);
+        bex_ps_proto::wire::put_u64s(&mut kb, &keys);
         let mut out = vec![0u8; 24];
         t.fetch_into_le(LeU64s::new(&kb).unwrap(), &mut out, true).unwrap();
         let mut want = vec![0f32; 6];
@@ -1021,7 +970,7 @@ mod tests {
 
         let grads = [0.1f32, 0.2, 0.3, -0.1, -0.2, -0.3];
         let mut gb = vec![0u8; 24];
-        crate::wire::put_f32s(&mut gb, &grads);
+        bex_ps_proto::wire::put_f32s(&mut gb, &grads);
         let u = Table::new(t.spec().clone()).unwrap();
         let mut r1 = vec![0f32; 6];
         let mut r2 = vec![0f32; 6];

@@ -4,11 +4,12 @@
 //! input answered with error statuses while serving continues.
 
 use bex_ps_core::checkpoint::{apply_snapshot_chunk, snapshot_chunk};
-use bex_ps_core::control::{SnapshotCursor, SnapshotRequest, TablesInfo};
 use bex_ps_core::dedupe::{Dedupe, Verdict};
-use bex_ps_core::fanout::FanoutPlan;
-use bex_ps_core::wire::{self, flags, DataHeader, LeF32s, Limits, Op, Status};
-use bex_ps_core::{Config, TableSet};
+use bex_ps_core::TableSet;
+use bex_ps_proto::control::{SnapshotCursor, SnapshotRequest, TablesInfo};
+use bex_ps_proto::fanout::FanoutPlan;
+use bex_ps_proto::wire::{self, flags, DataHeader, LeF32s, Limits, Op, Status};
+use bex_ps_proto::Config;
 
 /// A minimal single-threaded server of one (pod, shard), as ps-server would do it.
 struct Server {
@@ -26,7 +27,7 @@ impl Server {
     fn new(config: &Config, training: bool) -> Server {
         Server {
             tables: TableSet::new(config.table_specs()).unwrap(),
-            dedupe: Dedupe::new(config.dedupe_config()),
+            dedupe: Dedupe::new(bex_ps_core::dedupe::DedupeConfig::of(config)),
             training,
             limits: config.limits(),
             outbox: Vec::new(),

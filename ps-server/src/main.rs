@@ -18,8 +18,9 @@ use bex_client::telemetry;
 use bex_process::http;
 use bex_process::{identity, incarnation_id};
 use bex_ps_core::checkpoint;
-use bex_ps_core::control::ServingState;
-use bex_ps_core::{Config, TableSet};
+use bex_ps_core::TableSet;
+use bex_ps_proto::control::ServingState;
+use bex_ps_proto::Config;
 use bex_ps_server::server::PsServer;
 use bex_ps_server::shard::{start_shard, ShardStart};
 use bex_transport::Transport;
@@ -79,7 +80,7 @@ fn parse_args() -> Result<Args, String> {
 /// Where this server binds when the cluster file names its host: `BEX_BIND_IP` (in
 /// Kubernetes, the pod's IP from the downward API), else what its name resolves to, retried
 /// for up to a minute (a StatefulSet pod's DNS record can appear after the pod starts).
-async fn own_addresses(topo: &mut bex_ps_core::Topology, pod: u32, shard: u32) {
+async fn own_addresses(topo: &mut bex_ps_proto::Topology, pod: u32, shard: u32) {
     let Some(me) = topo.server(pod, shard) else { return };
     let bind_ip = match std::env::var("BEX_BIND_IP") {
         Ok(v) if !v.is_empty() => {

@@ -10,15 +10,16 @@ use std::time::{Duration, Instant};
 
 use bemalloc::Pool;
 use bex_ps_core::checkpoint::{self, CheckpointMeta};
-use bex_ps_core::config::PushAck;
-use bex_ps_core::control::{
+use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
+use bex_ps_core::{Table, TableSet};
+use bex_ps_proto::config::PushAck;
+use bex_ps_proto::control::{
     AdminRequest, AdminResponse, CheckpointRequest, CheckpointSummary, HealthInfo,
     ReplicationStatus, Role, ServingState, SnapshotRequest, TablesInfo,
 };
-use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
-use bex_ps_core::metrics::{Counter, Histogram, Registry, LATENCY_BUCKETS_S, SIZE_BUCKETS_BYTES};
-use bex_ps_core::wire::{self, DataHeader, Limits, Op, RequestView, Status};
-use bex_ps_core::{Table, TableSet, Topology};
+use bex_ps_proto::metrics::{Counter, Histogram, Registry, LATENCY_BUCKETS_S, SIZE_BUCKETS_BYTES};
+use bex_ps_proto::wire::{self, DataHeader, Limits, Op, RequestView, Status};
+use bex_ps_proto::Topology;
 use bex_rpc::{alloc_frame, Client, RpcError, HEADER_LEN};
 use bex_transport::Msg;
 use parking_lot::Mutex;
@@ -1384,7 +1385,7 @@ mod tests {
         assert_eq!(b.pending(), 0);
         assert_eq!(b.take(10, later), (Vec::new(), None));
     }
-    use bex_ps_core::Config;
+    use bex_ps_proto::Config;
     use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
     use bex_rnic::Device;
     use bex_rpc::Handler as _;

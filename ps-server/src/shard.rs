@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_ps_core::checkpoint;
-use bex_ps_core::config::PushAck;
-use bex_ps_core::control::{ServingState, SnapshotCursor, SnapshotRequest};
 use bex_ps_core::dedupe::{DedupeConfig, WindowState};
-use bex_ps_core::topology::Topology;
-use bex_ps_core::wire::{self, Limits, Op};
-use bex_ps_core::{Config, TableSet};
+use bex_ps_core::TableSet;
+use bex_ps_proto::config::PushAck;
+use bex_ps_proto::control::{ServingState, SnapshotCursor, SnapshotRequest};
+use bex_ps_proto::topology::Topology;
+use bex_ps_proto::wire::{self, Limits, Op};
+use bex_ps_proto::Config;
 use bex_rpc::{serve, Client, ClientConfig, Endpoint, ServerStats};
 use bex_transport::Transport;
 use tokio::task::JoinHandle;

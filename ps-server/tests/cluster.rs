@@ -10,8 +10,8 @@ use std::time::Duration;
 use bex_client::fanout::{PsClient, PsError};
 use bex_client::node::{client_config, cluster_secret, nic_spec, transport_config, ClientRole};
 use bex_process::child::Guard;
-use bex_ps_core::wire::{self, DataHeader, Limits, Op, Status};
-use bex_ps_core::Config;
+use bex_ps_proto::wire::{self, DataHeader, Limits, Op, Status};
+use bex_ps_proto::Config;
 use bex_testkit::{LocalCluster, Scratch};
 use bex_transport::Stack;
 
@@ -45,12 +45,12 @@ impl Cluster {
         let mut cfg = Config::local(2, 2, base_port(salt));
         cfg.cluster.name = format!("test-{name}");
         cfg.server.checkpoint_interval_s = 0;
-        cfg.tables = vec![bex_ps_core::config::TableConfig {
+        cfg.tables = vec![bex_ps_proto::config::TableConfig {
             name: "emb".into(),
             dim: DIM,
             seed: None,
-            init: bex_ps_core::config::InitConfig::Uniform { scale: 0.01 },
-            optimizer: bex_ps_core::config::OptimizerConfig::Adagrad {
+            init: bex_ps_proto::config::InitConfig::Uniform { scale: 0.01 },
+            optimizer: bex_ps_proto::config::OptimizerConfig::Adagrad {
                 lr: 0.05,
                 initial_accumulator: 0.1,
                 eps: 1e-8,
@@ -205,7 +205,7 @@ async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly()
     let cl = c.client(0, &secret).await;
     // Keys of shard 0 only, pushed twice with the same (client, seq).
     let ks: Vec<u64> =
-        keys(500).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(50).collect();
+        keys(500).into_iter().filter(|k| bex_ps_proto::shard_of(*k, 2) == 0).take(50).collect();
     let before = cl.fetch(TABLE, DIM, &ks).await.unwrap();
     let h = DataHeader { table: TABLE, dim: DIM, client: 77, seq: 1, flags: 0 };
     let grads = vec![1.0f32; ks.len() * DIM as usize];
@@ -272,7 +272,7 @@ async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
         async move {
             for pod in 0..2 {
                 for shard in 0..2 {
-                    let req = bex_ps_core::control::AdminRequest::SetRdma(on);
+                    let req = bex_ps_proto::control::AdminRequest::SetRdma(on);
                     let f = wire::control_request_vec(Op::Admin, 0, 1, 1, &req).unwrap();
                     admin.raw(pod, shard, Op::Admin, &f).await.unwrap();
                 }
@@ -314,7 +314,7 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
     // A ranker in pod 1 asks shard 0: its local replica is dead.
     let cl = c.client(1, &secret).await;
     let ks: Vec<u64> =
-        keys(400).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(20).collect();
+        keys(400).into_iter().filter(|k| bex_ps_proto::shard_of(*k, 2) == 0).take(20).collect();
     let dead = 2; // endpoint index of (pod 1, shard 0)
     let s = cl.rpc().stats().clone();
     let mut calls = 0;
@@ -412,7 +412,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() {
     let mut c = Cluster::new("metrics", 10).await;
     let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
-    let registry = bex_ps_core::metrics::Registry::new();
+    let registry = bex_ps_proto::metrics::Registry::new();
     let trainer = c.client(0, &secret).await;
     let trainer = Arc::into_inner(trainer).unwrap().with_metrics(&registry).unwrap();
     let ks = keys(300);
@@ -555,7 +555,7 @@ async fn converged(c: &Cluster, secret: &[u8], ks: &[u64], within: Duration) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
     use bex_client::connect_client;
-    use bex_ps_core::config::TransportKind;
+    use bex_ps_proto::config::TransportKind;
     let mut c = Cluster::new("restarts", 7).await;
     let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let ks = keys(100);
@@ -620,7 +620,7 @@ enum Stop {
 /// with the same whole rows.
 async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
     use bex_client::connect_client;
-    use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig, TransportKind};
+    use bex_ps_proto::config::{InitConfig, OptimizerConfig, TableConfig, TransportKind};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let mut c = Cluster::with(name, salt, |cfg| {
         cfg.tables.push(TableConfig {
@@ -635,7 +635,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
     const COUNT: u32 = 1;
     let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let ks: Vec<u64> =
-        keys(500).into_iter().filter(|k| bex_ps_core::shard_of(*k, 2) == 0).take(20).collect();
+        keys(500).into_iter().filter(|k| bex_ps_proto::shard_of(*k, 2) == 0).take(20).collect();
     let local = std::net::IpAddr::from([127, 0, 0, 1]);
     let t = connect_client(&c.cfg, 0, local, TransportKind::Rdma, 3, ClientRole::Training)
         .await
@@ -705,7 +705,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
 /// Asks the server of (`pod`, `shard`) for a checkpoint now.
 async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
     let (_node, client) = direct_client(c, secret, pod, shard).await;
-    let req = bex_ps_core::control::CheckpointRequest::default();
+    let req = bex_ps_proto::control::CheckpointRequest::default();
     let frame = wire::control_request_vec(Op::Checkpoint, 0, 0, 1, &req).unwrap();
     let m = client.call(&[0], Op::Checkpoint as u16, &frame).await.unwrap();
     let r = wire::decode_response(m.as_slice(), &Limits::default()).unwrap();
@@ -737,7 +737,7 @@ fn a_server_off_loopback_without_a_secret_refuses_to_start() {
 fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
     let dir = Scratch::new("nodev");
     let mut cfg = Config::local(1, 1, base_port(0));
-    cfg.transport.nic = bex_ps_core::config::NicKind::Verbs;
+    cfg.transport.nic = bex_ps_proto::config::NicKind::Verbs;
     cfg.transport.device = "bex_no_such_device".into();
     let config = dir.join("cluster.toml");
     std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
@@ -794,17 +794,17 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
 // pod's), a client that resolves the names: pushes and fetches work end to end.
 #[test]
 fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() {
-    use bex_ps_core::config::{ServerEntry, TransportKind};
+    use bex_ps_proto::config::{ServerEntry, TransportKind};
     let dir = Scratch::new("names");
     let port = bex_process::free_local_ports(6).unwrap();
     let mut cfg = Config::local(1, 2, port);
     cfg.cluster.data_dir = dir.join("data");
-    cfg.tables = vec![bex_ps_core::config::TableConfig {
+    cfg.tables = vec![bex_ps_proto::config::TableConfig {
         name: "emb".into(),
         dim: DIM,
         seed: None,
-        init: bex_ps_core::config::InitConfig::Uniform { scale: 0.01 },
-        optimizer: bex_ps_core::config::OptimizerConfig::Sgd { lr: 0.1 },
+        init: bex_ps_proto::config::InitConfig::Uniform { scale: 0.01 },
+        optimizer: bex_ps_proto::config::OptimizerConfig::Sgd { lr: 0.1 },
     }];
     cfg.cluster.servers = (0..2u16)
         .map(|s| {

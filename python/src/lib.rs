@@ -19,9 +19,9 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
 use bex_client::{connect_client, ClientRole, PsClient, PsError};
-use bex_ps_core::config::TransportKind;
-use bex_ps_core::wire::Status;
-use bex_ps_core::Config;
+use bex_ps_proto::config::TransportKind;
+use bex_ps_proto::wire::Status;
+use bex_ps_proto::Config;
 use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
 };

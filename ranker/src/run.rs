@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bex_client::fanout::{PsClient, PsError};
-use bex_ps_core::metrics as prom;
+use bex_ps_proto::metrics as prom;
 use bex_rpc::RpcError;
 use bex_traffic::{
     Arrivals, Completion, ModelRequest, Outcome, Recorder, Request, RequestGen, TraceRecord,
@@ -142,7 +142,7 @@ impl Ranker {
             let mut uniq = keys.clone();
             uniq.sort_unstable();
             uniq.dedup();
-            sent += bex_ps_core::wire::fetch_request_len(uniq.len()) as u64;
+            sent += bex_ps_proto::wire::fetch_request_len(uniq.len()) as u64;
             received += (uniq.len() * dim * 4) as u64;
             let ps = self.ps.clone();
             tasks.push(tokio::spawn(async move { ps.fetch(table, dim as u32, &keys).await }));
@@ -643,7 +643,7 @@ mod tests {
     fn live_schedule_equals_the_generated_trace() {
         let ranker = "rate = 300.0\nseconds = 0.5\nwarmup_seconds = 0.2\ncandidates_max = 50";
         let text = bex_testkit::fixtures::ranker_cluster("", ranker);
-        let cfg = bex_ps_core::Config::from_toml_str(&text).unwrap();
+        let cfg = bex_ps_proto::Config::from_toml_str(&text).unwrap();
         let s = Settings::from_config(&cfg, &crate::settings::Overrides::default()).unwrap();
         let trace =
             bex_traffic::generate_trace(s.spec.clone(), 300.0, Duration::from_millis(700), 1)

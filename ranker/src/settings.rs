@@ -2,7 +2,7 @@
 //! checked against the cluster's tables and turned into a [`bex_traffic::WorkloadSpec`] plus
 //! the shape of every model.
 
-use bex_ps_core::Config;
+use bex_ps_proto::Config;
 use bex_traffic::{CandidateDist, ModelSpec, SlotSpec, WorkloadSpec};
 use serde::Deserialize;
 

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use bex_ps_core::Config;
+use bex_ps_proto::Config;
 use bex_testkit::LocalCluster;
 use serde_json::Value;
 

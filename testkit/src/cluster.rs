@@ -9,7 +9,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use bex_process::child::Guard;
-use bex_ps_core::Config;
+use bex_ps_proto::Config;
 
 use crate::scratch::Scratch;
 

@@ -30,7 +30,7 @@ mod tests {
 
     #[test]
     fn the_ranker_cluster_parses() {
-        let cfg = bex_ps_core::Config::from_toml_str(&ranker_cluster("", "rate = 5.0")).unwrap();
+        let cfg = bex_ps_proto::Config::from_toml_str(&ranker_cluster("", "rate = 5.0")).unwrap();
         assert_eq!(cfg.tables.len(), 4);
         assert_eq!(cfg.ranker.get("rate").and_then(|v| v.as_float()), Some(5.0));
     }

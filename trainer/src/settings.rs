@@ -1,7 +1,7 @@
 //! The `[trainer]` section of the cluster TOML, merged with the command line, and checked
 //! against the cluster's tables.
 
-use bex_ps_core::Config;
+use bex_ps_proto::Config;
 use serde::{Deserialize, Serialize};
 
 /// `[trainer]`: every key optional, defaults below (documented in `configs/local.toml`).

@@ -1,7 +1,7 @@
 //! Message-size accounting: the bytes of every per-shard sub-request and response a fetch or
 //! push sends, from the wire format's lengths (what `PsClient` puts on the wire).
 
-use bex_ps_core::{shard_of, wire};
+use bex_ps_proto::{shard_of, wire};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 

@@ -6,7 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bex_client::fanout::PsClient;
-use bex_ps_core::{Config, Table};
+use bex_ps_core::Table;
+use bex_ps_proto::Config;
 
 /// A failed fetch or push, as text (the loop only counts and reports it).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -265,7 +265,7 @@ mod tests {
     use super::*;
     use crate::settings::Overrides;
     use crate::store::MemStore;
-    use bex_ps_core::Config;
+    use bex_ps_proto::Config;
 
     fn local(trainer: &str) -> Config {
         let text =

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bex_process::child::Guard;
-use bex_ps_core::Config;
+use bex_ps_proto::Config;
 use bex_testkit::LocalCluster;
 use serde_json::Value;
 

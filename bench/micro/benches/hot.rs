@@ -3,10 +3,11 @@
 use std::hint::black_box;
 
 use bex_ps_core::dedupe::{Dedupe, DedupeConfig};
-use bex_ps_core::init::Initializer;
-use bex_ps_core::optim::Optimizer;
-use bex_ps_core::wire::{self, DataHeader, Limits};
-use bex_ps_core::{FanoutPlan, Table, TableSpec};
+use bex_ps_core::Table;
+use bex_ps_proto::init::Initializer;
+use bex_ps_proto::optim::Optimizer;
+use bex_ps_proto::wire::{self, DataHeader, Limits};
+use bex_ps_proto::{FanoutPlan, TableSpec};
 use bex_rnic::soft::packet::{self, Header, Ipv4Ids, Opcode, Route};
 
 fn main() {

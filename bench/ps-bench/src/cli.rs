@@ -13,8 +13,8 @@ use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use bex_bench::report::{finite, Envelope};
 use bex_client::fanout::PsClient;
 use bex_client::node::{client_config, cluster_secret, nic_spec, transport_config, ClientRole};
-use bex_ps_core::config::PushAck;
-use bex_ps_core::Config;
+use bex_ps_proto::config::PushAck;
+use bex_ps_proto::Config;
 use bex_transport::{NicSpec, Stack, TransportKind};
 use clap::Parser;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bex_bench::server::Guard;
 use bex_client::node::set_nic;
-use bex_ps_core::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
-use bex_ps_core::Config;
+use bex_ps_proto::config::{InitConfig, OptimizerConfig, PushAck, TableConfig};
+use bex_ps_proto::Config;
 use bex_transport::NicSpec;
 
 use crate::{Result, DIM};

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use bex_bench::report::{finite, Envelope};
 use bex_plot::{Chart, Series, COLORS};
-use bex_ps_core::config::TransportConfig;
+use bex_ps_proto::config::TransportConfig;
 use bex_transport::TransportKind;
 use serde::Serialize;
 

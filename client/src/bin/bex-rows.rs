@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use bex_client::{connect_client, ClientRole};
-use bex_ps_core::config::TransportKind;
-use bex_ps_core::Config;
+use bex_ps_proto::config::TransportKind;
+use bex_ps_proto::Config;
 use clap::Parser;
 
 #[derive(Debug, Parser)]

@@ -37,9 +37,10 @@ use std::time::Duration;
 use bemalloc::PoolConfig;
 use bex_client::fanout::PsClient;
 use bex_client::node::{client_config, transport_config, ClientRole};
-use bex_ps_core::config::{InitConfig, OptimizerConfig, TableConfig};
-use bex_ps_core::topology::Topology;
-use bex_ps_core::{Config, TableSet};
+use bex_ps_core::TableSet;
+use bex_ps_proto::config::{InitConfig, OptimizerConfig, TableConfig};
+use bex_ps_proto::topology::Topology;
+use bex_ps_proto::Config;
 use bex_ps_server::shard::{start_shard, RunningShard, ShardStart};
 use bex_rnic::soft::{FaultRates, LinkFault, LinkModel};
 use bex_transport::sim::SimNet;
@@ -362,7 +363,7 @@ impl Cluster {
         let (rdma, tcp) = self.host(a.rdma, a.tcp);
         // Replayable, as a process's random identity is not: from the seed, fresh per start.
         self.starts += 1;
-        let incarnation = bex_ps_core::shard::mix64(self.seed ^ self.starts << 20);
+        let incarnation = bex_ps_proto::shard::mix64(self.seed ^ self.starts << 20);
         // Above every earlier start's versions, as a process's clock-based floor is.
         let version_floor = self.starts << 40;
         let running = start_shard(
@@ -454,7 +455,7 @@ impl Cluster {
         let ccfg =
             client_config(&self.cfg.rpc, pod, self.seed ^ id.wrapping_mul(0x9e37_79b9), role);
         // Like a process's random identity, fresh for every client, but from the seed.
-        let push_id = bex_ps_core::shard::mix64(self.seed ^ u64::from(self.next_client) << 48);
+        let push_id = bex_ps_proto::shard::mix64(self.seed ^ u64::from(self.next_client) << 48);
         let ps = PsClient::new(
             Some(Transport::Sim(rdma)),
             Transport::Sim(tcp),

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use bemalloc::PoolConfig;
 use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
-use bex_ps_core::init::Initializer;
-use bex_ps_core::optim::Optimizer;
-use bex_ps_core::{Table, TableSpec};
+use bex_ps_core::Table;
+use bex_ps_proto::init::Initializer;
+use bex_ps_proto::optim::Optimizer;
+use bex_ps_proto::TableSpec;
 use bex_rnic::soft::{FaultRates, LinkModel};
 use bex_transport::sim::{SimNet, SimSocket};
 use bex_transport::{Config, Msg};

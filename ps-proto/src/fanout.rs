@@ -6,7 +6,7 @@
 //! each back to [`FanoutPlan::merge`] / [`FanoutPlan::merge_le`].
 //!
 //! ```
-//! use bex_ps_core::fanout::FanoutPlan;
+//! use bex_ps_proto::fanout::FanoutPlan;
 //! let keys = [10u64, 11, 10, 12];
 //! let plan = FanoutPlan::new(&keys, 4);
 //! // Pretend every shard answers row = [key as f32] (dim 1).

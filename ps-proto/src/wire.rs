@@ -37,7 +37,7 @@
 //! | 16 | 4 | body_len | bytes after the header |
 //! | 20 | 4 | reserved | 0 |
 //! | 24 | 8 | seq | echo of the request's `seq` |
-//! | 32 | … | body | Fetch + Ok: `count·dim` × f32 LE rows in request key order; control + Ok: postcard; Snapshot + Ok: a snapshot chunk ([`checkpoint`](crate::checkpoint)); any error status: a UTF-8 message (≤ [`MAX_ERROR_MESSAGE`] bytes) |
+//! | 32 | … | body | Fetch + Ok: `count·dim` × f32 LE rows in request key order; control + Ok: postcard; Snapshot + Ok: a snapshot chunk (`bex_ps_core::checkpoint`); any error status: a UTF-8 message (≤ [`MAX_ERROR_MESSAGE`] bytes) |
 //!
 //! Both headers are multiples of 8 bytes, so in an 8-aligned buffer the key array is 8-aligned
 //! and the row arrays 4-aligned; the decoders do not rely on it (they read bytes).
@@ -780,7 +780,7 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &Limits) -> Result<RequestView<
     // A whole row (STATE) holds up to three arrays of the table's dimension, a step count
     // and a version.
     let max_dim = if header.flags & flags::STATE != 0 {
-        limits.max_dim.saturating_mul(3).saturating_add(crate::table::STATE_EXTRA_WORDS as u32)
+        limits.max_dim.saturating_mul(3).saturating_add(crate::spec::STATE_EXTRA_WORDS as u32)
     } else {
         limits.max_dim
     };
@@ -1210,7 +1210,7 @@ mod tests {
         assert!(matches!(decode_request(&b, &lim), Err(WireError::BadDim { dim: 5000, .. })));
         // Whole rows (STATE) may be up to three arrays, a step count and a version wide.
         let keys = [1u64, 2];
-        let wide = 3 * lim.max_dim + crate::table::STATE_EXTRA_WORDS as u32;
+        let wide = 3 * lim.max_dim + crate::spec::STATE_EXTRA_WORDS as u32;
         let rows = vec![0.5f32; 2 * wide as usize];
         let h = DataHeader { table: 0, dim: wide, client: 1, seq: 1, flags: flags::STATE };
         let mut f = vec![0u8; push_request_len(2, wide as usize)];

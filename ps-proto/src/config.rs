@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::table::TableSpec;
+use crate::spec::TableSpec;
 use crate::topology::{ServerAddrs, Topology};
 use crate::wire::{Limits, MAX_DIM};
 
@@ -1018,14 +1018,6 @@ impl Config {
         }
     }
 
-    /// The push dedupe sizes of a server.
-    pub fn dedupe_config(&self) -> crate::dedupe::DedupeConfig {
-        crate::dedupe::DedupeConfig {
-            window: self.server.dedupe_window,
-            max_clients: self.server.dedupe_max_clients,
-        }
-    }
-
     /// Checkpoint file of (pod, shard): `<data_dir>/pod<pod>/shard<shard>.ckpt`.
     pub fn checkpoint_path(&self, pod: u32, shard: u32) -> PathBuf {
         self.cluster.data_dir.join(format!("pod{pod}")).join(format!("shard{shard}.ckpt"))
@@ -1047,7 +1039,9 @@ mod tests {
         let topo = c.topology().unwrap();
         assert_eq!((topo.pods(), topo.shards()), (c.cluster.pods, c.cluster.shards));
         assert!(!c.tables.is_empty());
-        crate::table::TableSet::new(c.table_specs()).unwrap();
+        for spec in c.table_specs() {
+            assert!(spec.check().is_empty(), "{spec:?}");
+        }
         // Round trip through TOML.
         let again = Config::from_toml_str(&c.to_toml_string().unwrap()).unwrap();
         assert_eq!(again, c);

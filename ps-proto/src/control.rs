@@ -9,14 +9,14 @@
 //! | Health | `()` | [`HealthInfo`] |
 //! | Checkpoint | [`CheckpointRequest`] | [`CheckpointSummary`] |
 //! | Admin | [`AdminRequest`] | [`AdminResponse`] |
-//! | Snapshot | [`SnapshotRequest`] | a binary snapshot chunk ([`crate::checkpoint`]) |
+//! | Snapshot | [`SnapshotRequest`] | a binary snapshot chunk (`bex_ps_core::checkpoint`) |
 //!
 //! Postcard is not self-describing: adding a field or variant is a protocol change (bump
 //! [`WIRE_VERSION`](crate::wire::WIRE_VERSION) or add a new op).
 
 use serde::{Deserialize, Serialize};
 
-use crate::table::TableSpec;
+use crate::spec::TableSpec;
 
 /// One table as the server knows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
