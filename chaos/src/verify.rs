@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use bex_client::fanout::PsClient;
 use bex_ps_proto::wire::{self, DataHeader, Limits, Op};
-use serde::Serialize;
 
 use crate::canary::CanaryReport;
 
@@ -23,29 +22,7 @@ pub struct KeySet {
     pub keys: Vec<u64>,
 }
 
-/// One checked invariant.
-#[derive(Clone, Debug, Serialize)]
-pub struct Invariant {
-    /// What it states.
-    pub name: String,
-    /// Whether it held.
-    pub ok: bool,
-    /// Counts, or the first violation.
-    pub detail: String,
-}
-
-/// The verifier's report.
-#[derive(Clone, Debug, Serialize)]
-pub struct VerifyReport {
-    /// Always "verify".
-    pub kind: String,
-    /// Every invariant held.
-    pub ok: bool,
-    /// The invariants.
-    pub invariants: Vec<Invariant>,
-    /// Seconds until the replicas matched (None: they did not within the settling time).
-    pub converged_after_s: Option<f64>,
-}
+pub use bex_report::{Invariant, VerifyReport};
 
 /// Every row of `set` held by (`pod`, every shard), in key order.
 async fn rows_of(ps: &PsClient, pod: u32, set: &KeySet) -> Result<BTreeMap<u64, Vec<f32>>, String> {

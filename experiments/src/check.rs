@@ -1,22 +1,20 @@
 //! The end-to-end check CI runs on a demo cluster's `report.json`.
 
+use bex_report::ClusterReport;
 use serde_json::Value;
 
-use crate::extract::{clients, num};
+use crate::extract::num;
 
 /// Every failed check, empty when the run is good: the launcher reported ok, at least one
 /// ranker and one trainer ran, every ranker completed requests with no errors or timeouts,
 /// and every trainer's held-out AUC rose (to at least `min_auc`) and its log-loss fell.
-pub fn demo(report: &Value, min_auc: f64) -> Vec<String> {
+pub fn demo(report: &ClusterReport, min_auc: f64) -> Vec<String> {
     let mut failed = Vec::new();
-    if report.get("ok").and_then(Value::as_bool) != Some(true) {
-        failed.push(format!(
-            "launcher: ok is not true ({})",
-            report.get("reasons").unwrap_or(&Value::Null)
-        ));
+    if !report.ok {
+        failed.push(format!("launcher: ok is not true ({:?})", report.reasons));
     }
-    let rankers = clients(report, "ranker");
-    let trainers = clients(report, "trainer");
+    let rankers: Vec<&Value> = report.client_reports("ranker").collect();
+    let trainers: Vec<&Value> = report.client_reports("trainer").collect();
     if rankers.is_empty() {
         failed.push("no ranker report".into());
     }
@@ -58,9 +56,9 @@ pub fn demo(report: &Value, min_auc: f64) -> Vec<String> {
 }
 
 /// One line per client: what it did.
-pub fn describe(report: &Value) -> Vec<String> {
+pub fn describe(report: &ClusterReport) -> Vec<String> {
     let mut out = Vec::new();
-    for r in clients(report, "ranker") {
+    for r in report.client_reports("ranker") {
         out.push(format!(
             "ranker ({}): {} requests, {} ok, p50 {:.0} µs, p99 {:.0} µs",
             r.get("transport").and_then(Value::as_str).unwrap_or("?"),
@@ -70,7 +68,7 @@ pub fn describe(report: &Value) -> Vec<String> {
             num(r, "/latency/p99_us").unwrap_or(f64::NAN),
         ));
     }
-    for t in clients(report, "trainer") {
+    for t in report.client_reports("trainer") {
         out.push(format!(
             "trainer ({}): {} steps, AUC {:.3} → {:.3}, log-loss {:.3} → {:.3}",
             t.get("transport").and_then(Value::as_str).unwrap_or("?"),
@@ -86,17 +84,38 @@ pub fn describe(report: &Value) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use bex_report::{ClientRecord, PhaseReport};
     use serde_json::json;
 
-    fn good() -> Value {
-        json!({"ok": true, "phases": [
-            {"clients": [{"report": {"kind": "ranker", "transport": "rdma", "requests": 10,
-                "ok": 10, "errors": 0, "timeouts": 0}}]},
-            {"clients": [{"report": {"kind": "trainer", "transport": "rdma", "steps": 50,
-                "errors": 0, "auc_initial": 0.5, "auc_final": 0.8,
-                "log_loss_initial": 0.69, "log_loss_final": 0.5}}]}
-        ]})
+    use super::*;
+
+    fn phase(kind: &str, report: Value) -> PhaseReport {
+        let client = ClientRecord { kind: kind.into(), report: Some(report), ..Default::default() };
+        PhaseReport { clients: vec![client], ..Default::default() }
+    }
+
+    fn good() -> ClusterReport {
+        ClusterReport {
+            ok: true,
+            phases: vec![
+                phase(
+                    "ranker",
+                    json!({"kind": "ranker", "transport": "rdma", "requests": 10, "ok": 10,
+                        "errors": 0, "timeouts": 0}),
+                ),
+                phase(
+                    "trainer",
+                    json!({"kind": "trainer", "transport": "rdma", "steps": 50, "errors": 0,
+                        "auc_initial": 0.5, "auc_final": 0.8, "log_loss_initial": 0.69,
+                        "log_loss_final": 0.5}),
+                ),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn report(r: &mut ClusterReport, phase: usize) -> &mut Value {
+        r.phases[phase].clients[0].report.as_mut().expect("a report")
     }
 
     #[test]
@@ -104,12 +123,12 @@ mod tests {
         assert!(demo(&good(), 0.75).is_empty());
         assert_eq!(demo(&good(), 0.9).len(), 1);
         let mut v = good();
-        v["phases"][0]["clients"][0]["report"]["errors"] = json!(2);
-        v["phases"][1]["clients"][0]["report"]["log_loss_final"] = json!(0.7);
-        v["ok"] = json!(false);
+        report(&mut v, 0)["errors"] = json!(2);
+        report(&mut v, 1)["log_loss_final"] = json!(0.7);
+        v.ok = false;
         let f = demo(&v, 0.0);
         assert_eq!(f.len(), 3, "{f:?}");
-        assert_eq!(demo(&json!({"ok": true}), 0.0).len(), 2);
+        assert_eq!(demo(&ClusterReport { ok: true, ..Default::default() }, 0.0).len(), 2);
         assert_eq!(describe(&good()).len(), 2);
     }
 }

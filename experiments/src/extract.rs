@@ -1,36 +1,14 @@
-//! Reading one launched run: the launcher's `report.json` with the clients' reports inside.
-//! Client reports are found by their `"kind"` (`ranker`, `trainer`) wherever the launcher
-//! nests them, so this reader depends only on the clients' own schema.
+//! Reading one launched run: the launcher's typed `report.json` ([`ClusterReport`]) with the
+//! clients' own reports inside, found by the client's kind (`ranker`, `trainer`); the fields
+//! of those are the clients' schema.
 
+use bex_report::ClusterReport;
 use serde::Serialize;
 use serde_json::Value;
 
 /// A number at a JSON pointer.
 pub fn num(v: &Value, pointer: &str) -> Option<f64> {
     v.pointer(pointer).and_then(Value::as_f64)
-}
-
-/// Every object in `v` (depth first) whose `"kind"` is `kind` and that has `"transport"`:
-/// the client reports.
-pub fn clients<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
-    let mut out = Vec::new();
-    walk(v, &mut |o| {
-        if o.get("kind").and_then(Value::as_str) == Some(kind) && o.get("transport").is_some() {
-            out.push(o);
-            false
-        } else {
-            true
-        }
-    });
-    out
-}
-
-fn walk<'a>(v: &'a Value, visit: &mut impl FnMut(&'a Value) -> bool) {
-    match v {
-        Value::Object(m) if visit(v) => m.values().for_each(|x| walk(x, visit)),
-        Value::Array(a) => a.iter().for_each(|x| walk(x, visit)),
-        _ => {}
-    }
 }
 
 fn sum(vals: impl Iterator<Item = Option<f64>>) -> f64 {
@@ -110,22 +88,26 @@ pub struct TrainingRun {
     pub tcp_out_segments: f64,
 }
 
-/// The rnic counter `name` summed over every object named `rnic` in `v` (clients' own
-/// counters and the launcher's per-server deltas).
-fn rnic_sum(v: &Value, name: &str) -> f64 {
-    let mut total = 0.0;
-    walk(v, &mut |o| {
-        if let Some(r) = o.get("rnic") {
-            total += r.get(name).and_then(Value::as_f64).unwrap_or(0.0);
-        }
-        true
-    });
-    total
+/// The RNIC counter `name` summed over the clients' own counters and the launcher's
+/// per-phase server deltas (not the whole-run server totals, which repeat those deltas).
+fn rnic_sum(report: &ClusterReport, name: &str) -> f64 {
+    let clients: f64 = ["ranker", "trainer", "canary"]
+        .iter()
+        .flat_map(|k| report.client_reports(k))
+        .filter_map(|r| num(r, &format!("/rnic/{name}")))
+        .sum();
+    let servers: u64 =
+        report.phases.iter().flat_map(|p| &p.servers).filter_map(|s| s.rnic.get(name)).sum();
+    clients + servers as f64
 }
 
 /// Reads an inference run's `report.json`.
-pub fn inference(report: &Value, transport: &str, rate: f64) -> Result<InferenceRun, String> {
-    let r = clients(report, "ranker");
+pub fn inference(
+    report: &ClusterReport,
+    transport: &str,
+    rate: f64,
+) -> Result<InferenceRun, String> {
+    let r: Vec<&Value> = report.client_reports("ranker").collect();
     if r.is_empty() {
         return Err("no ranker report in report.json".into());
     }
@@ -145,7 +127,8 @@ pub fn inference(report: &Value, transport: &str, rate: f64) -> Result<Inference
     };
     let own = |field: &str| {
         let clients = sum(r.iter().map(|c| num(c, &format!("/cpu/ranker/{field}"))));
-        let servers = servers_cpu(report, field);
+        let part = if field == "user_s" { CpuPart::User } else { CpuPart::Sys };
+        let servers = servers_cpu(report, part);
         if ok > 0.0 {
             1e6 * (clients + servers) / ok
         } else {
@@ -171,36 +154,34 @@ pub fn inference(report: &Value, transport: &str, rate: f64) -> Result<Inference
     })
 }
 
-/// The servers' CPU seconds (`user_s` or `sys_s`) the launcher measured over the phases.
-pub fn servers_cpu(report: &Value, field: &str) -> f64 {
-    let mut total = 0.0;
-    if let Some(phases) = report.get("phases").and_then(Value::as_array) {
-        for p in phases {
-            if let Some(servers) = p.get("servers").and_then(Value::as_array) {
-                total += sum(servers.iter().map(|s| num(s, &format!("/cpu/{field}"))));
-            }
-        }
-    }
-    total
+/// Which of a CPU time's parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuPart {
+    /// User time.
+    User,
+    /// System time.
+    Sys,
+}
+
+/// The servers' CPU seconds the launcher measured over the phases.
+pub fn servers_cpu(report: &ClusterReport, part: CpuPart) -> f64 {
+    let cpu = report.phases.iter().flat_map(|p| &p.servers).map(|s| s.cpu);
+    cpu.map(|c| if part == CpuPart::User { c.user_s } else { c.sys_s }).sum()
 }
 
 /// A TCP counter the launcher measured per phase, summed over the phases (NaN if none did).
-fn tcp_sum(report: &Value, field: &str) -> f64 {
-    let vals: Vec<f64> = report
-        .get("phases")
-        .and_then(Value::as_array)
-        .map(|p| p.iter().filter_map(|x| num(x, &format!("/tcp/{field}"))).collect())
-        .unwrap_or_default();
+fn tcp_sum(report: &ClusterReport, field: fn(&bex_report::TcpDelta) -> u64) -> f64 {
+    let vals: Vec<u64> = report.phases.iter().filter_map(|p| p.tcp.as_ref()).map(field).collect();
     if vals.is_empty() {
         f64::NAN
     } else {
-        vals.iter().sum()
+        vals.iter().sum::<u64>() as f64
     }
 }
 
 /// Reads a training run's `report.json`.
-pub fn training(report: &Value, variant: &str) -> Result<TrainingRun, String> {
-    let t = clients(report, "trainer");
+pub fn training(report: &ClusterReport, variant: &str) -> Result<TrainingRun, String> {
+    let t: Vec<&Value> = report.client_reports("trainer").collect();
     if t.is_empty() {
         return Err("no trainer report in report.json".into());
     }
@@ -218,8 +199,8 @@ pub fn training(report: &Value, variant: &str) -> Result<TrainingRun, String> {
         seq_naks: rnic_sum(report, "seq_naks_received"),
         retransmits: rnic_sum(report, "retransmitted_packets"),
         ack_timeouts: rnic_sum(report, "ack_timeouts"),
-        tcp_retransmits: tcp_sum(report, "retrans_segs"),
-        tcp_out_segments: tcp_sum(report, "out_segs"),
+        tcp_retransmits: tcp_sum(report, |t| t.retrans_segs),
+        tcp_out_segments: tcp_sum(report, |t| t.out_segs),
     })
 }
 
@@ -229,25 +210,56 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn finds_nested_client_reports_and_sums_counters() {
-        let r = json!({
-            "phases": [{
-                "clients": [
-                    {"name": "t0", "report": {"kind": "trainer", "transport": "rdma",
+    fn finds_client_reports_and_sums_counters_once() {
+        use bex_report::{ClientRecord, PhaseReport, ServerDelta, ServerRecord};
+        let trainer = |name: &str, report: Value| ClientRecord {
+            name: name.into(),
+            kind: "trainer".into(),
+            report: Some(report),
+            ..ClientRecord::default()
+        };
+        let delta = ServerDelta {
+            name: "ps-p0-s0".into(),
+            cpu: bex_process::CpuTimes { user_s: 1.0, sys_s: 0.5 },
+            rnic: [("retransmitted_packets".to_string(), 10)].into(),
+        };
+        let r = ClusterReport {
+            phases: vec![PhaseReport {
+                clients: vec![
+                    trainer(
+                        "t0",
+                        json!({"kind": "trainer", "transport": "rdma",
                         "fetch_latency": {"p99_us": 900.0, "p50_us": 100.0},
                         "push_latency": {"p99_us": 1200.0, "p50_us": 150.0},
                         "samples_per_s": 1000.0, "errors": 0, "auc_final": 0.8,
-                        "rnic": {"retransmitted_packets": 5, "seq_naks_received": 1}}},
-                    {"name": "t1", "report": {"kind": "trainer", "transport": "rdma",
+                        "rnic": {"retransmitted_packets": 5, "seq_naks_received": 1}}),
+                    ),
+                    trainer(
+                        "t1",
+                        json!({"kind": "trainer", "transport": "rdma",
                         "fetch_latency": {"p99_us": 1900.0, "p50_us": 90.0},
                         "push_latency": {"p99_us": 800.0, "p50_us": 170.0},
                         "samples_per_s": 500.0, "errors": 1, "auc_final": 0.77,
-                        "rnic": {"retransmitted_packets": 7}}}
+                        "rnic": {"retransmitted_packets": 7}}),
+                    ),
                 ],
-                "servers": [{"cpu": {"user_s": 1.0, "sys_s": 0.5},
-                             "rnic": {"retransmitted_packets": 10}}]
-            }]
-        });
+                servers: vec![delta.clone()],
+                ..PhaseReport::default()
+            }],
+            // The whole-run totals repeat the phases' deltas: not counted again.
+            servers: vec![ServerRecord {
+                name: delta.name.clone(),
+                pod: 0,
+                shard: 0,
+                pid: 1,
+                netns: None,
+                http: None,
+                cpu: delta.cpu,
+                rnic: delta.rnic.clone(),
+                status: Default::default(),
+            }],
+            ..ClusterReport::default()
+        };
         let t = training(&r, "rdma").unwrap();
         assert_eq!(t.trainers, 2.0);
         assert_eq!(t.fetch_p99_us, 1900.0);
@@ -257,7 +269,11 @@ mod tests {
         assert_eq!(t.auc_final, 0.77);
         assert_eq!(t.retransmits, 22.0);
         assert_eq!(t.seq_naks, 1.0);
-        assert_eq!(servers_cpu(&r, "user_s"), 1.0);
+        assert!(t.tcp_retransmits.is_nan(), "no phase measured TCP");
+        assert_eq!(servers_cpu(&r, CpuPart::User), 1.0);
         assert!(inference(&r, "rdma", 100.0).is_err());
+        // Through JSON and back: what bex-cluster writes is what this reads.
+        let back = ClusterReport::from_json(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
     }
 }

@@ -5,6 +5,7 @@ use std::process::{Command, ExitCode};
 
 use bex_experiments::extract::{self, InferenceRun, TrainingRun};
 use bex_experiments::summary;
+use bex_report::ClusterReport;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
@@ -118,7 +119,7 @@ fn default_cluster_bin() -> PathBuf {
 }
 
 /// Runs one cluster; `Ok(report)` if it wrote a report (even one that says not ok).
-fn launch(bin: &Path, config: &Path, dir: &Path, args: &[String]) -> Result<Value, String> {
+fn launch(bin: &Path, config: &Path, dir: &Path, args: &[String]) -> Result<ClusterReport, String> {
     let _ = std::fs::remove_dir_all(dir);
     let mut cmd = Command::new(bin);
     cmd.arg("run").arg("--config").arg(config).arg("--out").arg(dir).args(args);
@@ -127,7 +128,7 @@ fn launch(bin: &Path, config: &Path, dir: &Path, args: &[String]) -> Result<Valu
     let path = dir.join("report.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("{} ({status}): no report: {e}", path.display()))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v = ClusterReport::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     if !status.success() {
         eprintln!("bex-exp: warning: bex-cluster exited with {status}; see {}", dir.display());
     }
@@ -195,8 +196,8 @@ fn run() -> Result<(), String> {
         Cmd::Check { report, min_auc } => {
             let text = std::fs::read_to_string(&report)
                 .map_err(|e| format!("{}: {e}", report.display()))?;
-            let v: Value =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", report.display()))?;
+            let v = ClusterReport::from_json(&text)
+                .map_err(|e| format!("{}: {e}", report.display()))?;
             let failed = bex_experiments::check::demo(&v, min_auc);
             for line in bex_experiments::check::describe(&v) {
                 println!("{line}");

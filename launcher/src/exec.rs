@@ -2,6 +2,10 @@
 //! `report.json`. Teardown runs on every path: the normal end, a failure, a signal to the
 //! launcher (polled between steps) and, as a last resort, `Drop`.
 
+use bex_report::{
+    ChaosRecord, ClientRecord, ClusterReport, ExitRecord, HostRecord, Invariant, NetworkReport,
+    PhaseReport, ServerDelta, ServerRecord, TcpDelta, VerifyRecord, VerifyReport,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -12,7 +16,7 @@ use std::time::{Duration, Instant};
 use bex_process::{CpuTimes, SystemCpu};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cleanup::{delete_namespace, Record};
 use crate::clock::{now, wait_then_now};
@@ -71,12 +75,9 @@ fn fmt_status(s: Option<ExitStatus>) -> String {
     s.map_or_else(|| "still running".into(), |s| s.to_string())
 }
 
-fn status_json(s: Option<ExitStatus>) -> Value {
+fn exit_record(s: Option<ExitStatus>) -> ExitRecord {
     use std::os::unix::process::ExitStatusExt;
-    match s {
-        Some(s) => json!({ "exit_code": s.code(), "signal": s.signal() }),
-        None => json!({ "exit_code": null, "signal": null }),
-    }
+    ExitRecord { exit_code: s.and_then(|s| s.code()), signal: s.and_then(|s| s.signal()) }
 }
 
 /// SIGTERM to every process still running, up to `grace` for them to exit, then SIGKILL;
@@ -110,7 +111,7 @@ fn tail(path: &Path, lines: usize) -> String {
 #[derive(Debug)]
 pub struct Outcome {
     /// `report.json`'s content.
-    pub report: Value,
+    pub report: ClusterReport,
     /// Whether every process behaved.
     pub ok: bool,
     /// The launcher's exit code: 0 ok, 1 failure, 128+n after signal n.
@@ -137,7 +138,7 @@ pub struct Executor {
     /// The schedule, in time order, and how much of it has run.
     chaos: Vec<ChaosEvent>,
     chaos_next: usize,
-    chaos_log: Vec<Value>,
+    chaos_log: Vec<ChaosRecord>,
     /// An iptables fault was applied: heal before `verify` reads every server.
     network_faults: bool,
     /// Servers the schedule killed and has not restarted.
@@ -454,12 +455,18 @@ impl Executor {
                 self.reasons
                     .push(format!("chaos {} {} at {at}s failed: {e}", ev.action, ev.target));
             }
-            self.chaos_log.push(json!({
-                "at_s": ev.at_s, "started_at_s": started, "applied_at_s": at,
-                "action": ev.action, "target": ev.target,
-                "probability": ev.probability,
-                "result": match &result { Ok(m) => m.clone(), Err(e) => format!("failed: {e}") },
-            }));
+            self.chaos_log.push(ChaosRecord {
+                at_s: ev.at_s,
+                started_at_s: Some(started),
+                applied_at_s: Some(at),
+                action: ev.action.clone(),
+                target: ev.target.clone(),
+                probability: Some(ev.probability),
+                result: match &result {
+                    Ok(m) => m.clone(),
+                    Err(e) => format!("failed: {e}"),
+                },
+            });
         }
     }
 
@@ -646,18 +653,16 @@ impl Executor {
     /// "Every request answered or failed by its deadline": each ranker accounted for every
     /// request (none abandoned in flight) and none took longer than the RPC layer's bound,
     /// `max_attempts × (Tc + Tr)` plus 100 ms of scheduling slack on a shared machine.
-    fn deadline_invariant(&self, phases: &[Value]) -> Value {
+    fn deadline_invariant(&self, phases: &[PhaseReport]) -> Invariant {
         let rpc = &self.plan.config.rpc;
         let bound_us = (u64::from(rpc.max_attempts.max(1))
             * (rpc.connect_timeout_ms + rpc.request_timeout_ms)
             + 100)
             * 1000;
         let (mut requests, mut worst, mut broken) = (0u64, 0f64, Vec::new());
-        for c in phases.iter().flat_map(|p| p["clients"].as_array().cloned().unwrap_or_default()) {
-            if c["kind"] != "ranker" {
-                continue;
-            }
-            let r = &c["report"];
+        for c in phases.iter().flat_map(|p| &p.clients).filter(|c| c.kind == "ranker") {
+            // The ranker's own report (its schema).
+            let r = c.report.clone().unwrap_or(Value::Null);
             let n = r["requests"].as_u64().unwrap_or(0);
             let done = ["ok", "errors", "timeouts"]
                 .iter()
@@ -667,27 +672,30 @@ impl Executor {
             requests += n;
             worst = worst.max(max_us);
             if r["abandoned"].as_u64().unwrap_or(0) > 0 || done < n {
-                broken.push(format!("{}: {n} requests, {done} answered or failed", c["name"]));
+                broken.push(format!("{}: {n} requests, {done} answered or failed", c.name));
             }
             if max_us > bound_us as f64 {
-                broken
-                    .push(format!("{}: a request took {max_us:.0} µs > {bound_us} µs", c["name"]));
+                broken.push(format!("{}: a request took {max_us:.0} µs > {bound_us} µs", c.name));
             }
         }
-        json!({
-            "name": "every request answered or failed by its deadline",
-            "ok": broken.is_empty(),
-            "detail": if broken.is_empty() {
-                format!("{requests} requests, slowest {:.1} ms, bound {:.0} ms", worst / 1e3, bound_us as f64 / 1e3)
+        Invariant {
+            name: "every request answered or failed by its deadline".into(),
+            ok: broken.is_empty(),
+            detail: if broken.is_empty() {
+                format!(
+                    "{requests} requests, slowest {:.1} ms, bound {:.0} ms",
+                    worst / 1e3,
+                    bound_us as f64 / 1e3
+                )
             } else {
                 broken.join("; ")
             },
-        })
+        }
     }
 
     /// Runs `bex-chaos verify` over the canaries' reports (after healing the network).
-    fn run_verify(&mut self, deadline: Instant) -> Value {
-        let Some(spec) = self.plan.verify.clone() else { return Value::Null };
+    fn run_verify(&mut self, deadline: Instant) -> Option<VerifyRecord> {
+        let spec = self.plan.verify.clone()?;
         if self.network_faults {
             if let Err(e) = self.heal() {
                 self.reasons.push(format!("healing before verify: {e}"));
@@ -702,7 +710,7 @@ impl Executor {
             Ok(r) => r,
             Err(e) => {
                 self.reasons.push(e);
-                return Value::Null;
+                return None;
             }
         };
         let until =
@@ -718,7 +726,7 @@ impl Executor {
             .json
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+            .and_then(|t| serde_json::from_str::<VerifyReport>(&t).ok());
         if r.status.and_then(|s| s.code()) != Some(0) {
             let broken: Vec<&str> = stdout.lines().filter(|l| l.starts_with("BROKEN")).collect();
             self.reasons.push(format!(
@@ -727,10 +735,15 @@ impl Executor {
                 if broken.is_empty() { "no verdict".to_string() } else { broken.join("; ") }
             ));
         }
-        json!({ "status": status_json(r.status), "stdout": stdout, "report": report })
+        Some(VerifyRecord {
+            status: exit_record(r.status),
+            stdout,
+            report,
+            deadline_invariant: None,
+        })
     }
 
-    fn run_phase(&mut self, idx: usize, deadline: Instant) -> Value {
+    fn run_phase(&mut self, idx: usize, deadline: Instant) -> PhaseReport {
         let phase = self.plan.phases[idx].clone();
         println!(
             "bex-cluster: phase {} ({}): {} client(s)",
@@ -788,12 +801,13 @@ impl Executor {
         let sys = SystemCpu::read().unwrap_or_default().since(&sys_before);
         let after = self.snapshot();
         let tcp = match (tcp_before, self.tcp_segments()) {
-            (Some(b), Some(a)) => json!({
-                "out_segs": a.out_segs.saturating_sub(b.out_segs),
-                "retrans_segs": a.retrans_segs.saturating_sub(b.retrans_segs),
-                "scope": if self.plan.net.is_some() { "every host namespace" } else { "machine" },
+            (Some(b), Some(a)) => Some(TcpDelta {
+                out_segs: a.out_segs.saturating_sub(b.out_segs),
+                retrans_segs: a.retrans_segs.saturating_sub(b.retrans_segs),
+                scope: if self.plan.net.is_some() { "every host namespace" } else { "machine" }
+                    .into(),
             }),
-            _ => Value::Null,
+            _ => None,
         };
         // A server restarted by the schedule gets the start-up deadline from its restart.
         for (name, at) in std::mem::take(&mut self.restarted) {
@@ -851,18 +865,30 @@ impl Executor {
                 Role::Verify { id } => ("verify", 0, id),
                 Role::Server { pod, .. } => ("server", pod, 0),
             };
-            clients.push(json!({
-                "name": c.spec.name, "kind": kind, "pod": pod, "id": id, "pid": c.pid,
-                "netns": c.spec.netns, "ip": c.spec.ip.to_string(),
-                "status": status_json(c.status), "stdout": stdout, "report": report,
-            }));
+            clients.push(ClientRecord {
+                name: c.spec.name.clone(),
+                kind: kind.into(),
+                pod,
+                id,
+                pid: c.pid,
+                netns: c.spec.netns.clone(),
+                ip: c.spec.ip.to_string(),
+                status: exit_record(c.status),
+                stdout,
+                report,
+            });
         }
-        let (servers, cpu_total, rnic_total) = self.server_deltas(&before, &after);
-        json!({
-            "name": phase.name, "duration_s": secs(duration), "clients": clients,
-            "servers": servers, "server_cpu_total": cpu_total, "rnic_total": rnic_total,
-            "machine_cpu": sys, "tcp": tcp,
-        })
+        let (servers, server_cpu_total, rnic_total) = self.server_deltas(&before, &after);
+        PhaseReport {
+            name: phase.name.clone(),
+            duration_s: secs(duration),
+            clients,
+            servers,
+            server_cpu_total,
+            rnic_total,
+            machine_cpu: sys,
+            tcp,
+        }
     }
 
     /// TCP segment counters summed over the hosts (netns) or the machine (loopback).
@@ -881,7 +907,7 @@ impl Executor {
         &self,
         before: &[(CpuTimes, BTreeMap<String, u64>)],
         after: &[(CpuTimes, BTreeMap<String, u64>)],
-    ) -> (Vec<Value>, CpuTimes, BTreeMap<String, u64>) {
+    ) -> (Vec<ServerDelta>, CpuTimes, BTreeMap<String, u64>) {
         let mut total = CpuTimes::default();
         let mut rnic_total: BTreeMap<String, u64> = BTreeMap::new();
         let mut out = Vec::new();
@@ -893,15 +919,15 @@ impl Executor {
             for (k, v) in &rnic {
                 *rnic_total.entry(k.clone()).or_default() += v;
             }
-            out.push(json!({ "name": s.spec.name, "cpu": cpu, "rnic": rnic }));
+            out.push(ServerDelta { name: s.spec.name.clone(), cpu, rnic });
         }
         (out, total, rnic_total)
     }
 
     /// Stops every process, deletes the namespaces and the record. Idempotent.
-    fn teardown(&mut self, server_grace: Duration) -> Vec<Value> {
+    fn teardown(&mut self, server_grace: Duration) {
         if self.torn_down {
-            return Vec::new();
+            return;
         }
         self.torn_down = true;
         stop_all(&mut self.clients, STOP_GRACE);
@@ -913,10 +939,6 @@ impl Executor {
             }
         }
         self.record.remove();
-        self.servers
-            .iter()
-            .map(|s| json!({ "name": s.spec.name, "pid": s.pid, "status": status_json(s.status) }))
-            .collect()
     }
 
     /// Runs everything and tears down; the report is also written to `<out>/report.json`.
@@ -924,8 +946,7 @@ impl Executor {
         let t0 = now();
         let mut startup_s = None;
         let mut phases = Vec::new();
-        let mut verify = Value::Null;
-        let mut server_cpu_total: Vec<Value> = Vec::new();
+        let mut verify = None;
         let prepared = self.prepare();
         if let Err(e) = prepared {
             self.reasons.push(e);
@@ -947,26 +968,27 @@ impl Executor {
                         phases.push(p);
                     }
                     for ev in &self.chaos[self.chaos_next..] {
-                        self.chaos_log.push(json!({
-                            "at_s": ev.at_s, "action": ev.action, "target": ev.target,
-                            "result": "not applied: the phases ended first",
-                        }));
+                        self.chaos_log.push(ChaosRecord {
+                            at_s: ev.at_s,
+                            started_at_s: None,
+                            applied_at_s: None,
+                            action: ev.action.clone(),
+                            target: ev.target.clone(),
+                            probability: None,
+                            result: "not applied: the phases ended first".into(),
+                        });
                     }
                     self.chaos_next = self.chaos.len();
                     if self.plan.verify.is_some() && !self.interrupted() {
                         verify = self.run_verify(deadline);
                         let d = self.deadline_invariant(&phases);
-                        println!(
-                            "{} {}: {}",
-                            if d["ok"] == true { "HOLDS " } else { "BROKEN" },
-                            d["name"].as_str().unwrap_or(""),
-                            d["detail"].as_str().unwrap_or("")
-                        );
-                        if d["ok"] != true {
-                            self.reasons.push(format!("invariant broken: {}", d["detail"]));
+                        let verdict = if d.ok { "HOLDS " } else { "BROKEN" };
+                        println!("{verdict} {}: {}", d.name, d.detail);
+                        if !d.ok {
+                            self.reasons.push(format!("invariant broken: {}", d.detail));
                         }
-                        if let Some(o) = verify.as_object_mut() {
-                            o.insert("deadline_invariant".into(), d);
+                        if let Some(v) = verify.as_mut() {
+                            v.deadline_invariant = Some(d);
                         }
                     }
                     if self.launch.hold && self.reasons.is_empty() && !self.interrupted() {
@@ -978,12 +1000,9 @@ impl Executor {
         }
         // Whole-run server CPU and RNIC counters, read before the servers go.
         let last = self.snapshot();
-        for (s, (cpu, rnic)) in self.servers.iter().zip(last) {
-            server_cpu_total.push(json!({ "name": s.spec.name, "cpu": cpu, "rnic": rnic }));
-        }
         let td0 = now();
         let alive_before: Vec<bool> = self.servers.iter_mut().map(|s| s.poll().is_none()).collect();
-        let exits = self.teardown(SERVER_STOP_GRACE);
+        self.teardown(SERVER_STOP_GRACE);
         let teardown_s = secs(now() - td0);
         // A server that exits uncleanly on SIGTERM did not checkpoint.
         for (s, alive) in self.servers.iter().zip(alive_before) {
@@ -1002,49 +1021,64 @@ impl Executor {
             None if ok => 0,
             None => 1,
         };
-        let servers: Vec<Value> = self
+        let servers = self
             .servers
             .iter()
-            .zip(&server_cpu_total)
-            .zip(&exits)
-            .map(|((s, cpu), exit)| {
+            .zip(last)
+            .map(|(s, (cpu, rnic))| {
                 let (pod, shard) = match s.spec.role {
                     Role::Server { pod, shard } => (pod, shard),
                     _ => (0, 0),
                 };
-                json!({
-                    "name": s.spec.name, "pod": pod, "shard": shard, "pid": s.pid,
-                    "netns": s.spec.netns, "http": s.spec.http.map(|a| a.to_string()),
-                    "cpu": cpu["cpu"], "rnic": cpu["rnic"], "status": exit["status"],
-                })
+                ServerRecord {
+                    name: s.spec.name.clone(),
+                    pod,
+                    shard,
+                    pid: s.pid,
+                    netns: s.spec.netns.clone(),
+                    http: s.spec.http.map(|a| a.to_string()),
+                    cpu,
+                    rnic,
+                    status: exit_record(s.status),
+                }
             })
             .collect();
         let network = self.plan.net.as_ref().map(|n| {
             let tbf = tbf_params(&self.launch).ok().flatten();
-            json!({
-                "switch_ns": n.switch_ns,
-                "hosts": n.hosts.iter().map(|h| json!({"name": h.name, "ns": h.ns, "ip": h.ip.to_string()})).collect::<Vec<_>>(),
-                "link_rate_bit_s": tbf.map(|t| t.0), "tbf_burst_bytes": tbf.map(|t| t.1),
-                "tbf_limit_bytes": tbf.map(|t| t.2),
-            })
+            NetworkReport {
+                switch_ns: n.switch_ns.clone(),
+                hosts: n
+                    .hosts
+                    .iter()
+                    .map(|h| HostRecord {
+                        name: h.name.clone(),
+                        ns: h.ns.clone(),
+                        ip: h.ip.to_string(),
+                    })
+                    .collect(),
+                link_rate_bit_s: tbf.map(|t| t.0),
+                tbf_burst_bytes: tbf.map(|t| t.1),
+                tbf_limit_bytes: tbf.map(|t| t.2),
+            }
         });
-        let report = json!({
-            "ok": ok,
-            "reasons": self.reasons,
-            "mode": self.plan.mode,
-            "launcher_pid": std::process::id(),
-            "out_dir": self.out.display().to_string(),
-            "config": serde_json::to_value(&self.plan.config).unwrap_or(Value::Null),
-            "launch": serde_json::to_value(&self.launch).unwrap_or(Value::Null),
-            "network": network,
-            "startup_s": startup_s,
-            "servers": servers,
-            "phases": phases,
-            "chaos": self.chaos_log,
-            "verify": verify,
-            "teardown_s": teardown_s,
-            "duration_s": secs(now() - t0),
-        });
+        let mode = serde_json::to_value(self.plan.mode).ok();
+        let report = ClusterReport {
+            ok,
+            reasons: std::mem::take(&mut self.reasons),
+            mode: mode.as_ref().and_then(Value::as_str).unwrap_or("?").to_string(),
+            launcher_pid: std::process::id(),
+            out_dir: self.out.display().to_string(),
+            config: serde_json::to_value(&self.plan.config).unwrap_or(Value::Null),
+            launch: serde_json::to_value(&self.launch).unwrap_or(Value::Null),
+            network,
+            startup_s,
+            servers,
+            phases,
+            chaos: std::mem::take(&mut self.chaos_log),
+            verify,
+            teardown_s,
+            duration_s: secs(now() - t0),
+        };
         let path = self.out.join("report.json");
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         if let Err(e) = std::fs::write(&path, text + "\n") {

@@ -301,22 +301,18 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
     let outcome = exec.run();
     let r = &outcome.report;
     println!("bex-cluster: report {}", out.join("report.json").display());
-    for p in r["phases"].as_array().into_iter().flatten() {
+    for p in &r.phases {
         println!(
-            "  phase {}: {}s, server cpu user {:.2}s sys {:.2}s, rnic {}",
-            p["name"].as_str().unwrap_or("?"),
-            p["duration_s"],
-            p["server_cpu_total"]["user_s"].as_f64().unwrap_or(0.0),
-            p["server_cpu_total"]["sys_s"].as_f64().unwrap_or(0.0),
-            p["rnic_total"]
+            "  phase {}: {}s, server cpu user {:.2}s sys {:.2}s, rnic {:?}",
+            p.name, p.duration_s, p.server_cpu_total.user_s, p.server_cpu_total.sys_s, p.rnic_total
         );
     }
     if outcome.ok {
-        println!("bex-cluster: OK ({}s)", r["duration_s"]);
+        println!("bex-cluster: OK ({}s)", r.duration_s);
     } else {
         eprintln!("bex-cluster: FAILED");
-        for reason in r["reasons"].as_array().into_iter().flatten() {
-            eprintln!("  - {}", reason.as_str().unwrap_or(""));
+        for reason in &r.reasons {
+            eprintln!("  - {reason}");
         }
     }
     outcome.exit_code

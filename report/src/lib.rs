@@ -1,0 +1,255 @@
+//! `bex-report`: the typed `report.json` of a `bex-cluster` run. The launcher writes it
+//! ([`ClusterReport`]), `bex-chaos verify` writes its part ([`VerifyReport`]), and the
+//! experiments and the CI check read it back into the same types, so no reader depends on
+//! string keys of the launcher's output.
+//!
+//! A client's own report (`ranker --json`, `trainer --json`) stays a JSON value inside its
+//! [`ClientRecord`]: its schema is the client's, and [`ClusterReport::client_reports`] finds
+//! them by kind.
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use bex_process::{CpuTimes, SystemCpu};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How a process ended (both `None` while it ran, or when it could not be waited for).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    /// Its exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+}
+
+/// A client process of a phase (ranker, trainer, canary) and what it reported.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClientRecord {
+    /// `ranker-0`, `trainer-2`, ….
+    pub name: String,
+    /// `ranker`, `trainer`, `canary` or `verify`.
+    pub kind: String,
+    /// Its mini-pod.
+    pub pod: u32,
+    /// Its `--id`.
+    pub id: u64,
+    /// Its process id (its last life's, if restarted).
+    pub pid: u32,
+    /// Its network namespace, if any.
+    pub netns: Option<String>,
+    /// Its address.
+    pub ip: String,
+    /// How it ended.
+    pub status: ExitRecord,
+    /// What it printed on stdout.
+    pub stdout: String,
+    /// Its `--json` report (the client's own schema), if it wrote one.
+    pub report: Option<Value>,
+}
+
+/// A server's CPU time and RNIC counter changes over a phase (or the whole run).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerDelta {
+    /// `ps-p0-s1`.
+    pub name: String,
+    /// User and system CPU.
+    pub cpu: CpuTimes,
+    /// Its soft RNIC's counters, by name.
+    pub rnic: BTreeMap<String, u64>,
+}
+
+/// TCP segments sent and retransmitted over a phase.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TcpDelta {
+    /// Segments sent.
+    pub out_segs: u64,
+    /// Segments retransmitted.
+    pub retrans_segs: u64,
+    /// Whose counters: `every host namespace` or `machine`.
+    pub scope: String,
+}
+
+/// One phase of the run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseReport {
+    /// Its name (`inference`, `training`, …).
+    pub name: String,
+    /// How long it ran.
+    pub duration_s: f64,
+    /// Its clients.
+    pub clients: Vec<ClientRecord>,
+    /// Every server's change over the phase.
+    pub servers: Vec<ServerDelta>,
+    /// The servers' CPU, summed.
+    pub server_cpu_total: CpuTimes,
+    /// The servers' RNIC counters, summed.
+    pub rnic_total: BTreeMap<String, u64>,
+    /// The machine's CPU over the phase.
+    pub machine_cpu: SystemCpu,
+    /// TCP segments, where readable.
+    pub tcp: Option<TcpDelta>,
+}
+
+/// A server of the cluster over the whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServerRecord {
+    /// `ps-p0-s1`.
+    pub name: String,
+    /// Its mini-pod.
+    pub pod: u32,
+    /// Its shard.
+    pub shard: u32,
+    /// Its process id (its last life's).
+    pub pid: u32,
+    /// Its network namespace, if any.
+    pub netns: Option<String>,
+    /// Its `/health` and `/metrics` address.
+    pub http: Option<String>,
+    /// Its CPU over the run.
+    pub cpu: CpuTimes,
+    /// Its RNIC counters at the end.
+    pub rnic: BTreeMap<String, u64>,
+    /// How it ended.
+    pub status: ExitRecord,
+}
+
+/// A chaos event as applied (or not).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChaosRecord {
+    /// When it was scheduled, seconds after the first phase started.
+    pub at_s: f64,
+    /// When it started, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_s: Option<f64>,
+    /// When it was done, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at_s: Option<f64>,
+    /// Its action (`kill`, `loss`, …).
+    pub action: String,
+    /// Its target.
+    pub target: String,
+    /// Its drop probability (loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probability: Option<f64>,
+    /// What happened: a description, `failed: …` or `not applied: …`.
+    pub result: String,
+}
+
+/// One checked invariant.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Invariant {
+    /// What it states.
+    pub name: String,
+    /// Whether it held.
+    pub ok: bool,
+    /// Counts, or the first violation.
+    pub detail: String,
+}
+
+/// `bex-chaos verify`'s report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Always `verify`.
+    pub kind: String,
+    /// Every invariant held.
+    pub ok: bool,
+    /// The invariants.
+    pub invariants: Vec<Invariant>,
+    /// Seconds until the replicas matched (None: they did not within the settling time).
+    pub converged_after_s: Option<f64>,
+}
+
+/// The verifier's run inside the cluster's report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerifyRecord {
+    /// How `bex-chaos verify` ended.
+    pub status: ExitRecord,
+    /// What it printed.
+    pub stdout: String,
+    /// Its report, if it wrote one.
+    pub report: Option<VerifyReport>,
+    /// The launcher's own invariant over the rankers' reports: every request answered or
+    /// failed by its deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_invariant: Option<Invariant>,
+}
+
+/// A network namespace host of a netns run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// Its name.
+    pub name: String,
+    /// Its namespace.
+    pub ns: String,
+    /// Its address.
+    pub ip: String,
+}
+
+/// The network of a netns run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NetworkReport {
+    /// The switch's namespace.
+    pub switch_ns: String,
+    /// The hosts.
+    pub hosts: Vec<HostRecord>,
+    /// Each host link's rate, bit/s (unlimited: none).
+    pub link_rate_bit_s: Option<u64>,
+    /// The tbf burst, bytes.
+    pub tbf_burst_bytes: Option<u64>,
+    /// The tbf queue limit, bytes.
+    pub tbf_limit_bytes: Option<u64>,
+}
+
+/// `report.json` of a `bex-cluster run`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterReport {
+    /// Every process behaved and every invariant held.
+    pub ok: bool,
+    /// Why not, one line each.
+    pub reasons: Vec<String>,
+    /// `loopback` or `netns`.
+    pub mode: String,
+    /// The launcher's process id.
+    pub launcher_pid: u32,
+    /// The run's output directory.
+    pub out_dir: String,
+    /// The cluster file the processes ran with (its own schema: `bex_ps_proto::Config`).
+    pub config: Value,
+    /// The `[launch]` section in effect.
+    pub launch: Value,
+    /// The network namespaces (netns runs).
+    pub network: Option<NetworkReport>,
+    /// Seconds until every server served (none if they did not).
+    pub startup_s: Option<f64>,
+    /// Every server.
+    pub servers: Vec<ServerRecord>,
+    /// The phases.
+    pub phases: Vec<PhaseReport>,
+    /// The chaos schedule as applied.
+    pub chaos: Vec<ChaosRecord>,
+    /// The verifier (runs with canaries).
+    pub verify: Option<VerifyRecord>,
+    /// Seconds the teardown took.
+    pub teardown_s: f64,
+    /// Seconds the whole run took.
+    pub duration_s: f64,
+}
+
+impl ClusterReport {
+    /// Reads `report.json`.
+    pub fn from_json(text: &str) -> Result<ClusterReport, String> {
+        serde_json::from_str(text).map_err(|e| format!("not a bex-cluster report: {e}"))
+    }
+
+    /// The reports of every client of `kind` (`ranker`, `trainer`, …) over all phases, in
+    /// phase order.
+    pub fn client_reports<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        self.phases
+            .iter()
+            .flat_map(|p| &p.clients)
+            .filter(move |c| c.kind == kind)
+            .filter_map(|c| c.report.as_ref())
+    }
+}
