@@ -306,3 +306,19 @@ mod tests {
         SystemCpu::read().unwrap();
     }
 }
+
+/// Exit statuses every bex binary uses: 2 for bad usage or configuration, 1 for a failure
+/// at run time; the message goes to stderr as `tool: message`.
+pub mod exit {
+    /// Prints `tool: message` and exits with status 2 (bad usage or configuration).
+    pub fn usage(tool: &str, message: impl std::fmt::Display) -> ! {
+        eprintln!("{tool}: {message}");
+        std::process::exit(2)
+    }
+
+    /// Prints `tool: message` and exits with status 1 (a failure at run time).
+    pub fn failure(tool: &str, message: impl std::fmt::Display) -> ! {
+        eprintln!("{tool}: {message}");
+        std::process::exit(1)
+    }
+}

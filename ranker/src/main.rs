@@ -1,6 +1,7 @@
 //! `ranker`: replays synthetic ranking traffic against a bex PS cluster and reports latency,
 //! throughput, CPU and transport counters. See `ranker --help`.
 
+use bex_process::exit;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -89,23 +90,14 @@ struct Cli {
     metrics: Option<std::net::SocketAddr>,
 }
 
-/// Bad usage or config: exit 2.
-fn usage(msg: impl std::fmt::Display) -> ! {
-    eprintln!("ranker: {msg}");
-    std::process::exit(2);
-}
-
-/// Runtime failure: exit 1.
-fn fail(msg: impl std::fmt::Display) -> ! {
-    eprintln!("ranker: {msg}");
-    std::process::exit(1);
-}
+/// The binary's name in its messages.
+const TOOL: &str = "ranker";
 
 fn main() {
     bex_process::logging::init();
     exit_with_parent();
     let cli = Cli::parse();
-    let cfg = Config::load(&cli.config).unwrap_or_else(|e| usage(e));
+    let cfg = Config::load(&cli.config).unwrap_or_else(|e| exit::usage(TOOL, e));
     let over = Overrides {
         rate: cli.rate,
         seconds: cli.seconds,
@@ -113,7 +105,8 @@ fn main() {
         max_outstanding: cli.max_outstanding,
         seed: cli.seed,
     };
-    let settings = Arc::new(Settings::from_config(&cfg, &over).unwrap_or_else(|e| usage(e)));
+    let settings =
+        Arc::new(Settings::from_config(&cfg, &over).unwrap_or_else(|e| exit::usage(TOOL, e)));
 
     if let Some(path) = &cli.generate_trace {
         let dur = Duration::from_secs_f64(settings.raw.seconds + settings.raw.warmup_seconds);
@@ -123,9 +116,9 @@ fn main() {
             dur,
             settings.raw.seed,
         )
-        .unwrap_or_else(|e| usage(e));
+        .unwrap_or_else(|e| exit::usage(TOOL, e));
         bex_traffic::write_trace_file(path, &trace)
-            .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+            .unwrap_or_else(|e| exit::failure(TOOL, format!("{}: {e}", path.display())));
         println!(
             "wrote {} requests over {:.1} s to {}",
             trace.len(),
@@ -136,15 +129,15 @@ fn main() {
     }
     let schedule = match &cli.trace {
         Some(path) => {
-            let trace = bex_traffic::read_trace_file(path).unwrap_or_else(|e| usage(e));
+            let trace = bex_traffic::read_trace_file(path).unwrap_or_else(|e| exit::usage(TOOL, e));
             for (i, r) in trace.iter().enumerate() {
                 if let Err(e) = settings.check_request(&r.request) {
-                    usage(format!("{} line {}: {e}", path.display(), i + 1));
+                    exit::usage(TOOL, format!("{} line {}: {e}", path.display(), i + 1));
                 }
             }
             Schedule::Trace(trace.into_iter())
         }
-        None => Schedule::generated(&settings).unwrap_or_else(|e| usage(e)),
+        None => Schedule::generated(&settings).unwrap_or_else(|e| exit::usage(TOOL, e)),
     };
     let kind = cli.transport.unwrap_or(cfg.transport.kind);
     let client_id = cli.id.unwrap_or_else(bex_process::identity::default_client_id);
@@ -153,7 +146,7 @@ fn main() {
         .worker_threads(cfg.transport.app_threads)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| fail(format!("tokio runtime: {e}")));
+        .unwrap_or_else(|e| exit::failure(TOOL, format!("tokio runtime: {e}")));
     rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let signals = tokio::spawn(async move {
@@ -183,11 +176,12 @@ fn main() {
             });
         let metrics = match cli.metrics {
             Some(addr) => {
-                let m = RankerMetrics::register(&client.registry).unwrap_or_else(|e| fail(e));
+                let m = RankerMetrics::register(&client.registry)
+                    .unwrap_or_else(|e| exit::failure(TOOL, e));
                 let (bound, _serving) = client
                     .serve_metrics(addr)
                     .await
-                    .unwrap_or_else(|e| fail(format!("--metrics {addr}: {e}")));
+                    .unwrap_or_else(|e| exit::failure(TOOL, format!("--metrics {addr}: {e}")));
                 eprintln!("ranker: metrics on http://{bound}/metrics");
                 Some(m)
             }
@@ -196,7 +190,10 @@ fn main() {
         let ranker = Ranker::connect(client.ps.clone(), settings.clone(), Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| {
-                fail(format!("cluster unreachable (dense weights not fetched in 10 s): {e}"))
+                exit::failure(
+                    TOOL,
+                    format!("cluster unreachable (dense weights not fetched in 10 s): {e}"),
+                )
             });
         let (ps, client) = (client.ps.clone(), Arc::new(client));
         let snapshot = move || Snapshot {
@@ -227,9 +224,9 @@ fn main() {
         let json = report::to_json(&settings, &info, &out);
         if let Some(path) = &cli.json {
             let text = serde_json::to_string_pretty(&json)
-                .unwrap_or_else(|e| fail(format!("report: {e}")));
+                .unwrap_or_else(|e| exit::failure(TOOL, format!("report: {e}")));
             std::fs::write(path, text + "\n")
-                .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+                .unwrap_or_else(|e| exit::failure(TOOL, format!("{}: {e}", path.display())));
         }
         // stdout may be a closed pipe (`| head`): the report is already written.
         let _ = writeln!(std::io::stdout(), "{}", report::summary(&json));

@@ -10,6 +10,7 @@
 //! (distinct `--id`s) train one model. Held-out AUC and log-loss are printed as they improve
 //! and reported with fetch/push latency, message sizes and RPC/RNIC counters at the end.
 
+use bex_process::exit;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -135,37 +136,30 @@ impl TrainerMetrics {
     }
 }
 
-fn usage_error(msg: impl std::fmt::Display) -> ! {
-    eprintln!("trainer: {msg}");
-    std::process::exit(2);
-}
-
-fn runtime_error(msg: impl std::fmt::Display) -> ! {
-    eprintln!("trainer: {msg}");
-    std::process::exit(1);
-}
+/// The binary's name in its messages.
+const TOOL: &str = "trainer";
 
 fn main() {
     bex_process::logging::init();
     exit_with_parent();
     let args = Args::parse();
-    let cfg = Config::load(&args.config).unwrap_or_else(|e| usage_error(e));
+    let cfg = Config::load(&args.config).unwrap_or_else(|e| exit::usage(TOOL, e));
     let overrides = Overrides {
         steps: args.steps,
         seconds: args.seconds,
         batch_size: args.batch_size,
         eval_every: args.eval_every,
     };
-    let settings = Settings::resolve(&cfg, &overrides).unwrap_or_else(|e| usage_error(e));
+    let settings = Settings::resolve(&cfg, &overrides).unwrap_or_else(|e| exit::usage(TOOL, e));
     let pod = args.pod.unwrap_or(cfg.cluster.training_pod);
     if pod >= cfg.cluster.pods {
-        usage_error(format!("--pod {pod}: the cluster has {} pods", cfg.cluster.pods));
+        exit::usage(TOOL, format!("--pod {pod}: the cluster has {} pods", cfg.cluster.pods));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.transport.app_threads)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| runtime_error(format!("tokio runtime: {e}")));
+        .unwrap_or_else(|e| exit::failure(TOOL, format!("tokio runtime: {e}")));
     let code = rt.block_on(run(args, cfg, settings, pod));
     std::process::exit(code);
 }
@@ -188,7 +182,7 @@ fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
 }
 
 async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
-    let stop = stop_on_signals().unwrap_or_else(|e| runtime_error(format!("signals: {e}")));
+    let stop = stop_on_signals().unwrap_or_else(|e| exit::failure(TOOL, format!("signals: {e}")));
     let kind = args.transport.unwrap_or(cfg.transport.kind);
     let client = connect_client(&cfg, pod, args.bind, kind, args.id, ClientRole::Training)
         .await
@@ -198,11 +192,12 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         });
     let metrics = match args.metrics {
         Some(addr) => {
-            let m = TrainerMetrics::register(&client.registry).unwrap_or_else(|e| runtime_error(e));
+            let m = TrainerMetrics::register(&client.registry)
+                .unwrap_or_else(|e| exit::failure(TOOL, e));
             let (bound, _serving) = client
                 .serve_metrics(addr)
                 .await
-                .unwrap_or_else(|e| runtime_error(format!("--metrics {addr}: {e}")));
+                .unwrap_or_else(|e| exit::failure(TOOL, format!("--metrics {addr}: {e}")));
             eprintln!("trainer {}: metrics on http://{bound}/metrics", args.id);
             Some(m)
         }
@@ -225,10 +220,13 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             Err(_) => "no answer".to_string(),
         };
         if clock::now() >= deadline || stop.load(Ordering::SeqCst) {
-            runtime_error(format!(
-                "cluster unreachable: the first fetch did not succeed within {} s ({err})",
-                s.connect_deadline_s
-            ));
+            exit::failure(
+                TOOL,
+                format!(
+                    "cluster unreachable: the first fetch did not succeed within {} s ({err})",
+                    s.connect_deadline_s
+                ),
+            );
         }
         // Slow enough that connection failures do not reach the quarantine threshold.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -336,9 +334,9 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     };
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)
-            .unwrap_or_else(|e| runtime_error(format!("report: {e}")));
+            .unwrap_or_else(|e| exit::failure(TOOL, format!("report: {e}")));
         if let Err(e) = std::fs::write(path, text + "\n") {
-            runtime_error(format!("writing {}: {e}", path.display()));
+            exit::failure(TOOL, format!("writing {}: {e}", path.display()));
         }
     }
     println!("{}", report.summary());
