@@ -8,7 +8,7 @@ use bex_bench::cli::{parse_host_port, Output, ServeArgs};
 use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
 use bex_bench::report::Envelope;
 use bex_transport::NicSpec;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 
 use crate::client::{run_client, ClientOptions, Session};
 use crate::error::Result;
@@ -52,16 +52,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Answer benchmark sessions on a TCP control port (the passive side).
-    Server(ServerArgs),
-    /// Run benchmarks against a running `bex-perf server`.
-    Client(ClientArgs),
-    /// Spawn a server child on 127.0.0.1, run the client against it, then reap the child.
-    Run(RunArgs),
-}
+/// The subcommands: `server`, `client`, `run`.
+pub type Command = bex_bench::cli::Command<ServerArgs, ClientArgs, RunArgs>;
 
 /// `bex-perf server` options.
 #[derive(Debug, Args)]
@@ -404,11 +396,7 @@ fn finish(
     let envelope = Envelope::new(TOOL, env!("CARGO_PKG_VERSION"), *placement);
     let json = report::json(&envelope, session.server_pid, plan, &notes, &session.points);
     bench.output.write(TOOL, &text, &json, &report::figures(&session.points))?;
-    Ok(if session.points.iter().any(report::Point::is_failure) {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(bex_bench::cli::exit_status(session.points.iter().any(report::Point::is_failure)))
 }
 
 #[cfg(test)]
@@ -419,7 +407,7 @@ mod tests {
     use clap::error::ErrorKind;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("bex-perf").chain(args.iter().copied()))
+        bex_bench::cli::try_parse(TOOL, args)
     }
 
     fn run_args(args: &[&str]) -> RunArgs {

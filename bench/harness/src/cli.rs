@@ -5,9 +5,21 @@
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
-use clap::Args;
+use clap::{Args, Subcommand};
 
 use crate::error::{io, Result};
+
+/// The subcommands of a two-process tool (perftest's shape): `server` answers, `client`
+/// measures against a running server, `run` does both on loopback.
+#[derive(Debug, Subcommand)]
+pub enum Command<S: Args, C: Args, R: Args> {
+    /// Serve benchmark sessions on a TCP control port (the passive side).
+    Server(S),
+    /// Run benchmarks against a running server of this tool.
+    Client(C),
+    /// Spawn a server child on 127.0.0.1, run the client against it, then reap the child.
+    Run(R),
+}
 
 /// `server` options every tool has (its control port, whose default differs, is its own).
 #[derive(Clone, Debug, Args)]
@@ -90,6 +102,20 @@ pub fn parse_host_port(text: &str, default_port: u16) -> Result<SocketAddr, Stri
         Ok(mut addrs) => addrs.next().ok_or_else(|| format!("`{text}` resolves to no address")),
         Err(e) => Err(format!("`{text}` is not HOST[:PORT]: {e}")),
     }
+}
+
+/// A tool's exit status: 1 when a job failed, else 0.
+pub fn exit_status(any_failed: bool) -> std::process::ExitCode {
+    if any_failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
+/// Parses `args` as `tool`'s command line (tests).
+pub fn try_parse<P: clap::Parser>(tool: &str, args: &[&str]) -> Result<P, clap::Error> {
+    P::try_parse_from(std::iter::once(tool).chain(args.iter().copied()))
 }
 
 /// This process's command line, as the report records it.

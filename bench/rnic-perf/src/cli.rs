@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use bex_transport::NicSpec;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 
 use bex_bench::cli::{parse_host_port, Output, ServeArgs};
 use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
@@ -42,16 +42,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Serve benchmark sessions on a TCP control port (perftest's server side).
-    Server(ServerArgs),
-    /// Run benchmarks against a running `rnic-perf server`.
-    Client(ClientArgs),
-    /// Spawn a server child on 127.0.0.1, run the client against it, then reap the child.
-    Run(RunArgs),
-}
+/// The subcommands: `server`, `client`, `run`.
+pub type Command = bex_bench::cli::Command<ServerArgs, ClientArgs, RunArgs>;
 
 /// `rnic-perf server` options.
 #[derive(Debug, Args)]
@@ -273,11 +265,7 @@ fn finish(
         &report::json(&envelope, plan, results),
         &[] as &[(&str, String)],
     )?;
-    Ok(if results.iter().any(JobResult::is_failure) {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(bex_bench::cli::exit_status(results.iter().any(JobResult::is_failure)))
 }
 
 #[cfg(test)]
@@ -287,7 +275,7 @@ mod tests {
     use clap::error::ErrorKind;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("rnic-perf").chain(args.iter().copied()))
+        bex_bench::cli::try_parse(TOOL, args)
     }
 
     fn bench(args: &[&str]) -> BenchArgs {

@@ -280,7 +280,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("alloc-bench").chain(args.iter().copied()))
+        bex_bench::cli::try_parse(TOOL, args)
     }
 
     #[test]
