@@ -222,10 +222,7 @@ pub async fn start_shard(
             shard,
             tables,
             limits,
-            dedupe: DedupeConfig {
-                window: cfg.server.dedupe_window,
-                max_clients: cfg.server.dedupe_max_clients,
-            },
+            dedupe: DedupeConfig::of(cfg),
             pool: rdma.pool(),
             checkpoint_path: cfg.checkpoint_path(pod, shard),
             update_seq,

@@ -1,7 +1,8 @@
 //! Another package's binary for a test: Cargo gives a test only its own package's binaries
 //! (`CARGO_BIN_EXE_*`; artifact dependencies are unstable), so this builds the one asked for
 //! with `cargo build` in the test's own profile and target directory (a no-op when fresh, and
-//! it rebuilds a stale one) and returns its path. `BEX_BIN_DIR=DIR` takes it from DIR instead.
+//! it rebuilds a stale one) and returns its path. `BEX_BIN_DIR=DIR` takes it from DIR instead
+//! (and `BEX_PS_SERVER=PATH`, ps-server from PATH).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,10 @@ pub fn ps_server() -> PathBuf {
 }
 
 fn locate(package: &str, bin: &str) -> PathBuf {
+    // The older tests' name for ps-server's path.
+    if let Some(p) = std::env::var_os("BEX_PS_SERVER").filter(|_| bin == "ps-server") {
+        return PathBuf::from(p);
+    }
     if let Some(dir) = std::env::var_os("BEX_BIN_DIR") {
         let p = PathBuf::from(dir).join(bin);
         assert!(p.is_file(), "BEX_BIN_DIR has no {bin}: {}", p.display());

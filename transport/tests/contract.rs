@@ -98,6 +98,12 @@ impl Bed for SimBed {
     fn authenticates(&self) -> bool {
         false
     }
+    fn largest_message(&self) -> usize {
+        3 << 20
+    }
+    fn streams(&self) -> (u64, u64) {
+        (8, 10)
+    }
 }
 
 mod rdma {

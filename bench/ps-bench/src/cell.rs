@@ -60,7 +60,6 @@ pub struct Settings {
     /// Requests in flight.
     pub outstanding: Vec<usize>,
     /// Transports, each measured at every other setting.
-    #[serde(serialize_with = "kinds")]
     pub transports: Vec<TransportKind>,
     /// Requests.
     pub ops: Vec<Op>,
@@ -73,10 +72,6 @@ pub struct Settings {
     /// Fresh rows an insert-heavy cell may create while measured (at least 100 requests'
     /// worth; the warm-up a quarter of it).
     pub max_insert_rows: u64,
-}
-
-fn kinds<S: serde::Serializer>(v: &[TransportKind], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(v.iter().map(ToString::to_string))
 }
 
 impl Settings {

@@ -1,10 +1,10 @@
 //! Runs the real `ps-bench --quick` (which spawns a real `ps-server`), checks its report is
 //! sane, its figures are written, and that no server child is left behind.
 //!
-//! `ps-server` comes from `cargo build -p bex-ps-server` in this test's profile (a no-op when
-//! fresh), or from `BEX_BIN_DIR`.
+//! `ps-server` comes from `bex_testkit::bins` (built for this test's profile, a no-op when
+//! fresh; or from `BEX_BIN_DIR`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
@@ -23,30 +23,13 @@ fn leftover_servers(bench_pid: u32) -> Vec<String> {
     found
 }
 
-/// The `ps-server` executable of this build profile (built first), or `BEX_BIN_DIR`'s.
-fn ps_server() -> PathBuf {
-    if let Ok(d) = std::env::var("BEX_BIN_DIR") {
-        return PathBuf::from(d).join("ps-server");
-    }
-    // target/<profile>/ps-bench → target/<profile>/ps-server
-    let dir = Path::new(env!("CARGO_BIN_EXE_ps-bench")).parent().unwrap();
-    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    build.args(["build", "-q", "-p", "bex-ps-server", "--bin", "ps-server"]);
-    if dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let status = build.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
-    assert!(status.success(), "building ps-server failed");
-    dir.join("ps-server")
-}
-
 #[test]
 fn quick_run_writes_sane_json_and_figures_and_reaps_its_server() {
     let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("ps-bench-quick-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out_dir);
     let json = out_dir.join("ps-bench.json");
-    let server = ps_server();
+    let server = bex_testkit::bins::ps_server();
     let child = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
         .args(["--quick", "--quiet", "--out", out_dir.to_str().unwrap()])
         .arg("--server")

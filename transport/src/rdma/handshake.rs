@@ -107,7 +107,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
         stream.read_exact(&mut their_proof).await.map_err(|_| {
             TransportError::Refused("bootstrap: the peer closed during authentication".into())
         })?;
-        if !verify(&self.cfg.secret, PROOF_LABEL, role(!initiator), hi, ha, &their_proof) {
+        if !verify(&self.cfg.secret, PROOF_LABEL, role(initiator).peer(), hi, ha, &their_proof) {
             Counters::add(&self.counters.bootstrap_refused, 1);
             return Err(TransportError::Refused(
                 "bootstrap: the peer does not have the cluster's shared secret".into(),
