@@ -27,6 +27,19 @@ fn poll_one(cq: &SoftCq) -> Option<WorkCompletion> {
     (cq.poll(&mut wc).unwrap() == 1).then_some(wc[0])
 }
 
+/// The next completion of `cq`, within 1 s of fabric time.
+fn wait_one(f: &Fabric, cq: &SoftCq) -> Option<WorkCompletion> {
+    let mut wc = None;
+    assert!(f.run_until(
+        || {
+            wc = poll_one(cq);
+            wc.is_some()
+        },
+        Duration::from_secs(1)
+    ));
+    wc
+}
+
 /// Two devices on a fabric, one pool registered with both (device 0 = requester A, device 1
 /// = responder B), and a connected QP pair.
 fn setup(seed: u64) -> (Fabric, SoftDevice, SoftDevice, [bex_rnic::soft::SoftPd; 2]) {
@@ -67,14 +80,7 @@ fn the_rnic_writes_into_a_bemalloc_buffer_by_its_rkey_and_rejects_a_wrong_one() 
     let mr_b = pool.mr_of(dst.as_ptr(), 1).unwrap();
     assert_ne!(src.mr(0).lkey, mr_b.lkey, "each device has its own keys");
     a.qp.post_send(&[write(&src, len, dst.as_ptr() as u64 + 3, mr_b.rkey)]).unwrap();
-    let mut wc = None;
-    assert!(f.run_until(
-        || {
-            wc = poll_one(&a.cq);
-            wc.is_some()
-        },
-        Duration::from_secs(1)
-    ));
+    let wc = wait_one(&f, &a.cq);
     assert_eq!(wc.unwrap().status, WcStatus::Success, "{wc:?}");
     assert_eq!(&dst[3..], &src[..], "seed={}: the bytes arrived", f.seed());
     assert_eq!(&dst[..3], &[0, 0, 0], "nothing before the target offset");
@@ -82,14 +88,7 @@ fn the_rnic_writes_into_a_bemalloc_buffer_by_its_rkey_and_rejects_a_wrong_one() 
     // The same WRITE with a wrong rkey is refused by the responder.
     let bad = mr_b.rkey ^ 0x0101_0101;
     a.qp.post_send(&[write(&src, 64, dst.as_ptr() as u64, bad)]).unwrap();
-    let mut wc = None;
-    assert!(f.run_until(
-        || {
-            wc = poll_one(&a.cq);
-            wc.is_some()
-        },
-        Duration::from_secs(1)
-    ));
+    let wc = wait_one(&f, &a.cq);
     assert_eq!(wc.unwrap().status, WcStatus::RemoteAccessError, "{wc:?}");
     assert_eq!(&dst[3..67], &src[..64], "the refused write changed nothing");
     let _ = poll_one(&b.cq);
@@ -111,13 +110,6 @@ fn a_device_key_does_not_open_memory_of_another_region() {
     // One byte past the end of the first block, with the first block's rkey.
     let past = mr.addr + mr.len;
     a.qp.post_send(&[write(&src, 16, past, mr.rkey)]).unwrap();
-    let mut wc = None;
-    assert!(f.run_until(
-        || {
-            wc = poll_one(&a.cq);
-            wc.is_some()
-        },
-        Duration::from_secs(1)
-    ));
+    let wc = wait_one(&f, &a.cq);
     assert_eq!(wc.unwrap().status, WcStatus::RemoteAccessError, "{wc:?}");
 }

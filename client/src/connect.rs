@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bex_process::incarnation_id;
 use bex_ps_proto::config::TransportKind;
-use bex_ps_proto::metrics::Registry;
+use bex_ps_proto::metrics::{MetricsError, Registry};
 use bex_ps_proto::Config;
 use bex_transport::Stack;
 
@@ -38,6 +38,23 @@ impl ClientNode {
         addr: SocketAddr,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         bex_process::http::serve(addr, Arc::new(ClientEndpoints(self.registry.clone()))).await
+    }
+
+    /// A binary's own metrics: registered by `register` on this client's registry and, when
+    /// `addr` is given (`--metrics`), served there with the client's for the rest of the
+    /// process; `who` says on stderr where. None without an address.
+    pub async fn export_metrics<M>(
+        &self,
+        who: &str,
+        addr: Option<SocketAddr>,
+        register: impl FnOnce(&Registry) -> Result<M, MetricsError>,
+    ) -> Result<Option<M>, String> {
+        let Some(addr) = addr else { return Ok(None) };
+        let metrics = register(&self.registry).map_err(|e| e.to_string())?;
+        let (bound, _serving) =
+            self.serve_metrics(addr).await.map_err(|e| format!("--metrics {addr}: {e}"))?;
+        eprintln!("{who}: metrics on http://{bound}/metrics");
+        Ok(Some(metrics))
     }
 }
 

@@ -221,6 +221,32 @@ impl Plan {
             Ok(ip)
         };
 
+        // A client process's namespace and address: its own (netns) or loopback.
+        let place = |name: &str,
+                     next_ip: &mut dyn FnMut() -> Result<Ipv4Addr, String>|
+         -> Result<(Option<String>, IpAddr), String> {
+            Ok(if netns {
+                (Some(format!("{prefix}{name}")), IpAddr::V4(next_ip()?))
+            } else {
+                (None, IpAddr::V4(Ipv4Addr::LOCALHOST))
+            })
+        };
+        // What every client process (ranker, trainer, canary, verifier) is told.
+        let client_args = |ip: IpAddr, id: u64, json: &std::path::Path| -> [String; 10] {
+            [
+                "--config".into(),
+                cfg_arg.clone(),
+                "--bind".into(),
+                ip.to_string(),
+                "--transport".into(),
+                launch.transport.name().into(),
+                "--id".into(),
+                id.to_string(),
+                "--json".into(),
+                json.display().to_string(),
+            ]
+        };
+
         // Servers.
         let mut servers = Vec::new();
         let mut entries = Vec::new();
@@ -304,30 +330,14 @@ impl Plan {
                         _ => (training, Role::Canary { pod: training, id }),
                     };
                     let name = format!("{kind}-{id}");
-                    let (ns, ip) = if netns {
-                        (Some(format!("{prefix}{name}")), IpAddr::V4(next_ip()?))
-                    } else {
-                        (None, IpAddr::V4(Ipv4Addr::LOCALHOST))
-                    };
+                    let (ns, ip) = place(&name, &mut next_ip)?;
                     let json = input.out_dir.join(format!("{name}.json"));
                     let mut args: Vec<String> = Vec::new();
                     if kind == "canary" {
                         args.push("canary".into());
                     }
-                    args.extend([
-                        "--config".into(),
-                        cfg_arg.clone(),
-                        "--pod".into(),
-                        pod.to_string(),
-                        "--bind".into(),
-                        ip.to_string(),
-                        "--transport".into(),
-                        launch.transport.name().into(),
-                        "--id".into(),
-                        id.to_string(),
-                        "--json".into(),
-                        json.display().to_string(),
-                    ]);
+                    args.extend(["--pod".into(), pod.to_string()]);
+                    args.extend(client_args(ip, id, &json));
                     let port = launch.client_metrics_port;
                     let http = if port == 0 || kind == "canary" {
                         None
@@ -372,27 +382,11 @@ impl Plan {
         } else {
             let id = next_id;
             let name = "verify".to_string();
-            let (ns, ip) = if netns {
-                (Some(format!("{prefix}{name}")), IpAddr::V4(next_ip()?))
-            } else {
-                (None, IpAddr::V4(Ipv4Addr::LOCALHOST))
-            };
+            let (ns, ip) = place(&name, &mut next_ip)?;
             let json = input.out_dir.join("verify.json");
-            let mut args: Vec<String> = vec![
-                "verify".into(),
-                "--config".into(),
-                cfg_arg.clone(),
-                "--bind".into(),
-                ip.to_string(),
-                "--transport".into(),
-                launch.transport.name().into(),
-                "--id".into(),
-                id.to_string(),
-                "--json".into(),
-                json.display().to_string(),
-                "--settle-s".into(),
-                launch.verify_settle_s.to_string(),
-            ];
+            let mut args: Vec<String> = vec!["verify".into()];
+            args.extend(client_args(ip, id, &json));
+            args.extend(["--settle-s".into(), launch.verify_settle_s.to_string()]);
             for r in canary_reports {
                 args.push("--canary".into());
                 args.push(r);

@@ -96,6 +96,19 @@ impl Run {
     }
 }
 
+/// The pids `launcher` recorded, once there are `n` of them (or after 30 s).
+fn wait_recorded(launcher: u32, n: usize) -> Vec<u64> {
+    let mut pids = Vec::new();
+    for _ in 0..600 {
+        pids = recorded(launcher);
+        if pids.len() == n {
+            break;
+        }
+        pause(50);
+    }
+    pids
+}
+
 fn alive(pid: u64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -283,14 +296,7 @@ fn sigterm_mid_run_tears_everything_down() {
         .unwrap();
     let launcher = child.id();
     // Wait until the 4 servers and both clients were started.
-    let mut pids = Vec::new();
-    for _ in 0..600 {
-        pids = recorded(launcher);
-        if pids.len() == 6 {
-            break;
-        }
-        pause(50);
-    }
+    let pids = wait_recorded(launcher, 6);
     assert_eq!(pids.len(), 6, "servers and clients started");
     pause(300);
     assert!(pids.iter().all(|p| alive(*p)));
@@ -319,16 +325,6 @@ fn netns_available() -> bool {
     });
     let ip = Command::new("ip").arg("-V").stdout(Stdio::null()).status().is_ok();
     root && ip
-}
-
-fn namespaces_of(launcher_pid_prefix: &str) -> Vec<String> {
-    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(launcher_pid_prefix))
-        .map(String::from)
-        .collect()
 }
 
 #[test]
@@ -367,7 +363,11 @@ fn netns_1x2_cluster_with_link_rates_comes_up_and_leaves_no_namespace() {
         rep["servers"][0]["rnic"]["tx_packets"].is_u64(),
         "metrics scraped inside the namespace"
     );
-    assert!(namespaces_of(prefix).is_empty(), "namespaces left: {:?}", namespaces_of(prefix));
+    assert!(
+        bex_launcher::cleanup::namespaces_with(prefix).is_empty(),
+        "namespaces left: {:?}",
+        bex_launcher::cleanup::namespaces_with(prefix)
+    );
 }
 
 #[test]
@@ -399,7 +399,7 @@ fn cleanup_removes_leftovers_of_dead_launchers() {
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "SIGKILLed");
     assert!(!record.exists());
     if netns {
-        assert!(namespaces_of(&ns).is_empty());
+        assert!(bex_launcher::cleanup::namespaces_with(&ns).is_empty());
     }
 }
 
@@ -456,14 +456,7 @@ fn sigkilled_launcher_leaves_nothing_after_cleanup() {
         .spawn()
         .unwrap();
     let launcher = child.id();
-    let mut pids = Vec::new();
-    for _ in 0..600 {
-        pids = recorded(launcher);
-        if pids.len() == 3 {
-            break;
-        }
-        pause(50);
-    }
+    let pids = wait_recorded(launcher, 3);
     assert_eq!(pids.len(), 3, "2 servers and the ranker started");
     child.kill().unwrap();
     child.wait().unwrap();

@@ -318,7 +318,22 @@ pub mod exit {
 
     /// Prints `tool: message` and exits with status 1 (a failure at run time).
     pub fn failure(tool: &str, message: impl std::fmt::Display) -> ! {
+        with(tool, 1, message)
+    }
+
+    /// A binary's multi-threaded tokio runtime with `threads` workers; exits 1 when it
+    /// cannot start.
+    pub fn runtime(tool: &str, threads: usize) -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| failure(tool, format!("tokio runtime: {e}")))
+    }
+
+    /// Prints `tool: message` and exits with `status`.
+    pub fn with(tool: &str, status: u8, message: impl std::fmt::Display) -> ! {
         eprintln!("{tool}: {message}");
-        std::process::exit(1)
+        std::process::exit(status.into())
     }
 }

@@ -86,6 +86,7 @@ use crate::dedupe::WindowState;
 use crate::table::{RecordFormat, TableError, TableSet, STRIPES};
 use bex_ps_proto::control::SnapshotCursor;
 use bex_ps_proto::optim::OptimizerKind;
+use bex_ps_proto::wire::{rd_u16, rd_u32, rd_u64};
 use bex_ps_proto::TableSpec;
 
 /// Checkpoint magic.
@@ -179,20 +180,6 @@ pub enum CheckpointError {
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io { path: path.to_owned(), source }
-}
-
-fn rd_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn rd_u32(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-fn rd_u64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
 }
 
 /// A writer that counts bytes and CRCs them.

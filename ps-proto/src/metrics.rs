@@ -152,6 +152,34 @@ enum Value {
     Histogram(Histogram),
 }
 
+/// A series handle that every registration of its name and labels shares.
+trait Shared: Clone + Default {
+    const KIND: Kind;
+    fn of(v: &Value) -> Option<&Self>;
+    fn into_value(self) -> Value;
+}
+
+/// `Shared` for the handle stored as `Value::$t`, of kind `Kind::$t`.
+macro_rules! shared {
+    ($t:ident) => {
+        impl Shared for $t {
+            const KIND: Kind = Kind::$t;
+            fn of(v: &Value) -> Option<&Self> {
+                if let Value::$t(m) = v {
+                    Some(m)
+                } else {
+                    None
+                }
+            }
+            fn into_value(self) -> Value {
+                Value::$t(self)
+            }
+        }
+    };
+}
+shared!(Counter);
+shared!(Gauge);
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Counter,
@@ -299,20 +327,7 @@ impl Registry {
         help: &str,
         labels: &[(&str, &str)],
     ) -> Result<Counter, MetricsError> {
-        self.register(
-            name,
-            help,
-            Kind::Counter,
-            labels,
-            |v| match v {
-                Value::Counter(c) => Ok(c.clone()),
-                _ => Err(MetricsError::KindMismatch(name.into())),
-            },
-            || {
-                let c = Counter::default();
-                (Value::Counter(c.clone()), c)
-            },
-        )
+        self.shared(name, help, labels)
     }
 
     /// The gauge `name{labels}`.
@@ -322,18 +337,25 @@ impl Registry {
         help: &str,
         labels: &[(&str, &str)],
     ) -> Result<Gauge, MetricsError> {
+        self.shared(name, help, labels)
+    }
+
+    /// A counter or gauge: registering `name{labels}` again returns the same series.
+    fn shared<M: Shared>(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<M, MetricsError> {
         self.register(
             name,
             help,
-            Kind::Gauge,
+            M::KIND,
             labels,
-            |v| match v {
-                Value::Gauge(g) => Ok(g.clone()),
-                _ => Err(MetricsError::KindMismatch(name.into())),
-            },
+            |v| M::of(v).cloned().ok_or_else(|| MetricsError::KindMismatch(name.into())),
             || {
-                let g = Gauge::default();
-                (Value::Gauge(g.clone()), g)
+                let m = M::default();
+                (m.clone().into_value(), m)
             },
         )
     }

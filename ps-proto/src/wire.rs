@@ -345,19 +345,22 @@ impl Default for Limits {
 // ---------------------------------------------------------------------------------------------
 // Little-endian arrays over bytes.
 
-fn rd_u16(b: &[u8], at: usize) -> u16 {
+/// The little-endian `u16` at `b[at..]` (panics past the end: callers check lengths).
+pub fn rd_u16(b: &[u8], at: usize) -> u16 {
     let mut a = [0u8; 2];
     a.copy_from_slice(&b[at..at + 2]);
     u16::from_le_bytes(a)
 }
 
-fn rd_u32(b: &[u8], at: usize) -> u32 {
+/// The little-endian `u32` at `b[at..]` (panics past the end: callers check lengths).
+pub fn rd_u32(b: &[u8], at: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[at..at + 4]);
     u32::from_le_bytes(a)
 }
 
-fn rd_u64(b: &[u8], at: usize) -> u64 {
+/// The little-endian `u64` at `b[at..]` (panics past the end: callers check lengths).
+pub fn rd_u64(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)

@@ -124,9 +124,9 @@ async fn own_addresses(topo: &mut bex_ps_proto::Topology, pod: u32, shard: u32) 
     topo.set_server_ip(pod, shard, ip);
 }
 
-fn die(code: i32, msg: &str) -> ! {
-    eprintln!("ps-server: {msg}");
-    std::process::exit(code)
+/// Prints `ps-server: msg` and exits with `code` (2: usage or configuration, 1: run time).
+fn die(code: u8, msg: &str) -> ! {
+    bex_process::exit::with("ps-server", code, msg)
 }
 
 struct Endpoints(Arc<PsServer>);
@@ -147,11 +147,7 @@ fn main() {
     bex_process::exit_with_parent();
     let args = parse_args().unwrap_or_else(|e| die(2, &format!("{e}\n{USAGE}")));
     let cfg = Config::load(&args.config).unwrap_or_else(|e| die(2, &e.to_string()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.transport.app_threads)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| die(1, &format!("tokio runtime: {e}")));
+    let rt = bex_process::exit::runtime("ps-server", cfg.transport.app_threads);
     rt.block_on(serve(args, cfg));
 }
 
@@ -201,10 +197,10 @@ async fn serve(args: Args, cfg: Config) {
             (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
         };
     let incarnation = incarnation_id().unwrap_or_else(|e| die(1, &e));
-    let nic = nic_spec(&cfg.transport).unwrap_or_else(|e| die(e.exit_code.into(), &e.to_string()));
+    let nic = nic_spec(&cfg.transport).unwrap_or_else(|e| die(e.exit_code, &e.to_string()));
     let stack = bex_transport::Stack::open(&nic, addrs.rdma, addrs.tcp, tcfg)
         .await
-        .unwrap_or_else(|e| die(e.exit_code().into(), &e.to_string()));
+        .unwrap_or_else(|e| die(e.exit_code(), &e.to_string()));
     let stack = Arc::new(stack);
     let running = start_shard(
         &cfg,

@@ -142,11 +142,7 @@ fn main() {
     let kind = cli.transport.unwrap_or(cfg.transport.kind);
     let client_id = cli.id.unwrap_or_else(bex_process::identity::default_client_id);
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.transport.app_threads)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| exit::failure(TOOL, format!("tokio runtime: {e}")));
+    let rt = exit::runtime(TOOL, cfg.transport.app_threads);
     rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let signals = tokio::spawn(async move {
@@ -170,23 +166,11 @@ fn main() {
 
         let client = connect_client(&cfg, cli.pod, cli.bind, kind, client_id, ClientRole::Serving)
             .await
-            .unwrap_or_else(|e| {
-                eprintln!("ranker: starting the client: {e}");
-                std::process::exit(e.exit_code.into())
-            });
-        let metrics = match cli.metrics {
-            Some(addr) => {
-                let m = RankerMetrics::register(&client.registry)
-                    .unwrap_or_else(|e| exit::failure(TOOL, e));
-                let (bound, _serving) = client
-                    .serve_metrics(addr)
-                    .await
-                    .unwrap_or_else(|e| exit::failure(TOOL, format!("--metrics {addr}: {e}")));
-                eprintln!("ranker: metrics on http://{bound}/metrics");
-                Some(m)
-            }
-            None => None,
-        };
+            .unwrap_or_else(|e| exit::with(TOOL, e.exit_code, format!("starting the client: {e}")));
+        let metrics = client
+            .export_metrics(TOOL, cli.metrics, RankerMetrics::register)
+            .await
+            .unwrap_or_else(|e| exit::failure(TOOL, e));
         let ranker = Ranker::connect(client.ps.clone(), settings.clone(), Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| {

@@ -155,11 +155,7 @@ fn main() {
     if pod >= cfg.cluster.pods {
         exit::usage(TOOL, format!("--pod {pod}: the cluster has {} pods", cfg.cluster.pods));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.transport.app_threads)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| exit::failure(TOOL, format!("tokio runtime: {e}")));
+    let rt = exit::runtime(TOOL, cfg.transport.app_threads);
     let code = rt.block_on(run(args, cfg, settings, pod));
     std::process::exit(code);
 }
@@ -186,23 +182,11 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     let kind = args.transport.unwrap_or(cfg.transport.kind);
     let client = connect_client(&cfg, pod, args.bind, kind, args.id, ClientRole::Training)
         .await
-        .unwrap_or_else(|e| {
-            eprintln!("trainer: starting the client transports: {e}");
-            std::process::exit(e.exit_code.into())
-        });
-    let metrics = match args.metrics {
-        Some(addr) => {
-            let m = TrainerMetrics::register(&client.registry)
-                .unwrap_or_else(|e| exit::failure(TOOL, e));
-            let (bound, _serving) = client
-                .serve_metrics(addr)
-                .await
-                .unwrap_or_else(|e| exit::failure(TOOL, format!("--metrics {addr}: {e}")));
-            eprintln!("trainer {}: metrics on http://{bound}/metrics", args.id);
-            Some(m)
-        }
-        None => None,
-    };
+        .unwrap_or_else(|e| exit::with(TOOL, e.exit_code, format!("starting the client: {e}")));
+    let metrics = client
+        .export_metrics(&format!("{TOOL} {}", args.id), args.metrics, TrainerMetrics::register)
+        .await
+        .unwrap_or_else(|e| exit::failure(TOOL, e));
     let store = PsStore(client.ps.clone());
     let seed = args.seed.unwrap_or(args.id);
     let s = settings.section.clone();

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use bex_bench::cli::{parse_host_port, Output, ServeArgs};
-use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
+use bex_bench::pin::{pin_to, place, Pin, Placement};
 use bex_bench::report::Envelope;
 use bex_transport::NicSpec;
 use clap::{Args, Parser};
@@ -222,22 +222,13 @@ impl BenchArgs {
 
 /// Parses the process arguments, runs, and returns the exit status.
 pub fn main_entry() -> ExitCode {
-    let cli = Cli::parse();
-    match execute(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("bex-perf: error: {e}");
-            ExitCode::from(if e.is_usage() { 2 } else { 1 })
-        }
-    }
+    bex_bench::cli::main_with(TOOL, execute)
 }
 
 fn execute(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Server(a) => {
-            if let Some(cpu) = a.serve.cpu {
-                pin_self(cpu)?;
-            }
+            pin_to(a.serve.cpu)?;
             serve(&ServerOptions {
                 bind: a.serve.bind,
                 port: a.port,
@@ -251,9 +242,7 @@ fn execute(cli: Cli) -> Result<ExitCode> {
         }
         Command::Client(a) => {
             let plan = a.bench.plan()?;
-            if let Some(cpu) = a.cpu {
-                pin_self(cpu)?;
-            }
+            pin_to(a.cpu)?;
             let opts = ClientOptions {
                 server: a.server,
                 quiet: a.bench.output.quiet,
@@ -261,15 +250,12 @@ fn execute(cli: Cli) -> Result<ExitCode> {
             };
             let rt = runtime(usize::from(a.bench.app_threads))?;
             let session = rt.block_on(run_client(&opts, &plan))?;
-            let placement = Placement { client_cpu: a.cpu, server_cpu: None };
+            let placement = Placement::client(a.cpu);
             finish(&a.bench, &plan, &placement, &session)
         }
         Command::Run(a) => {
             let plan = a.bench.plan()?;
-            let placement = choose(a.pin, &allowed_cpus()?)?;
-            if let Some(cpu) = placement.client_cpu {
-                pin_self(cpu)?;
-            }
+            let placement = place(a.pin)?;
             let session = run_local(&plan, &a.bench, placement.server_cpu)?;
             finish(&a.bench, &plan, &placement, &session)
         }

@@ -22,9 +22,9 @@ pub enum BenchError {
     Stack(#[from] bex_transport::StackError),
 }
 
-impl BenchError {
-    /// True for bad arguments or a NIC that is not here: exit status 2.
-    pub fn is_usage(&self) -> bool {
+/// Bad arguments or a NIC that is not here: exit status 2.
+impl bex_bench::cli::ToolError for BenchError {
+    fn is_usage(&self) -> bool {
         match self {
             BenchError::Harness(e) => e.is_usage(),
             BenchError::Stack(s) => s.exit_code() == 2,

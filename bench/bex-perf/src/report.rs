@@ -747,118 +747,172 @@ fn paired(
     out
 }
 
-fn xticks(points: &[Point], t: Test, bytes: bool) -> Vec<(f64, String)> {
-    let xs = xs_of(points, t);
-    if bytes {
-        log2_ticks(&xs, fmt_bytes)
-    } else {
-        log2_ticks(&xs, |v| v.to_string())
+/// How a panel's x axis is drawn.
+#[derive(Clone, Copy)]
+enum XAxis {
+    /// log2 scale, ticks in bytes.
+    Bytes,
+    /// log2 scale, ticks as counts.
+    Count,
+    /// Linear, the plot's own ticks.
+    Linear,
+}
+
+/// One chart of a figure: `primary` solid and `secondary` dashed per series of `test` whose
+/// name `only` accepts.
+struct Panel {
+    test: Test,
+    title: &'static str,
+    x_label: &'static str,
+    y_label: &'static str,
+    only: fn(&str) -> bool,
+    primary: Metric,
+    secondary: Option<Metric>,
+    x: XAxis,
+}
+
+impl Panel {
+    const fn new(test: Test, title: &'static str, x_label: &'static str) -> Panel {
+        Panel {
+            test,
+            title,
+            x_label,
+            y_label: "RTT (µs)",
+            only: |_| true,
+            primary: Metric::P50,
+            secondary: None,
+            x: XAxis::Bytes,
+        }
+    }
+    const fn y(
+        mut self,
+        y_label: &'static str,
+        primary: Metric,
+        secondary: Option<Metric>,
+    ) -> Panel {
+        self.y_label = y_label;
+        self.primary = primary;
+        self.secondary = secondary;
+        self
+    }
+    const fn x(mut self, x: XAxis) -> Panel {
+        self.x = x;
+        self
+    }
+    const fn only(mut self, only: fn(&str) -> bool) -> Panel {
+        self.only = only;
+        self
+    }
+
+    /// The chart, or none if no series has a number.
+    fn chart(&self, points: &[Point]) -> Option<Chart> {
+        let x: fn(u64) -> f64 = match self.x {
+            XAxis::Linear => |v| v as f64,
+            XAxis::Bytes | XAxis::Count => log2,
+        };
+        let series = paired(points, self.test, self.only, self.primary, self.secondary, x);
+        if series.is_empty() {
+            return None;
+        }
+        let chart = Chart::new(self.title, self.x_label, self.y_label, series);
+        let xs = xs_of(points, self.test);
+        Some(match self.x {
+            XAxis::Bytes => chart.with_x_ticks(log2_ticks(&xs, fmt_bytes)),
+            XAxis::Count => chart.with_x_ticks(log2_ticks(&xs, |v| v.to_string())),
+            XAxis::Linear => chart,
+        })
     }
 }
 
-/// The figures of the tests that have numbers: (file name, SVG).
-pub fn figures(points: &[Point]) -> Vec<(&'static str, String)> {
-    let mut out = Vec::new();
-    let has = |t: Test| {
-        points.iter().any(|p| {
-            p.job.test == t && metric(p, Metric::P50).or(metric(p, Metric::Gbps)).is_some()
-        })
-    };
-    let (w, h) = (640.0, 380.0);
-    if has(Test::Lat) {
-        let c = Chart::new(
+/// Every figure: its file and its panels, side by side.
+const FIGURES: &[(&str, &[Panel])] = &[
+    (
+        "fig8-lat.svg",
+        &[Panel::new(
+            Test::Lat,
             "Fig. 8: ping-pong RTT, one message outstanding",
             "message size (bytes)",
-            "RTT (µs)",
-            paired(points, Test::Lat, |_| true, Metric::Mean, Some(Metric::P99), log2),
         )
-        .with_x_ticks(xticks(points, Test::Lat, true));
-        out.push(("fig8-lat.svg", bex_plot::grid(&[c], 1, w, h)));
-    }
-    if has(Test::Tput) {
-        let c = Chart::new(
+        .y("RTT (µs)", Metric::Mean, Some(Metric::P99))],
+    ),
+    (
+        "fig9-tput.svg",
+        &[Panel::new(
+            Test::Tput,
             "Fig. 9: 1 MB messages, 32 B response, one engine",
             "messages outstanding",
-            "Gb/s",
-            paired(points, Test::Tput, |_| true, Metric::Gbps, None, log2),
         )
-        .with_x_ticks(xticks(points, Test::Tput, false));
-        out.push(("fig9-tput.svg", bex_plot::grid(&[c], 1, w, h)));
-    }
-    let mut frag = Vec::new();
-    for (t, title) in [
-        (Test::Frag, "Fig. 10 (loopback): 1 MB throughput vs fragment"),
-        (Test::FragSim, "Fig. 10 (fabric, virtual): 1 MB throughput vs fragment"),
-    ] {
-        if has(t) {
-            frag.push(
-                Chart::new(
-                    title,
-                    "fragment size (bytes)",
-                    "Gb/s",
-                    paired(points, t, |_| true, Metric::Gbps, None, log2),
-                )
-                .with_x_ticks(xticks(points, t, true)),
-            );
-        }
-    }
-    if !frag.is_empty() {
-        let n = frag.len();
-        out.push(("fig10-frag.svg", bex_plot::grid(&frag, n, w, h)));
-    }
-    if points.iter().any(|p| p.job.test == Test::Rate && metric(p, Metric::Mreqs).is_some()) {
-        let c = Chart::new(
+        .y("Gb/s", Metric::Gbps, None)
+        .x(XAxis::Count)],
+    ),
+    (
+        "fig10-frag.svg",
+        &[
+            Panel::new(
+                Test::Frag,
+                "Fig. 10 (loopback): 1 MB throughput vs fragment",
+                "fragment size (bytes)",
+            )
+            .y("Gb/s", Metric::Gbps, None),
+            Panel::new(
+                Test::FragSim,
+                "Fig. 10 (fabric, virtual): 1 MB throughput vs fragment",
+                "fragment size (bytes)",
+            )
+            .y("Gb/s", Metric::Gbps, None),
+        ],
+    ),
+    (
+        "fig11-rate.svg",
+        &[Panel::new(
+            Test::Rate,
             "Fig. 11: 512 B request rate vs engines (no thread domains)",
             "engines (QPs)",
-            "M requests/s",
-            paired(points, Test::Rate, |_| true, Metric::Mreqs, None, log2),
         )
-        .with_x_ticks(xticks(points, Test::Rate, false));
-        out.push(("fig11-rate.svg", bex_plot::grid(&[c], 1, w, h)));
-    }
-    let mut hol = Vec::new();
-    for (t, title) in [
-        (Test::Hol, "Fig. 13 (loopback): small-flow RTT"),
-        (Test::HolSim, "Fig. 13 (fabric, 25 Gb/s, virtual): small-flow RTT"),
-    ] {
-        if has(t) {
-            hol.push(Chart::new(
-                title,
+        .y("M requests/s", Metric::Mreqs, None)
+        .x(XAxis::Count)],
+    ),
+    (
+        "fig13-hol.svg",
+        &[
+            Panel::new(Test::Hol, "Fig. 13 (loopback): small-flow RTT", "competing 1 MB flows")
+                .y("RTT (µs)", Metric::P50, Some(Metric::P99))
+                .x(XAxis::Linear),
+            Panel::new(
+                Test::HolSim,
+                "Fig. 13 (fabric, 25 Gb/s, virtual): small-flow RTT",
                 "competing 1 MB flows",
-                "RTT (µs)",
-                paired(points, t, |_| true, Metric::P50, Some(Metric::P99), |x| x as f64),
-            ));
-        }
-    }
-    if !hol.is_empty() {
-        let n = hol.len();
-        out.push(("fig13-hol.svg", bex_plot::grid(&hol, n, w, h)));
-    }
-    if has(Test::Eager) {
-        let pp = Chart::new(
-            "Eager ping-pong: zero-copy vs copy",
-            "message size (bytes)",
-            "RTT (µs)",
-            paired(points, Test::Eager, |n| !n.starts_with("broadcast"), Metric::P50, None, log2),
-        )
-        .with_x_ticks(xticks(points, Test::Eager, true));
-        let bc = Chart::new(
-            "Broadcast to 8 sockets: zero-copy vs copy",
-            "message size (bytes)",
-            "time to last answer (µs)",
-            paired(
-                points,
+            )
+            .y("RTT (µs)", Metric::P50, Some(Metric::P99))
+            .x(XAxis::Linear),
+        ],
+    ),
+    (
+        "eager.svg",
+        &[
+            Panel::new(Test::Eager, "Eager ping-pong: zero-copy vs copy", "message size (bytes)")
+                .only(|n| !n.starts_with("broadcast")),
+            Panel::new(
                 Test::Eager,
-                |n| n.starts_with("broadcast"),
-                Metric::P50,
-                Some(Metric::P99),
-                log2,
-            ),
-        )
-        .with_x_ticks(xticks(points, Test::Eager, true));
-        out.push(("eager.svg", bex_plot::grid(&[pp, bc], 2, w, h)));
-    }
-    out
+                "Broadcast to 8 sockets: zero-copy vs copy",
+                "message size (bytes)",
+            )
+            .y("time to last answer (µs)", Metric::P50, Some(Metric::P99))
+            .only(|n| n.starts_with("broadcast")),
+        ],
+    ),
+];
+
+/// The figures of the tests that have numbers: (file name, SVG).
+pub fn figures(points: &[Point]) -> Vec<(&'static str, String)> {
+    let (w, h) = (640.0, 380.0);
+    FIGURES
+        .iter()
+        .filter_map(|(file, panels)| {
+            let charts: Vec<Chart> = panels.iter().filter_map(|p| p.chart(points)).collect();
+            (!charts.is_empty()).then(|| (*file, bex_plot::grid(&charts, charts.len(), w, h)))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -83,6 +83,33 @@ impl Flows {
     }
 }
 
+/// Nodes `a` and `b` with the knobs' transport over a `link_gbps` link, and their engine.
+fn two_nodes(knobs: &Knobs, link_gbps: u32, seed: u64) -> Result<(SimNet, usize, usize, u32)> {
+    let cfg = knobs.config()?;
+    let link = LinkModel {
+        bytes_per_sec: Some(u64::from(link_gbps) * 1_000_000_000 / 8),
+        ..LinkModel::default()
+    };
+    let mut net = SimNet::new(seed, link);
+    let a = net.add_node(cfg.clone())?;
+    let b = net.add_node(cfg)?;
+    let engine = net.connect(a, b)?;
+    Ok((net, a, b, engine))
+}
+
+/// A socket opened on `a`'s `engine` and its peer accepted on `b`.
+fn socket_pair(
+    net: &mut SimNet,
+    a: usize,
+    b: usize,
+    engine: u32,
+) -> Result<(SimSocket, SimSocket)> {
+    let s = net.open(a, engine, Duration::from_millis(10))?;
+    let r =
+        net.accept(b).ok_or_else(|| BenchError::protocol("simulated peer accepted no socket"))?;
+    Ok((s, r))
+}
+
 /// Sends `window + msgs` messages of `size` bytes with `window` outstanding on one engine
 /// over a `link_gbps` link; returns the virtual time the last `msgs` took to arrive (from the
 /// arrival of the last unmeasured message to the arrival of the last one).
@@ -94,18 +121,8 @@ pub fn frag_sim(
     link_gbps: u32,
     seed: u64,
 ) -> Result<Duration> {
-    let cfg = knobs.config()?;
-    let link = LinkModel {
-        bytes_per_sec: Some(u64::from(link_gbps) * 1_000_000_000 / 8),
-        ..LinkModel::default()
-    };
-    let mut net = SimNet::new(seed, link);
-    let a = net.add_node(cfg.clone())?;
-    let b = net.add_node(cfg)?;
-    let engine = net.connect(a, b)?;
-    let tx = net.open(a, engine, Duration::from_millis(10))?;
-    let mut rx =
-        net.accept(b).ok_or_else(|| BenchError::protocol("simulated peer accepted no socket"))?;
+    let (mut net, a, b, engine) = two_nodes(knobs, link_gbps, seed)?;
+    let (tx, mut rx) = socket_pair(&mut net, a, b, engine)?;
     let total = u64::from(window + msgs);
     let (mut queued, mut received) = (0u64, 0u64);
     let mut tickets: Vec<SendTicket> = Vec::new();
@@ -182,23 +199,8 @@ pub fn hol_sim(
     link_gbps: u32,
     seed: u64,
 ) -> Result<SimResult> {
-    let cfg = knobs.config()?;
-    let link = LinkModel {
-        bytes_per_sec: Some(u64::from(link_gbps) * 1_000_000_000 / 8),
-        ..LinkModel::default()
-    };
-    let mut net = SimNet::new(seed, link);
-    let a = net.add_node(cfg.clone())?;
-    let b = net.add_node(cfg)?;
-    let engine = net.connect(a, b)?;
-    let limit = Duration::from_millis(10);
-    let pair = |net: &mut SimNet| -> Result<(SimSocket, SimSocket)> {
-        let s = net.open(a, engine, limit)?;
-        let r = net
-            .accept(b)
-            .ok_or_else(|| BenchError::protocol("simulated peer accepted no socket"))?;
-        Ok((s, r))
-    };
+    let (mut net, a, b, engine) = two_nodes(knobs, link_gbps, seed)?;
+    let pair = |net: &mut SimNet| socket_pair(net, a, b, engine);
     let (mut ping, mut pong) = pair(&mut net)?;
     let mut fl = Flows { flows: Vec::new(), large: large as usize, received_bytes: 0, error: None };
     for _ in 0..flows {

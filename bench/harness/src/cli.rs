@@ -113,6 +113,33 @@ pub fn exit_status(any_failed: bool) -> std::process::ExitCode {
     }
 }
 
+/// A tool's error: its message, and whether the user caused it (exit status 2).
+pub trait ToolError: std::fmt::Display {
+    /// True for bad arguments or configuration (exit status 2).
+    fn is_usage(&self) -> bool;
+}
+
+impl ToolError for crate::Error {
+    fn is_usage(&self) -> bool {
+        crate::Error::is_usage(self)
+    }
+}
+
+/// A tool's `main`: parses the process arguments, runs `execute`, and turns an error into
+/// `tool: error: …` on stderr and exit status 2 (usage) or 1.
+pub fn main_with<P: clap::Parser, E: ToolError>(
+    tool: &str,
+    execute: impl FnOnce(P) -> Result<std::process::ExitCode, E>,
+) -> std::process::ExitCode {
+    match execute(P::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{tool}: error: {e}");
+            std::process::ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
 /// Parses `args` as `tool`'s command line (tests).
 pub fn try_parse<P: clap::Parser>(tool: &str, args: &[&str]) -> Result<P, clap::Error> {
     P::try_parse_from(std::iter::once(tool).chain(args.iter().copied()))

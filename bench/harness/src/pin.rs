@@ -31,6 +31,13 @@ pub struct Placement {
     pub server_cpu: Option<usize>,
 }
 
+impl Placement {
+    /// A client alone (`client --cpu`): the server's CPU is not known here.
+    pub fn client(cpu: Option<usize>) -> Placement {
+        Placement { client_cpu: cpu, server_cpu: None }
+    }
+}
+
 impl std::fmt::Display for Placement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let cpu = |c: Option<usize>| c.map_or("unpinned".to_string(), |c| format!("CPU {c}"));
@@ -62,6 +69,19 @@ pub fn choose(pin: Pin, allowed: &[usize]) -> Result<Placement> {
             }
         },
     })
+}
+
+/// `run`'s placement for `pin` among this process's CPUs, with this process pinned to the
+/// client's CPU (first thing in `main`, before any thread exists).
+pub fn place(pin: Pin) -> Result<Placement> {
+    let placement = choose(pin, &allowed_cpus()?)?;
+    pin_to(placement.client_cpu)?;
+    Ok(placement)
+}
+
+/// [`pin_self`] when `cpu` is given (`--cpu N`).
+pub fn pin_to(cpu: Option<usize>) -> Result<()> {
+    cpu.map_or(Ok(()), pin_self)
 }
 
 /// Pins the calling thread, and so every thread it starts afterwards, to `cpu`. Call it

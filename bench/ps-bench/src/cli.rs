@@ -187,22 +187,14 @@ impl Cli {
 
 /// Parses the process arguments, runs, and returns the exit status.
 pub fn main_entry() -> ExitCode {
-    let cli = Cli::parse();
-    let usage = |e: &Error| matches!(e, Error::Harness(h) if h.is_usage());
-    let result = cli.settings().and_then(|settings| {
+    bex_bench::cli::main_with("ps-bench", |cli: Cli| {
+        let settings = cli.settings()?;
         if let Some(Err(e)) = cli.nic.as_ref().map(NicSpec::probe) {
             eprintln!("ps-bench: {e}");
             return Ok(ExitCode::from(e.exit_code()));
         }
         run(&cli, &settings).map(|()| ExitCode::SUCCESS)
-    });
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("ps-bench: {e}");
-            ExitCode::from(if usage(&e) { 2 } else { 1 })
-        }
-    }
+    })
 }
 
 /// The server side of a run, and where it is.
@@ -501,7 +493,7 @@ mod tests {
         assert!(parse(&["--frobnicate"]).is_err());
         for bad in ["--seconds=0", "--seconds=nan", "--warmup-seconds=-1", "--seconds=1e9"] {
             let e = parse(&[bad]).unwrap().settings().unwrap_err();
-            assert!(matches!(e, Error::Harness(ref h) if h.is_usage()), "{e}");
+            assert!(bex_bench::cli::ToolError::is_usage(&e), "{e}");
         }
         let e = parse(&["--transport-set", "bogus=1"]).unwrap().settings().unwrap_err();
         assert!(e.to_string().contains("unknown key"), "{e}");

@@ -57,5 +57,12 @@ impl From<&str> for Error {
     }
 }
 
+/// Bad arguments (exit status 2).
+impl bex_bench::cli::ToolError for Error {
+    fn is_usage(&self) -> bool {
+        matches!(self, Error::Harness(h) if h.is_usage())
+    }
+}
+
 /// Result of the tool's operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

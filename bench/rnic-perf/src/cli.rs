@@ -7,7 +7,7 @@ use bex_transport::NicSpec;
 use clap::{Args, Parser};
 
 use bex_bench::cli::{parse_host_port, Output, ServeArgs};
-use bex_bench::pin::{allowed_cpus, choose, pin_self, Pin, Placement};
+use bex_bench::pin::{pin_to, place, Pin, Placement};
 use bex_bench::report::Envelope;
 
 use crate::client::{run_client, ClientOptions};
@@ -186,22 +186,13 @@ impl BenchArgs {
 
 /// Parses the process arguments, runs, and returns the exit status.
 pub fn main_entry() -> ExitCode {
-    let cli = Cli::parse();
-    match execute(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("rnic-perf: error: {e}");
-            ExitCode::from(if e.is_usage() { 2 } else { 1 })
-        }
-    }
+    bex_bench::cli::main_with(TOOL, execute)
 }
 
 fn execute(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Server(a) => {
-            if let Some(cpu) = a.serve.cpu {
-                pin_self(cpu)?;
-            }
+            pin_to(a.serve.cpu)?;
             a.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
             serve(&ServerOptions {
                 bind: a.serve.bind,
@@ -216,9 +207,7 @@ fn execute(cli: Cli) -> Result<ExitCode> {
         }
         Command::Client(a) => {
             let plan = a.bench.plan()?;
-            if let Some(cpu) = a.cpu {
-                pin_self(cpu)?;
-            }
+            pin_to(a.cpu)?;
             a.bench.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
             let opts = ClientOptions {
                 server: a.server,
@@ -227,15 +216,12 @@ fn execute(cli: Cli) -> Result<ExitCode> {
                 quiet: a.bench.output.quiet,
             };
             let results = run_client(&opts, &plan)?;
-            let placement = Placement { client_cpu: a.cpu, server_cpu: None };
+            let placement = Placement::client(a.cpu);
             finish(&a.bench, &plan, &placement, &results)
         }
         Command::Run(a) => {
             let plan = a.bench.plan()?;
-            let placement = choose(a.pin, &allowed_cpus()?)?;
-            if let Some(cpu) = placement.client_cpu {
-                pin_self(cpu)?;
-            }
+            let placement = place(a.pin)?;
             a.bench.nic.probe().map_err(|e| PerfError::NoNic(e.to_string()))?;
             let local = LocalRun {
                 rnic_port: a.rnic_port,
@@ -272,6 +258,7 @@ fn finish(
 mod tests {
     use super::*;
     use crate::spec::TestKind;
+    use bex_bench::cli::ToolError;
     use clap::error::ErrorKind;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {

@@ -37,9 +37,9 @@ pub enum PerfError {
     },
 }
 
-impl PerfError {
-    /// True for bad arguments or a NIC that is not here: exit status 2.
-    pub fn is_usage(&self) -> bool {
+/// Bad arguments or a NIC that is not here: exit status 2.
+impl bex_bench::cli::ToolError for PerfError {
+    fn is_usage(&self) -> bool {
         match self {
             PerfError::Harness(e) => e.is_usage(),
             PerfError::NoNic(_) => true,

@@ -29,8 +29,8 @@ struct Cli {
     #[arg(long)]
     pod: Option<u32>,
     /// rdma (TCP fallback per destination) or tcp.
-    #[arg(long, default_value = "rdma", value_parser = ["rdma", "tcp"])]
-    transport: String,
+    #[arg(long, value_enum, default_value_t = TransportKind::Rdma)]
+    transport: TransportKind,
     /// The address this client binds (default: the cluster file's host).
     #[arg(long)]
     bind: Option<IpAddr>,
@@ -57,7 +57,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         .find(|(_, t)| t.name == cli.table)
         .ok_or_else(|| format!("no table {:?} in {}", cli.table, cli.config.display()))?;
     let dim = table.dim;
-    let kind = if cli.transport == "tcp" { TransportKind::Tcp } else { TransportKind::Rdma };
+    let kind = cli.transport;
     let pod = cli.pod.unwrap_or(if cfg.cluster.pods > 1 { 1 } else { 0 });
     let bind = cli.bind.unwrap_or(cfg.cluster.host);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -4,9 +4,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use bex_rnic::clock::{wall_elapsed, wall_now};
 use bex_rnic::conformance::{Bed, Rule, Side};
 use bex_rnic::Error;
 use bex_rnic_verbs::VerbsDevice;
@@ -38,18 +36,6 @@ impl Bed for VerbsBed {
     }
     fn device(&self, _side: Side) -> &VerbsDevice {
         &self.dev
-    }
-    fn drive_until(&self, done: &mut dyn FnMut() -> bool, limit: Duration) -> bool {
-        let start = wall_now();
-        loop {
-            if done() {
-                return true;
-            }
-            if wall_elapsed(start) > limit {
-                return done();
-            }
-            std::hint::spin_loop();
-        }
     }
     fn wire_addr(&self, _side: Side) -> SocketAddr {
         SocketAddr::from(([0, 0, 0, 0], 4791))

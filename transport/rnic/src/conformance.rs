@@ -33,8 +33,21 @@ pub trait Bed {
     fn name(&self) -> &'static str;
     /// A device.
     fn device(&self, side: Side) -> &Self::D;
-    /// Makes progress until `done()` or `limit` passes (virtual or real time).
-    fn drive_until(&self, done: &mut dyn FnMut() -> bool, limit: Duration) -> bool;
+    /// Makes progress until `done()` or `limit` passes (virtual or real time). By default
+    /// the device progresses by itself (threads, hardware) and this polls `done` in wall
+    /// time, yielding the CPU between checks.
+    fn drive_until(&self, done: &mut dyn FnMut() -> bool, limit: Duration) -> bool {
+        let start = crate::clock::wall_now();
+        loop {
+            if done() {
+                return true;
+            }
+            if crate::clock::wall_elapsed(start) > limit {
+                return done();
+            }
+            std::thread::yield_now();
+        }
+    }
     /// The source address of packets leaving `side` (what fault rules match on).
     fn wire_addr(&self, side: Side) -> std::net::SocketAddr;
     /// Installs a rule on packets leaving `side`; `false` when the backend cannot.

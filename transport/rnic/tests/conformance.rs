@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bex_rnic::clock::{wall_elapsed, wall_now};
 use bex_rnic::conformance::{Bed, Rule, Side};
 use bex_rnic::soft::{Fabric, FaultPlan, LinkModel, NicConfig, SoftDevice, UdpConfig};
 use bex_rnic::verbs::Mtu;
@@ -85,18 +84,6 @@ impl Bed for UdpBed {
         match side {
             Side::A => &self.a,
             Side::B => &self.b,
-        }
-    }
-    fn drive_until(&self, done: &mut dyn FnMut() -> bool, limit: Duration) -> bool {
-        let start = wall_now();
-        loop {
-            if done() {
-                return true;
-            }
-            if wall_elapsed(start) > limit {
-                return done();
-            }
-            std::thread::yield_now();
         }
     }
     fn wire_addr(&self, side: Side) -> SocketAddr {

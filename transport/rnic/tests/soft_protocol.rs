@@ -29,6 +29,15 @@ impl End {
     fn sge(&self, off: usize, len: usize) -> Sge {
         Sge { addr: self.keys().addr + off as u64, length: len as u32, lkey: self.keys().lkey }
     }
+    /// Posts one receive of the buffer's first `len` bytes.
+    fn recv(&self, wr_id: u64, len: usize) {
+        self.qp.post_recv(&[RecvWr { wr_id, sg_list: SgList::one(self.sge(0, len)) }]).unwrap();
+    }
+    /// Posts one signaled request of the buffer's first `len` bytes.
+    fn send(&self, wr_id: u64, op: SendOp, len: usize) {
+        let sg_list = SgList::one(self.sge(0, len));
+        self.qp.post_send(&[SendWr { wr_id, op, sg_list, signaled: true }]).unwrap();
+    }
 }
 
 impl Drop for End {
@@ -51,6 +60,13 @@ fn end(dev: &SoftDevice, buf: usize, sq: u32, rq: u32) -> End {
     // SAFETY: `mem` outlives the MR (End's Drop takes the MR first) and is never reallocated.
     let mr = unsafe { dev.reg_mr(&pd, mem.as_mut_ptr(), buf, Access::ALL) }.unwrap();
     End { _pd: pd, cq, qp, mem, mr: Some(mr) }
+}
+
+/// Two ends of `buf` bytes with 8-deep queues, connected.
+fn connected(da: &SoftDevice, db: &SoftDevice, buf: usize, mtu: Mtu, timeout: u8) -> (End, End) {
+    let (a, b) = (end(da, buf, 8, 8), end(db, buf, 8, 8));
+    connect(&a, &b, mtu, timeout);
+    (a, b)
 }
 
 fn connect(a: &End, b: &End, mtu: Mtu, timeout: u8) {
@@ -79,18 +95,11 @@ fn data_from(addr: std::net::SocketAddr) -> impl FnMut(&bex_rnic::soft::PacketIn
 #[test]
 fn a_lost_middle_packet_costs_one_sequence_nak_and_no_timeout() {
     let (f, da, db) = sim_pair(1);
-    let (a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
-    connect(&a, &b, Mtu::Mtu1024, 14);
+    let (a, b) = connected(&da, &db, 1 << 16, Mtu::Mtu1024, 14);
     let from = da.local_addr();
     f.with_faults(|p| p.add_rule(nth_matching(2, Verdict::Drop, data_from(from))));
-    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, 8000)) }]).unwrap();
-    a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        sg_list: SgList::one(a.sge(0, 8000)),
-        signaled: true,
-    }])
-    .unwrap();
+    b.recv(1, 8000);
+    a.send(1, SendOp::Send, 8000);
     let t0 = f.now();
     assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
     let (ca, cb) = (da.counters(), db.counters());
@@ -108,8 +117,7 @@ fn a_lost_middle_packet_costs_one_sequence_nak_and_no_timeout() {
 #[test]
 fn a_lost_ack_is_recovered_by_exactly_one_timeout_and_the_duplicate_is_not_executed() {
     let (f, da, db) = sim_pair(2);
-    let (a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
-    connect(&a, &b, Mtu::Mtu1024, 10); // 4.19 ms
+    let (a, b) = connected(&da, &db, 1 << 16, Mtu::Mtu1024, 10); // 4.19 ms
     let from_b = db.local_addr();
     f.with_faults(|p| {
         p.add_rule(nth_matching(0, Verdict::Drop, move |p| {
@@ -119,13 +127,7 @@ fn a_lost_ack_is_recovered_by_exactly_one_timeout_and_the_duplicate_is_not_execu
     let recvs: Vec<_> =
         (0..2).map(|i| RecvWr { wr_id: i, sg_list: SgList::one(b.sge(0, 100)) }).collect();
     b.qp.post_recv(&recvs).unwrap();
-    a.qp.post_send(&[SendWr {
-        wr_id: 9,
-        op: SendOp::Send,
-        sg_list: SgList::one(a.sge(0, 100)),
-        signaled: true,
-    }])
-    .unwrap();
+    a.send(9, SendOp::Send, 100);
     let t0 = f.now();
     assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
     let waited = f.now() - t0;
@@ -155,13 +157,7 @@ fn rnr_naks_wait_the_advertised_timer() {
     let attrs = ConnectAttrs { min_rnr_timer: 14, ..ConnectAttrs::default() }; // 1.28 ms
     a.qp.connect(&b.qp.endpoint(), &attrs).unwrap();
     b.qp.connect(&a.qp.endpoint(), &attrs).unwrap();
-    a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        sg_list: SgList::one(a.sge(0, 10)),
-        signaled: true,
-    }])
-    .unwrap();
+    a.send(1, SendOp::Send, 10);
     f.run_for(Duration::from_micros(5000));
     let n = db.counters().rnr_naks_sent;
     // One NAK per 1.28 ms wait plus a round trip: 3 or 4 within 5 ms, never a storm.
@@ -205,7 +201,7 @@ fn stream_integrity(
         while posted < n && posted - sent_done < 16 {
             let i = posted;
             let data = a_mem_fill(i);
-            // Each message has its own source slot (filled by `prefill`), so retransmissions
+            // Each message has its own source slot (filled by `stream_ends`), so retransmissions
             // read stable bytes.
             let src = i * slot;
             expect.push(data);
@@ -247,13 +243,25 @@ fn stream_integrity(
     }
 }
 
-fn prefill(a: &mut End, n: usize, max_len: usize) {
+/// Connected ends for [`stream_integrity`]: a slot per message each side, the sender's
+/// slots filled with what the stream sends.
+fn stream_ends(
+    da: &SoftDevice,
+    db: &SoftDevice,
+    n: usize,
+    max_len: usize,
+    mtu: Mtu,
+    timeout: u8,
+) -> (End, End) {
     let slot = max_len.next_multiple_of(64);
+    let (mut a, b) = (end(da, n * slot, 64, 512), end(db, n * slot, 64, 512));
+    connect(&a, &b, mtu, timeout);
     for i in 0..n {
         for k in 0..slot {
             a.mem[i * slot + k] = (k as u8) ^ (i as u8).wrapping_mul(7);
         }
     }
+    (a, b)
 }
 
 fn fabric_stream(
@@ -263,10 +271,7 @@ fn fabric_stream(
 ) -> (bex_rnic::soft::Counters, bex_rnic::soft::fabric::FabricStats) {
     let (f, da, db) = sim_pair(seed);
     let (n, max_len) = (300usize, 9000usize);
-    let slot = max_len.next_multiple_of(64);
-    let (mut a, mut b) = (end(&da, n * slot, 64, 512), end(&db, n * slot, 64, 512));
-    connect(&a, &b, mtu, 10);
-    prefill(&mut a, n, max_len);
+    let (a, mut b) = stream_ends(&da, &db, n, max_len, mtu, 10);
     f.with_faults(|p| p.set_rates(rates));
     stream_integrity(
         &a,
@@ -310,10 +315,7 @@ fn udp_streams_survive_one_and_five_percent_loss() {
     for (seed, drop) in [(31u64, 0.01), (32, 0.05)] {
         let (da, db) = (udp_dev(), udp_dev());
         let (n, max_len) = (300usize, 20_000usize);
-        let slot = max_len.next_multiple_of(64);
-        let (mut a, mut b) = (end(&da, n * slot, 64, 512), end(&db, n * slot, 64, 512));
-        connect(&a, &b, Mtu::Mtu4096, 8); // 1 ms ACK timeout
-        prefill(&mut a, n, max_len);
+        let (a, mut b) = stream_ends(&da, &db, n, max_len, Mtu::Mtu4096, 8); // 1 ms ACK timeout
         let rates = FaultRates { drop, ..FaultRates::default() };
         da.set_outbound_faults(Some(FaultPlan::new(seed, rates))).unwrap();
         db.set_outbound_faults(Some(FaultPlan::new(seed + 100, rates))).unwrap();
@@ -333,8 +335,7 @@ fn udp_streams_survive_one_and_five_percent_loss() {
 #[test]
 fn hostile_datagrams_are_counted_and_never_disturb_a_live_qp() {
     let (da, db) = (udp_dev(), udp_dev());
-    let (a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
-    connect(&a, &b, Mtu::Mtu4096, 14);
+    let (a, b) = connected(&da, &db, 1 << 16, Mtu::Mtu4096, 14);
     let attacker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let target = db.local_addr();
     // Well-formed for the attacker's own route, so only the QP checks refuse them.
@@ -359,14 +360,8 @@ fn hostile_datagrams_are_counted_and_never_disturb_a_live_qp() {
     attacker.send_to(&unknown, target).unwrap();
     attacker.send_to(&valid, target).unwrap();
     // The real connection still works.
-    b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: SgList::one(b.sge(0, 64)) }]).unwrap();
-    a.qp.post_send(&[SendWr {
-        wr_id: 6,
-        op: SendOp::Send,
-        sg_list: SgList::one(a.sge(0, 64)),
-        signaled: true,
-    }])
-    .unwrap();
+    b.recv(5, 64);
+    a.send(6, SendOp::Send, 64);
     let start = wall_now();
     let mut got = None;
     while got.is_none() && wall_elapsed(start) < Duration::from_secs(5) {
@@ -383,16 +378,9 @@ fn hostile_datagrams_are_counted_and_never_disturb_a_live_qp() {
 #[test]
 fn a_closing_device_acks_what_it_received() {
     let (da, db) = (udp_dev(), udp_dev());
-    let (a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
-    connect(&a, &b, Mtu::Mtu4096, 10);
-    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, 64)) }]).unwrap();
-    a.qp.post_send(&[SendWr {
-        wr_id: 2,
-        op: SendOp::Send,
-        sg_list: SgList::one(a.sge(0, 64)),
-        signaled: true,
-    }])
-    .unwrap();
+    let (a, b) = connected(&da, &db, 1 << 16, Mtu::Mtu4096, 10);
+    b.recv(1, 64);
+    a.send(2, SendOp::Send, 64);
     let start = wall_now();
     while poll_one(&b.cq).is_none() {
         assert!(wall_elapsed(start) < Duration::from_secs(5), "message never arrived");
@@ -412,15 +400,13 @@ fn a_closing_device_acks_what_it_received() {
 /// b sent and how long the request took.
 fn one_request(seed: u64, op: SendOp, len: usize) -> (u64, Duration, bex_rnic::soft::Counters) {
     let (f, da, db) = sim_pair(seed);
-    let (a, b) = (end(&da, 1 << 20, 8, 8), end(&db, 1 << 20, 8, 8));
-    connect(&a, &b, Mtu::Mtu1024, 14);
-    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, len)) }]).unwrap();
+    let (a, b) = connected(&da, &db, 1 << 20, Mtu::Mtu1024, 14);
+    b.recv(1, len);
     let op = match op {
         SendOp::Write { .. } => SendOp::Write { remote_addr: b.keys().addr, rkey: b.keys().rkey },
         other => other,
     };
-    a.qp.post_send(&[SendWr { wr_id: 1, op, sg_list: SgList::one(a.sge(0, len)), signaled: true }])
-        .unwrap();
+    a.send(1, op, len);
     let t0 = f.now();
     assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
     (db.counters().acks_sent, f.now() - t0, da.counters())
@@ -454,22 +440,15 @@ fn a_stream_longer_than_the_window_asks_for_acks_and_never_stalls() {
 #[test]
 fn a_packet_with_a_bad_icrc_is_dropped_and_counted_and_its_message_arrives_once_intact() {
     let (f, da, db) = sim_pair(21);
-    let (mut a, b) = (end(&da, 1 << 16, 8, 8), end(&db, 1 << 16, 8, 8));
-    connect(&a, &b, Mtu::Mtu1024, 10);
+    let (mut a, b) = connected(&da, &db, 1 << 16, Mtu::Mtu1024, 10);
     for (i, byte) in a.mem[..8000].iter_mut().enumerate() {
         *byte = (i * 13) as u8;
     }
     // One bit of the 3rd data packet flipped on the wire (its payload: 1 KiB of its 1.05).
     let from = da.local_addr();
     f.with_faults(|p| p.add_rule(nth_matching(2, Verdict::Corrupt, data_from(from))));
-    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: SgList::one(b.sge(0, 8000)) }]).unwrap();
-    a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        sg_list: SgList::one(a.sge(0, 8000)),
-        signaled: true,
-    }])
-    .unwrap();
+    b.recv(1, 8000);
+    a.send(1, SendOp::Send, 8000);
     let mut got = None;
     assert!(f.run_until(
         || {

@@ -81,7 +81,7 @@ impl SharedReceiveQueue for VerbsSrq {
             wrs,
             |wr| check_sges(wr.sg_list.as_slice().len(), max_sge),
             |valid| {
-                post_recv_chain(valid, |head, bad| {
+                post_chain(valid, |head, bad| {
                     // SAFETY: the SRQ is live; `head` is a well-formed chain that outlives the
                     // call and `bad` a valid out-pointer.
                     unsafe { sys::ibv_post_srq_recv(self.inner.srq, head, bad) }
@@ -468,7 +468,7 @@ impl QueuePair for VerbsQp {
             wrs,
             |wr| check_sges(wr.sg_list.as_slice().len(), self.max_send_sge),
             |valid| {
-                post_send_chain(valid, |head, bad| {
+                post_chain(valid, |head, bad| {
                     let _guard = self.post_guard();
                     // SAFETY: the QP is live; `head` is a well-formed chain that outlives the
                     // call and `bad` a valid out-pointer; in a thread domain, `_guard` makes
@@ -494,7 +494,7 @@ impl QueuePair for VerbsQp {
             wrs,
             |wr| check_sges(wr.sg_list.as_slice().len(), self.max_recv_sge),
             |valid| {
-                post_recv_chain(valid, |head, bad| {
+                post_chain(valid, |head, bad| {
                     let _guard = self.post_guard();
                     // SAFETY: as in `post_send`, for the receive queue.
                     unsafe { sys::ibv_post_recv(self.qp, head, bad) }
@@ -574,35 +574,33 @@ fn chain_index<T>(head: *const T, bad: *const T, len: usize) -> usize {
     offset / size
 }
 
-/// Builds `wrs` as a linked chain in `wr_buf`/`sge_buf` and returns its head. The chain's
-/// pointers stay valid while both buffers are neither moved nor reused.
-pub(crate) fn link_send_chain(
-    wrs: &[SendWr],
-    wr_buf: &mut [MaybeUninit<sys::ibv_send_wr>],
-    sge_buf: &mut [MaybeUninit<sys::ibv_sge>],
-) -> *mut sys::ibv_send_wr {
-    assert!(
-        wr_buf.len() >= wrs.len() && sge_buf.len() >= wrs.len() * MAX_SGE,
-        "chain buffers too small"
-    );
-    let base: *mut sys::ibv_send_wr = wr_buf.as_mut_ptr().cast();
-    let sge_base: *mut sys::ibv_sge = sge_buf.as_mut_ptr().cast();
-    for (i, wr) in wrs.iter().enumerate() {
-        let sges = sge_base.wrapping_add(i * MAX_SGE);
-        let list = wr.sg_list.as_slice();
-        for (j, s) in list.iter().enumerate() {
-            let sge = sys::ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey };
-            // SAFETY: `i * MAX_SGE + j < sge_buf.len()` (asserted above, `j < MAX_SGE`),
-            // and `sge_base` points into that buffer.
-            unsafe { sges.add(j).write(sge) };
-        }
+/// A work request that posts as one element of a linked `ibv_*_wr` chain.
+pub(crate) trait ChainedWr {
+    /// The verbs struct it becomes.
+    type Raw;
+    /// The verb that posts the chain (for errors).
+    const VERB: &'static str;
+    fn sges(&self) -> &[bex_rnic::verbs::Sge];
+    /// The request as `Raw`, linked to `next` with its gather list at `sg_list`.
+    fn to_raw(&self, next: *mut Self::Raw, sg_list: *mut sys::ibv_sge, num_sge: i32) -> Self::Raw;
+}
+
+impl ChainedWr for SendWr {
+    type Raw = sys::ibv_send_wr;
+    const VERB: &'static str = "ibv_post_send";
+
+    fn sges(&self) -> &[bex_rnic::verbs::Sge] {
+        self.sg_list.as_slice()
+    }
+
+    fn to_raw(&self, next: *mut Self::Raw, sg_list: *mut sys::ibv_sge, num_sge: i32) -> Self::Raw {
         let mut out: sys::ibv_send_wr = zeroed();
-        out.wr_id = wr.wr_id;
-        out.next = if i + 1 < wrs.len() { base.wrapping_add(i + 1) } else { ptr::null_mut() };
-        out.sg_list = if list.is_empty() { ptr::null_mut() } else { sges };
-        out.num_sge = list.len() as i32;
-        out.send_flags = if wr.signaled { sys::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
-        let (opcode, imm, remote) = match wr.op {
+        out.wr_id = self.wr_id;
+        out.next = next;
+        out.sg_list = sg_list;
+        out.num_sge = num_sge;
+        out.send_flags = if self.signaled { sys::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        let (opcode, imm, remote) = match self.op {
             SendOp::Send => (sys::ibv_wr_opcode::IBV_WR_SEND, None, None),
             SendOp::SendWithImm { imm } => {
                 (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(imm), None)
@@ -624,38 +622,48 @@ pub(crate) fn link_send_chain(
         if let Some((remote_addr, rkey)) = remote {
             out.wr.rdma = sys::rdma_t { remote_addr, rkey };
         }
-        // SAFETY: `i < wr_buf.len()` (asserted above) and `base` points into that buffer.
-        unsafe { base.add(i).write(out) };
+        out
     }
-    base
 }
 
-/// Builds `wrs` as a linked receive chain; see [`link_send_chain`].
-pub(crate) fn link_recv_chain(
-    wrs: &[RecvWr],
-    wr_buf: &mut [MaybeUninit<sys::ibv_recv_wr>],
+impl ChainedWr for RecvWr {
+    type Raw = sys::ibv_recv_wr;
+    const VERB: &'static str = "ibv_post_recv";
+
+    fn sges(&self) -> &[bex_rnic::verbs::Sge] {
+        self.sg_list.as_slice()
+    }
+
+    fn to_raw(&self, next: *mut Self::Raw, sg_list: *mut sys::ibv_sge, num_sge: i32) -> Self::Raw {
+        sys::ibv_recv_wr { wr_id: self.wr_id, next, sg_list, num_sge }
+    }
+}
+
+/// Builds `wrs` as a linked chain in `wr_buf`/`sge_buf` and returns its head. The chain's
+/// pointers stay valid while both buffers are neither moved nor reused.
+pub(crate) fn link_chain<W: ChainedWr>(
+    wrs: &[W],
+    wr_buf: &mut [MaybeUninit<W::Raw>],
     sge_buf: &mut [MaybeUninit<sys::ibv_sge>],
-) -> *mut sys::ibv_recv_wr {
+) -> *mut W::Raw {
     assert!(
         wr_buf.len() >= wrs.len() && sge_buf.len() >= wrs.len() * MAX_SGE,
         "chain buffers too small"
     );
-    let base: *mut sys::ibv_recv_wr = wr_buf.as_mut_ptr().cast();
+    let base: *mut W::Raw = wr_buf.as_mut_ptr().cast();
     let sge_base: *mut sys::ibv_sge = sge_buf.as_mut_ptr().cast();
     for (i, wr) in wrs.iter().enumerate() {
         let sges = sge_base.wrapping_add(i * MAX_SGE);
-        let list = wr.sg_list.as_slice();
+        let list = wr.sges();
         for (j, s) in list.iter().enumerate() {
             let sge = sys::ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey };
-            // SAFETY: as in `link_send_chain`.
+            // SAFETY: `i * MAX_SGE + j < sge_buf.len()` (asserted above, `j < MAX_SGE`),
+            // and `sge_base` points into that buffer.
             unsafe { sges.add(j).write(sge) };
         }
-        let out = sys::ibv_recv_wr {
-            wr_id: wr.wr_id,
-            next: if i + 1 < wrs.len() { base.wrapping_add(i + 1) } else { ptr::null_mut() },
-            sg_list: if list.is_empty() { ptr::null_mut() } else { sges },
-            num_sge: list.len() as i32,
-        };
+        let next = if i + 1 < wrs.len() { base.wrapping_add(i + 1) } else { ptr::null_mut() };
+        let sg_list = if list.is_empty() { ptr::null_mut() } else { sges };
+        let out = wr.to_raw(next, sg_list, list.len() as i32);
         // SAFETY: `i < wr_buf.len()` (asserted above) and `base` points into that buffer.
         unsafe { base.add(i).write(out) };
     }
@@ -664,49 +672,19 @@ pub(crate) fn link_recv_chain(
 
 /// Links `wrs` (on the stack when short) and posts them with one call of `post`, which gets
 /// the head and the `bad_wr` out-pointer and returns the verb's code.
-fn post_send_chain(
-    wrs: &[SendWr],
-    post: impl FnOnce(*mut sys::ibv_send_wr, *mut *mut sys::ibv_send_wr) -> i32,
+fn post_chain<W: ChainedWr>(
+    wrs: &[W],
+    post: impl FnOnce(*mut W::Raw, *mut *mut W::Raw) -> i32,
 ) -> Result<()> {
-    let run = |wr_buf: &mut [MaybeUninit<sys::ibv_send_wr>],
-               sge_buf: &mut [MaybeUninit<sys::ibv_sge>]| {
-        let head = link_send_chain(wrs, wr_buf, sge_buf);
-        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+    let run = |wr_buf: &mut [MaybeUninit<W::Raw>], sge_buf: &mut [MaybeUninit<sys::ibv_sge>]| {
+        let head = link_chain(wrs, wr_buf, sge_buf);
+        let mut bad: *mut W::Raw = ptr::null_mut();
         let rc = post(head, &mut bad);
         if rc == 0 {
             return Ok(());
         }
         let e = rc_errno(rc);
-        Err(post_error("ibv_post_send", e, chain_index(head, bad, wrs.len())))
-    };
-    if wrs.len() <= STACK_WRS {
-        let mut wr_buf = [const { MaybeUninit::uninit() }; STACK_WRS];
-        let mut sge_buf = [const { MaybeUninit::uninit() }; STACK_WRS * MAX_SGE];
-        run(&mut wr_buf, &mut sge_buf)
-    } else {
-        let mut wr_buf: Vec<_> =
-            std::iter::repeat_with(MaybeUninit::uninit).take(wrs.len()).collect();
-        let mut sge_buf: Vec<_> =
-            std::iter::repeat_with(MaybeUninit::uninit).take(wrs.len() * MAX_SGE).collect();
-        run(&mut wr_buf, &mut sge_buf)
-    }
-}
-
-/// [`post_send_chain`] for receives.
-fn post_recv_chain(
-    wrs: &[RecvWr],
-    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
-) -> Result<()> {
-    let run = |wr_buf: &mut [MaybeUninit<sys::ibv_recv_wr>],
-               sge_buf: &mut [MaybeUninit<sys::ibv_sge>]| {
-        let head = link_recv_chain(wrs, wr_buf, sge_buf);
-        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-        let rc = post(head, &mut bad);
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = rc_errno(rc);
-        Err(post_error("ibv_post_recv", e, chain_index(head, bad, wrs.len())))
+        Err(post_error(W::VERB, e, chain_index(head, bad, wrs.len())))
     };
     if wrs.len() <= STACK_WRS {
         let mut wr_buf = [const { MaybeUninit::uninit() }; STACK_WRS];
@@ -745,7 +723,7 @@ mod tests {
         ];
         let mut wr_buf = [const { MaybeUninit::uninit() }; 4];
         let mut sge_buf = [const { MaybeUninit::uninit() }; 4 * MAX_SGE];
-        let head = link_send_chain(&wrs, &mut wr_buf, &mut sge_buf);
+        let head = link_chain(&wrs, &mut wr_buf, &mut sge_buf);
         let mut seen = Vec::new();
         let mut cur = head;
         while !cur.is_null() {
@@ -794,7 +772,7 @@ mod tests {
             (0..40).map(|i| RecvWr { wr_id: i, sg_list: SgList::one(sge(i as u32)) }).collect();
         // Longer than the stack buffer: one heap chain, still posted with one call.
         let mut calls = 0;
-        let result = post_recv_chain(&wrs, |head, _bad| {
+        let result = post_chain(&wrs, |head, _bad| {
             calls += 1;
             let mut n = 0;
             let mut cur = head;
@@ -817,13 +795,13 @@ mod tests {
     fn bad_wr_maps_to_queue_full_or_invalid_request() {
         let wrs: Vec<RecvWr> =
             (0..5).map(|i| RecvWr { wr_id: i, sg_list: SgList::one(sge(1)) }).collect();
-        let full = post_recv_chain(&wrs, |head, bad| {
+        let full = post_chain(&wrs, |head, bad| {
             // SAFETY: `bad` is the out-pointer the helper passed; the 3rd element exists.
             unsafe { *bad = head.wrapping_add(3) };
             libc::ENOMEM
         });
         assert!(matches!(full, Err(Error::QueueFull { posted: 3 })), "{full:?}");
-        let invalid = post_recv_chain(&wrs, |head, bad| {
+        let invalid = post_chain(&wrs, |head, bad| {
             // SAFETY: as above.
             unsafe { *bad = head.wrapping_add(1) };
             libc::EINVAL
