@@ -4,6 +4,16 @@
 # "${TAG}y" in B (in $DA and $DB) with the addresses (/24, /64), jumbo frames (a 4096-byte
 # path MTU needs no IP fragmentation), up; and removes them, killing what runs inside, on
 # any exit. Needs root and iproute2.
+#   netns_prepare SCRIPT TOOL PACKAGE
+# checks for root and TOOL (exit 2 naming PACKAGE), then builds the stream_check example
+# into $BIN.
+netns_prepare() {
+    if [ "$(id -u)" != 0 ]; then echo "$1: needs root" >&2; exit 2; fi
+    command -v "$2" >/dev/null || { echo "$1: $2 missing (apt-get install $3)" >&2; exit 2; }
+    cargo build --release --locked -q --example stream_check
+    BIN=target/release/examples/stream_check
+}
+
 netns_cleanup() {
     for ns in "${NA:-}" "${NB:-}"; do
         [ -n "$ns" ] || continue

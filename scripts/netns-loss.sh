@@ -16,13 +16,8 @@ MTU=${MTU:-4096}
 LOSSES=("${@:-0.01 0.05}")
 read -r -a LOSSES <<<"${LOSSES[*]}"
 
-if [ "$(id -u)" != 0 ]; then echo "netns-loss: needs root" >&2; exit 2; fi
-command -v iptables >/dev/null || { echo "netns-loss: iptables missing (apt-get install iptables)" >&2; exit 2; }
-
-cargo build --release --locked -q --example stream_check
-BIN=target/release/examples/stream_check
-
 . scripts/lib-netns.sh
+netns_prepare netns-loss iptables iptables
 TAG="bexl$$"
 netns_pair "$TAG" 10.199.0.1 10.199.0.2
 

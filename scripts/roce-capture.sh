@@ -16,13 +16,8 @@ OUT=${1:-target/roce-capture}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
-if [ "$(id -u)" != 0 ]; then echo "roce-capture: needs root" >&2; exit 2; fi
-command -v tcpdump >/dev/null || { echo "roce-capture: tcpdump missing (apt-get install tcpdump)" >&2; exit 2; }
-
-cargo build --release --locked -q --example stream_check
-BIN=target/release/examples/stream_check
-
 . scripts/lib-netns.sh
+netns_prepare roce-capture tcpdump tcpdump
 TAG="bexc$$"
 netns_pair "$TAG" 10.198.0.1 10.198.0.2 fd98::1 fd98::2
 # One segment per send: the kernel segments GSO sends before the wire.

@@ -7,7 +7,7 @@ use bex_experiments::extract::{self, InferenceRun, TrainingRun};
 use bex_experiments::summary;
 use bex_report::ClusterReport;
 use clap::{Parser, Subcommand};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Runs the paper's end-to-end experiments on clusters started by `bex-cluster`, and writes
 /// runs.json, summary.json, summary.md and an SVG plot into the output directory.
@@ -139,6 +139,60 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))
 }
 
+/// A run that produced no result.
+#[derive(serde::Serialize)]
+struct RunFailure {
+    /// Its output directory.
+    run: PathBuf,
+    /// Why.
+    error: String,
+}
+
+/// Keeps one run's result (announcing it with `line`) or its failure.
+fn record<R>(
+    dir: &Path,
+    result: Result<R, String>,
+    runs: &mut Vec<R>,
+    failures: &mut Vec<RunFailure>,
+    line: impl FnOnce(&R) -> String,
+) {
+    match result {
+        Ok(r) => {
+            eprintln!("bex-exp: {}", line(&r));
+            runs.push(r);
+        }
+        Err(error) => {
+            eprintln!("bex-exp: {}: {error}", dir.display());
+            failures.push(RunFailure { run: dir.to_path_buf(), error });
+        }
+    }
+}
+
+/// `runs.json` (every run and failure) and `summary.json` (the command and the cells).
+fn write_runs<R: serde::Serialize, C: serde::Serialize>(
+    out: &Path,
+    runs: &[R],
+    failures: &[RunFailure],
+    cells: &C,
+) -> Result<(), String> {
+    #[derive(serde::Serialize)]
+    struct Runs<'a, R> {
+        runs: &'a [R],
+        failures: &'a [RunFailure],
+    }
+    #[derive(serde::Serialize)]
+    struct Summary<'a, C> {
+        command: String,
+        cells: &'a C,
+    }
+    write(&out.join("runs.json"), &pretty(&Runs { runs, failures })?)?;
+    write(&out.join("summary.json"), &pretty(&Summary { command: command_line(), cells })?)
+}
+
+fn pretty(v: &impl serde::Serialize) -> Result<String, String> {
+    serde_json::to_string_pretty(v).map_err(|e| format!("JSON: {e}"))
+}
+
 fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
@@ -217,7 +271,7 @@ fn run() -> Result<(), String> {
             let bin = cluster_bin.unwrap_or_else(default_cluster_bin);
             std::fs::create_dir_all(out.join("runs")).map_err(|e| e.to_string())?;
             let mut runs: Vec<InferenceRun> = Vec::new();
-            let mut failures = Vec::new();
+            let mut failures: Vec<RunFailure> = Vec::new();
             for rep in 0..repeats {
                 for &rate in &rates {
                     for transport in ["rdma", "tcp"] {
@@ -235,35 +289,19 @@ fn run() -> Result<(), String> {
                             ],
                             &sets,
                         );
-                        match launch(&bin, &config, &dir, &args)
-                            .and_then(|v| extract::inference(&v, transport, rate))
-                        {
-                            Ok(r) => {
-                                eprintln!(
-                                    "bex-exp: {transport} {rate} req/s #{rep}: pull p99 {:.0} µs, mean {:.0} µs, errors {}",
-                                    r.pull_p99_us, r.pull_mean_us, r.errors
-                                );
-                                runs.push(r);
-                            }
-                            Err(e) => {
-                                eprintln!("bex-exp: {}: {e}", dir.display());
-                                failures.push(json!({"run": dir, "error": e}));
-                            }
-                        }
+                        let result = launch(&bin, &config, &dir, &args)
+                            .and_then(|v| extract::inference(&v, transport, rate));
+                        record(&dir, result, &mut runs, &mut failures, |r| {
+                            format!(
+                                "{transport} {rate} req/s #{rep}: pull p99 {:.0} µs, mean {:.0} µs, errors {}",
+                                r.pull_p99_us, r.pull_mean_us, r.errors
+                            )
+                        });
                     }
                 }
             }
             let cells = summary::inference_cells(&runs);
-            write(
-                &out.join("runs.json"),
-                &serde_json::to_string_pretty(&json!({"runs": runs, "failures": failures}))
-                    .unwrap_or_default(),
-            )?;
-            write(
-                &out.join("summary.json"),
-                &serde_json::to_string_pretty(&json!({"command": command_line(), "cells": cells}))
-                    .unwrap_or_default(),
-            )?;
+            write_runs(&out, &runs, &failures, &cells)?;
             let md = summary::inference_markdown(&cells, &command_line());
             write(&out.join("summary.md"), &md)?;
             write(&out.join("inference.svg"), &summary::inference_svg(&cells))?;
@@ -298,7 +336,7 @@ fn run() -> Result<(), String> {
             let bin = cluster_bin.unwrap_or_else(default_cluster_bin);
             std::fs::create_dir_all(out.join("runs")).map_err(|e| e.to_string())?;
             let mut runs: Vec<TrainingRun> = Vec::new();
-            let mut failures = Vec::new();
+            let mut failures: Vec<RunFailure> = Vec::new();
             for rep in 0..repeats {
                 for &n in &trainers {
                     for variant in &variants {
@@ -331,21 +369,14 @@ fn run() -> Result<(), String> {
                             ],
                             &sets,
                         );
-                        match launch(&bin, &config, &dir, &args)
-                            .and_then(|v| extract::training(&v, variant))
-                        {
-                            Ok(r) => {
-                                eprintln!(
-                                    "bex-exp: {variant} × {n} #{rep}: push p99 {:.0} µs, fetch p99 {:.0} µs, retransmits {}",
-                                    r.push_p99_us, r.fetch_p99_us, r.retransmits
-                                );
-                                runs.push(r);
-                            }
-                            Err(e) => {
-                                eprintln!("bex-exp: {}: {e}", dir.display());
-                                failures.push(json!({"run": dir, "error": e}));
-                            }
-                        }
+                        let result = launch(&bin, &config, &dir, &args)
+                            .and_then(|v| extract::training(&v, variant));
+                        record(&dir, result, &mut runs, &mut failures, |r| {
+                            format!(
+                                "{variant} × {n} #{rep}: push p99 {:.0} µs, fetch p99 {:.0} µs, retransmits {}",
+                                r.push_p99_us, r.fetch_p99_us, r.retransmits
+                            )
+                        });
                     }
                 }
             }
@@ -357,16 +388,7 @@ fn run() -> Result<(), String> {
                  the busiest trainer is the one with the highest P99.",
                 config.display()
             );
-            write(
-                &out.join("runs.json"),
-                &serde_json::to_string_pretty(&json!({"runs": runs, "failures": failures}))
-                    .unwrap_or_default(),
-            )?;
-            write(
-                &out.join("summary.json"),
-                &serde_json::to_string_pretty(&json!({"command": command_line(), "cells": cells}))
-                    .unwrap_or_default(),
-            )?;
+            write_runs(&out, &runs, &failures, &cells)?;
             let md = summary::training_markdown(&cells, &command_line(), &setup);
             write(&out.join("summary.md"), &md)?;
             write(&out.join("training.svg"), &summary::training_svg(&cells))?;

@@ -147,11 +147,7 @@ pub fn inference_markdown(cells: &[InferenceCell], command: &str) -> String {
             o,
             "\nTarget \"inference P99 on RDMA ≤ 0.8× TCP\": Pull P99 ratio {} → **{}**.\n",
             fmt_ratio(target),
-            match target {
-                Some(x) if x <= 0.8 => "met",
-                Some(_) => "not met",
-                None => "not measured",
-            }
+            verdict(target, 0.8)
         );
     }
     o
@@ -333,11 +329,7 @@ pub fn training_markdown(cells: &[TrainingCell], command: &str, setup: &str) -> 
                 o,
                 "\nTarget \"push P99 with the window ≤ 0.5× without it\": {} → **{}** (paper: {}).\n",
                 fmt_ratio(x),
-                match x {
-                    Some(x) if x <= 0.5 => "met",
-                    Some(_) => "not met",
-                    None => "not measured",
-                },
+                verdict(x, 0.5),
                 fmt_ratio(ratio(paper::TRAIN_PUSH_P99_MS.2, paper::TRAIN_PUSH_P99_MS.1)),
             );
         }
@@ -376,6 +368,15 @@ pub fn training_svg(cells: &[TrainingCell]) -> String {
         }),
     ];
     grid(&charts, 3, 420.0, 300.0)
+}
+
+/// Whether a ratio meets an upper `limit`.
+fn verdict(ratio: Option<f64>, limit: f64) -> &'static str {
+    match ratio {
+        Some(x) if x <= limit => "met",
+        Some(_) => "not met",
+        None => "not measured",
+    }
 }
 
 #[cfg(test)]

@@ -591,34 +591,12 @@ fn peers(input: &Input<'_>, out: &mut Vec<Finding>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A directory removed on drop.
-    struct Dir(PathBuf);
-
-    impl Dir {
-        fn new() -> Dir {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let n = N.fetch_add(1, Ordering::Relaxed);
-            let p = std::env::temp_dir().join(format!("bex-doctor-{}-{n}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            Dir(p)
-        }
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use bex_testkit::scratch::Scratch;
 
     /// A fake sysfs with one RoCE device `mlx5_0`, port 1, on netdev `eth1` holding
     /// 192.168.7.5: GID 0 link-local (RoCE v1), 1 RoCE v1 and 2 RoCE v2 of the IPv4 address.
-    fn roce_tree(state: &str) -> (Dir, Host) {
-        let dir = Dir::new();
+    fn roce_tree(state: &str) -> (Scratch, Host) {
+        let dir = Scratch::unique("doctor");
         let port = dir.path().join("sys/class/infiniband/mlx5_0/ports/1");
         let w = |p: &Path, s: &str| {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();

@@ -61,6 +61,22 @@ impl Running {
             }
         }
     }
+
+    /// SIGTERM, then up to `grace` for the process to exit: its status, or none if it had
+    /// to be killed.
+    fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.signal(Signal::SIGTERM);
+        let t0 = now();
+        while self.poll().is_none() && now() < t0 + grace {
+            wait_then_now(Duration::from_millis(5));
+        }
+        if self.status.is_none() {
+            self.signal(Signal::SIGKILL);
+            self.status = self.child.wait().ok();
+            return None;
+        }
+        self.status
+    }
 }
 
 /// Renames `p` to `p.<tag>` (a stopped process's logs and report, kept next to its
@@ -470,6 +486,16 @@ impl Executor {
         }
     }
 
+    /// The server `name`, if it runs.
+    fn running_server(&mut self, name: &str) -> Result<&mut Running, String> {
+        let i = self.server_index(name)?;
+        let s = &mut self.servers[i];
+        if s.poll().is_some() {
+            return Err("already not running".into());
+        }
+        Ok(s)
+    }
+
     fn server_index(&self, name: &str) -> Result<usize, String> {
         self.servers
             .iter()
@@ -502,42 +528,27 @@ impl Executor {
         }
         match action {
             ChaosAction::Kill { server } => {
-                let i = self.server_index(&server)?;
-                let s = &mut self.servers[i];
-                if s.poll().is_some() {
-                    return Err("already not running".into());
-                }
+                let s = self.running_server(&server)?;
                 s.signal(Signal::SIGKILL);
                 s.status = s.child.wait().ok();
+                let pid = s.pid;
                 self.down.insert(server);
-                Ok(format!("SIGKILL pid {}", s.pid))
+                Ok(format!("SIGKILL pid {pid}"))
             }
             ChaosAction::Term { server } => {
                 // A graceful stop: the server drains (refuses pushes, flushes replication),
                 // checkpoints and must exit 0 within its grace.
-                let i = self.server_index(&server)?;
-                let s = &mut self.servers[i];
-                if s.poll().is_some() {
-                    return Err("already not running".into());
-                }
-                s.signal(Signal::SIGTERM);
+                let s = self.running_server(&server)?;
                 let t0 = now();
-                while s.poll().is_none() && now() < t0 + SERVER_STOP_GRACE {
-                    wait_then_now(Duration::from_millis(5));
-                }
+                let status = s.terminate(SERVER_STOP_GRACE);
+                let pid = s.pid;
                 self.down.insert(server);
-                match s.status {
-                    Some(st) if st.success() => Ok(format!(
-                        "SIGTERM pid {}: exited 0 after {:.2} s",
-                        s.pid,
-                        secs(now() - t0)
-                    )),
-                    Some(st) => Err(format!("SIGTERM pid {}: exited with {st}", s.pid)),
-                    None => {
-                        s.signal(Signal::SIGKILL);
-                        s.status = s.child.wait().ok();
-                        Err(format!("SIGTERM pid {}: not gone after {SERVER_STOP_GRACE:?}", s.pid))
+                match status {
+                    Some(st) if st.success() => {
+                        Ok(format!("SIGTERM pid {pid}: exited 0 after {:.2} s", secs(now() - t0)))
                     }
+                    Some(st) => Err(format!("SIGTERM pid {pid}: exited with {st}")),
+                    None => Err(format!("SIGTERM pid {pid}: not gone after {SERVER_STOP_GRACE:?}")),
                 }
             }
             ChaosAction::RestartClient { client } => {
@@ -547,15 +558,9 @@ impl Executor {
                     .position(|c| c.spec.name == client && c.poll().is_none())
                     .ok_or_else(|| format!("no running client {client}"))?;
                 let c = &mut self.clients[i];
-                c.signal(Signal::SIGTERM);
-                let t0 = now();
-                while c.poll().is_none() && now() < t0 + STOP_GRACE {
-                    wait_then_now(Duration::from_millis(5));
-                }
-                let (old_pid, status) = (c.pid, c.status);
+                let status = c.terminate(STOP_GRACE);
+                let old_pid = c.pid;
                 if status.is_none() {
-                    c.signal(Signal::SIGKILL);
-                    c.status = c.child.wait().ok();
                     return Err(format!("SIGTERM pid {old_pid}: not gone after {STOP_GRACE:?}"));
                 }
                 if !status.is_some_and(|s| s.success()) {

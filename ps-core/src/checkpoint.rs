@@ -749,26 +749,7 @@ mod tests {
     use super::*;
     use bex_ps_proto::init::Initializer;
     use bex_ps_proto::optim::Optimizer;
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new() -> TempDir {
-            static N: AtomicU32 = AtomicU32::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "bex-ps-core-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            fs::create_dir_all(&p).unwrap();
-            TempDir(p)
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use bex_testkit::scratch::Scratch;
 
     fn specs() -> Vec<TableSpec> {
         vec![
@@ -841,8 +822,8 @@ mod tests {
 
     #[test]
     fn round_trip_is_bit_exact() {
-        let dir = TempDir::new();
-        let path = dir.0.join("sub/shard0.ckpt");
+        let dir = Scratch::unique("ps-core");
+        let path = dir.join("sub/shard0.ckpt");
         let set = filled();
         let meta = CheckpointMeta { shard: 1, shards: 4, update_seq: 99, created_ms: 1234 };
         let dedupe = crate::dedupe::Dedupe::new(crate::dedupe::DedupeConfig::default());
@@ -854,7 +835,7 @@ mod tests {
         let info = write_checkpoint(&path, &set, &windows, &meta).unwrap();
         assert_eq!(info.rows, 6000);
         assert_eq!(info.bytes, fs::metadata(&path).unwrap().len());
-        assert!(!dir.0.join("sub/shard0.ckpt.tmp").exists());
+        assert!(!dir.join("sub/shard0.ckpt.tmp").exists());
         let (back, m, w) = read_checkpoint(&path, &specs()).unwrap();
         assert_eq!(m, meta);
         assert_eq!(w, windows);
@@ -869,8 +850,8 @@ mod tests {
 
     #[test]
     fn corruption_is_detected_everywhere() {
-        let dir = TempDir::new();
-        let path = dir.0.join("c.ckpt");
+        let dir = Scratch::unique("ps-core");
+        let path = dir.join("c.ckpt");
         let windows = [WindowState { client: 5, high: 77, bits: vec![0xf0f0, 1] }];
         write_checkpoint(&path, &filled(), &windows, &CheckpointMeta::default()).unwrap();
         let good = fs::read(&path).unwrap();
@@ -900,8 +881,8 @@ mod tests {
 
     #[test]
     fn definitions_must_match() {
-        let dir = TempDir::new();
-        let path = dir.0.join("c.ckpt");
+        let dir = Scratch::unique("ps-core");
+        let path = dir.join("c.ckpt");
         write_checkpoint(&path, &filled(), &[], &CheckpointMeta::default()).unwrap();
         let mut other = specs();
         other[1].dim = 5;
@@ -920,7 +901,7 @@ mod tests {
         assert_eq!(set.get(set.id_of("new").unwrap()).unwrap().rows(), 0);
         assert_eq!(set.get(set.id_of("user").unwrap()).unwrap().rows(), 3000);
         assert!(matches!(
-            read_checkpoint(&dir.0.join("missing"), &specs()),
+            read_checkpoint(&dir.join("missing"), &specs()),
             Err(CheckpointError::Io { .. })
         ));
     }

@@ -420,15 +420,29 @@ impl Table {
         updated: Option<&mut [f32]>,
     ) -> Result<usize, TableError> {
         let dim = self.dim();
-        Self::check_len("grads", keys.len().checked_mul(dim), grads.len())?;
-        if let Some(u) = &updated {
-            Self::check_len("updated", keys.len().checked_mul(dim), u.len())?;
-        }
-        if let Some(index) = grads.iter().position(|g| !g.is_finite()) {
-            return Err(TableError::NonFinite { index });
-        }
+        self.check_push(keys.len(), grads.len(), grads.iter().copied(), updated.as_deref())?;
         let row = |i: usize, out: &mut [f32]| out.copy_from_slice(&grads[i * dim..(i + 1) * dim]);
         Ok(self.push_rows(keys.iter().copied(), row, updated))
+    }
+
+    /// A push's lengths (`keys × dim` gradients, and as many updated values) and finite
+    /// gradients.
+    fn check_push(
+        &self,
+        keys: usize,
+        grads_len: usize,
+        mut grads: impl Iterator<Item = f32>,
+        updated: Option<&[f32]>,
+    ) -> Result<(), TableError> {
+        let want = keys.checked_mul(self.dim());
+        Self::check_len("grads", want, grads_len)?;
+        if let Some(u) = updated {
+            Self::check_len("updated", want, u.len())?;
+        }
+        match grads.position(|g| !g.is_finite()) {
+            Some(index) => Err(TableError::NonFinite { index }),
+            None => Ok(()),
+        }
     }
 
     /// [`push`](Self::push) with keys and gradients straight from a request frame.
@@ -439,13 +453,7 @@ impl Table {
         updated: Option<&mut [f32]>,
     ) -> Result<usize, TableError> {
         let dim = self.dim();
-        Self::check_len("grads", keys.len().checked_mul(dim), grads.len())?;
-        if let Some(u) = &updated {
-            Self::check_len("updated", keys.len().checked_mul(dim), u.len())?;
-        }
-        if let Some(index) = grads.iter().position(|g| !g.is_finite()) {
-            return Err(TableError::NonFinite { index });
-        }
+        self.check_push(keys.len(), grads.len(), grads.iter(), updated.as_deref())?;
         let row = |i: usize, out: &mut [f32]| {
             if let Some(r) = grads.row(i, dim) {
                 r.copy_to(out);

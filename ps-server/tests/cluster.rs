@@ -84,6 +84,11 @@ impl Cluster {
         assert!(status.success(), "clean exit on SIGTERM: {status}");
     }
 
+    /// The secret a loopback client of this cluster derives.
+    fn secret(&self) -> Vec<u8> {
+        cluster_secret(&self.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
+    }
+
     async fn client(&self, local_pod: u32, secret: &[u8]) -> Arc<PsClient> {
         self.client_on(local_pod, secret, true).await
     }
@@ -145,7 +150,7 @@ fn keys(n: u64) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
     let mut c = Cluster::new("repl", 0).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let trainer = c.client(0, &secret).await;
     let ks = keys(200);
     let before = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
@@ -201,7 +206,7 @@ async fn pushes_reach_every_replica_and_a_killed_server_fails_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly() {
     let mut c = Cluster::new("dedupe", 1).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let cl = c.client(0, &secret).await;
     // Keys of shard 0 only, pushed twice with the same (client, seq).
     let ks: Vec<u64> =
@@ -259,7 +264,7 @@ fn relaxed(c: &std::sync::atomic::AtomicU64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rdma_failure_falls_back_to_tcp_and_rdma_returns_after_a_reprobe() {
     let c = Cluster::with("rdma", 3, |cfg| cfg.rpc.rdma_reprobe_s = 1).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let cl = c.client(0, &secret).await;
     // Admin commands go over TCP, which the drill leaves alone.
     let admin = c.client_on(0, &secret, false).await;
@@ -309,7 +314,7 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
         cfg.rpc.quarantine_s = 60;
     })
     .await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     c.kill9(1, 0);
     // A ranker in pod 1 asks shard 0: its local replica is dead.
     let cl = c.client(1, &secret).await;
@@ -339,7 +344,7 @@ async fn quarantine_engages_at_exactly_m_plus_one_failures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_error_statuses_and_the_server_keeps_serving() {
     let c = Cluster::new("bad", 5).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let cl = c.client(0, &secret).await;
     let ks = keys(8);
     let h = DataHeader { table: TABLE, dim: DIM, client: 5, seq: 0, flags: 0 };
@@ -411,7 +416,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() {
     let mut c = Cluster::new("metrics", 10).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let registry = bex_ps_proto::metrics::Registry::new();
     let trainer = c.client(0, &secret).await;
     let trainer = Arc::into_inner(trainer).unwrap().with_metrics(&registry).unwrap();
@@ -488,7 +493,7 @@ async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
     let mut c = Cluster::new("bootstrap", 6).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let trainer = c.client(0, &secret).await;
     let ks = keys(300);
     trainer.push(TABLE, DIM, &ks, &vec![0.25f32; ks.len() * DIM as usize]).await.unwrap();
@@ -557,7 +562,7 @@ async fn restarted_trainers_and_training_servers_have_their_updates_applied() {
     use bex_client::connect_client;
     use bex_ps_proto::config::TransportKind;
     let mut c = Cluster::new("restarts", 7).await;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let ks = keys(100);
     let grads = vec![0.5f32; ks.len() * DIM as usize];
     let local = std::net::IpAddr::from([127, 0, 0, 1]);
@@ -633,7 +638,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
     })
     .await;
     const COUNT: u32 = 1;
-    let secret = cluster_secret(&c.cfg, std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
+    let secret = c.secret();
     let ks: Vec<u64> =
         keys(500).into_iter().filter(|k| bex_ps_proto::shard_of(*k, 2) == 0).take(20).collect();
     let local = std::net::IpAddr::from([127, 0, 0, 1]);

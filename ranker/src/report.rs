@@ -2,7 +2,6 @@
 
 use std::fmt::Write as _;
 
-use bex_transport::NicStats as DeviceStats;
 use serde_json::{json, Value};
 
 use bex_traffic::LatencySummary;
@@ -25,19 +24,6 @@ pub struct RunInfo {
     pub trace: Option<String>,
     /// Dense weight refreshes (after the first fetch) and failures.
     pub dense_refreshes: (u64, u64),
-}
-
-fn rnic_delta(a: &DeviceStats, b: &DeviceStats) -> Value {
-    let d = |x: u64, y: u64| y.saturating_sub(x);
-    json!({
-        "rnr_naks_received": d(a.rnr_naks_received, b.rnr_naks_received),
-        "rnr_naks_sent": d(a.rnr_naks_sent, b.rnr_naks_sent),
-        "seq_naks_received": d(a.seq_naks_received, b.seq_naks_received),
-        "retransmitted_packets": d(a.retransmitted_packets, b.retransmitted_packets),
-        "ack_timeouts": d(a.ack_timeouts, b.ack_timeouts),
-        "tx_packets": d(a.tx_packets, b.tx_packets),
-        "rx_packets": d(a.rx_packets, b.rx_packets),
-    })
 }
 
 /// The JSON report.
@@ -90,7 +76,7 @@ pub fn to_json(s: &Settings, info: &RunInfo, out: &RunOutput) -> Value {
                 "idle_s": sys.idle_s,
             },
         },
-        "rnic": rnic_delta(&out.start.rnic, &out.end.rnic),
+        "rnic": out.end.rnic.since(&out.start.rnic),
         "rpc": rpc,
         "dense": {
             "params_per_model": s.models.first().map(|m| m.dense_len()),

@@ -24,9 +24,21 @@ pub fn ranker_cluster(extra: &str, ranker: &str) -> String {
     format!("[cluster]\npods = 1\nshards = 2\n{extra}\n{RANKER_TABLES}\n[ranker]\n{ranker}\n")
 }
 
+/// The shipped `configs/local.toml`, parsed (the file users start from).
+pub fn local_config() -> bex_ps_proto::Config {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml");
+    let text = std::fs::read_to_string(path).expect("configs/local.toml");
+    bex_ps_proto::Config::from_toml_str(&text).expect("configs/local.toml is valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shipped_local_config_parses() {
+        assert!(!local_config().tables.is_empty());
+    }
 
     #[test]
     fn the_ranker_cluster_parses() {

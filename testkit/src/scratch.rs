@@ -15,6 +15,14 @@ impl Scratch {
         Scratch(dir)
     }
 
+    /// A fresh directory for `name` that no other call in this process shares (tests that
+    /// run side by side in one process each get their own).
+    pub fn unique(name: &str) -> Scratch {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        Scratch::new(&format!("{name}-{}", N.fetch_add(1, Ordering::Relaxed)))
+    }
+
     /// Its path.
     pub fn path(&self) -> &Path {
         &self.0

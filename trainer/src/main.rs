@@ -24,7 +24,7 @@ use bex_ps_proto::config::TransportKind;
 use bex_ps_proto::metrics::{Counter, Gauge, MetricsError, Registry};
 use bex_ps_proto::Config;
 use bex_trainer::clock;
-use bex_trainer::report::{Report, RnicCounters};
+use bex_trainer::report::Report;
 use bex_trainer::settings::{Overrides, Settings};
 use bex_trainer::store::PsStore;
 use bex_trainer::train::{EvalPoint, Stats, Trainer};
@@ -312,7 +312,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         last_error: st.last_error.clone(),
         eval_errors,
         rpc: client.ps.rpc().stats().snapshot(),
-        rnic: RnicCounters::from(&client.stack.nic_stats()),
+        rnic: client.stack.nic_stats(),
         cpu: CpuTimes::of_self().unwrap_or_default().since(&cpu0),
         interrupted: stop.load(Ordering::SeqCst),
     };

@@ -10,39 +10,6 @@ use crate::train::{EvalPoint, LatencySummary};
 /// RPC counters of the trainer's client (`bex_rpc::ClientStats::snapshot`).
 pub type RpcCounters = bex_rpc::ClientCounts;
 
-/// Counters of the trainer's software RNIC.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct RnicCounters {
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// RNR NAKs sent.
-    pub rnr_naks_sent: u64,
-    /// Sequence NAKs received.
-    pub seq_naks_received: u64,
-    /// Packets retransmitted.
-    pub retransmitted_packets: u64,
-    /// ACK timeouts.
-    pub ack_timeouts: u64,
-    /// Packets sent.
-    pub tx_packets: u64,
-    /// Packets received.
-    pub rx_packets: u64,
-}
-
-impl From<&DeviceStats> for RnicCounters {
-    fn from(s: &DeviceStats) -> Self {
-        RnicCounters {
-            rnr_naks_received: s.rnr_naks_received,
-            rnr_naks_sent: s.rnr_naks_sent,
-            seq_naks_received: s.seq_naks_received,
-            retransmitted_packets: s.retransmitted_packets,
-            ack_timeouts: s.ack_timeouts,
-            tx_packets: s.tx_packets,
-            rx_packets: s.rx_packets,
-        }
-    }
-}
-
 /// The JSON report (`"kind": "trainer"`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -105,7 +72,7 @@ pub struct Report {
     /// RPC counters.
     pub rpc: RpcCounters,
     /// Software RNIC counters.
-    pub rnic: RnicCounters,
+    pub rnic: DeviceStats,
     /// This process's CPU time over the run.
     pub cpu: CpuTimes,
     /// Stopped by SIGINT/SIGTERM.

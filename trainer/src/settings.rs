@@ -208,10 +208,7 @@ mod tests {
     use super::*;
 
     fn cfg(trainer: &str) -> Config {
-        let text =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml"))
-                .expect("configs/local.toml");
-        let mut c = Config::from_toml_str(&text).expect("local.toml is valid");
+        let mut c = bex_testkit::fixtures::local_config();
         c.trainer = toml::from_str(trainer).expect("test TOML");
         c
     }
@@ -227,11 +224,7 @@ mod tests {
 
     #[test]
     fn shipped_section_resolves() {
-        let text =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml"))
-                .unwrap();
-        let c = Config::from_toml_str(&text).unwrap();
-        Settings::resolve(&c, &Overrides::default()).unwrap();
+        Settings::resolve(&bex_testkit::fixtures::local_config(), &Overrides::default()).unwrap();
     }
 
     #[test]

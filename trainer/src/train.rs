@@ -268,10 +268,7 @@ mod tests {
     use bex_ps_proto::Config;
 
     fn local(trainer: &str) -> Config {
-        let text =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml"))
-                .expect("configs/local.toml");
-        let mut c = Config::from_toml_str(&text).expect("valid");
+        let mut c = bex_testkit::fixtures::local_config();
         if !trainer.is_empty() {
             c.trainer = toml::from_str(trainer).expect("test TOML");
         }

@@ -11,7 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bex_process::child::Guard;
-use bex_ps_proto::Config;
 use bex_testkit::LocalCluster;
 use serde_json::Value;
 
@@ -22,10 +21,7 @@ fn trainer_bin() -> &'static Path {
 /// configs/local.toml reshaped to 1 pod × 2 shards, ports of test `salt`, `trainer` settings
 /// merged into its `[trainer]`; as a cluster of this test (nothing started).
 fn cluster(name: &str, salt: u16, trainer: &str) -> LocalCluster {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/local.toml"))
-            .expect("configs/local.toml");
-    let mut cfg = Config::from_toml_str(&text).expect("local.toml is valid");
+    let mut cfg = bex_testkit::fixtures::local_config();
     cfg.cluster.pods = 1;
     cfg.cluster.shards = 2;
     cfg.cluster.training_pod = 0;

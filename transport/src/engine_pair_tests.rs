@@ -254,13 +254,14 @@ fn one_shared_buffer_goes_out_many_times_and_is_freed_after_the_last() {
     }
 }
 
+/// Faults on every packet: loss, duplicates, corruption and reordering.
+const LOSSY: FaultRates = FaultRates { drop: 0.02, duplicate: 0.02, corrupt: 0.01, reorder: 0.02 };
+
 #[test]
 fn messages_survive_loss_duplication_and_reordering() {
     let mut p = Pair::new(3, Config::default());
     let (sa, sb) = p.open();
-    p.fabric.with_faults(|f| {
-        f.set_rates(FaultRates { drop: 0.02, duplicate: 0.02, corrupt: 0.01, reorder: 0.02 })
-    });
+    p.fabric.with_faults(|f| f.set_rates(LOSSY));
     let sizes: Vec<usize> = (0..60).map(|i| [10, 5000, 40_000][i % 3]).collect();
     for (i, &len) in sizes.iter().enumerate() {
         let m = p.msg(len, i as u8);
@@ -363,9 +364,7 @@ fn large_requests_answered_by_small_replies_take_standing_grants_instead_of_rts(
 fn standing_grants_survive_loss_duplication_and_reordering() {
     let mut p = Pair::new(7, Config::default());
     let (sa, sb) = p.open();
-    p.fabric.with_faults(|f| {
-        f.set_rates(FaultRates { drop: 0.02, duplicate: 0.02, corrupt: 0.01, reorder: 0.02 })
-    });
+    p.fabric.with_faults(|f| f.set_rates(LOSSY));
     let sizes: Vec<usize> = (0..30).map(|i| [20_000, 70_000, 9_000][i % 3]).collect();
     exchange(&mut p, sa, sb, &sizes);
     // Offers never shrink: after the second message (70 kB) the 128 KiB grant fits all.

@@ -136,6 +136,12 @@ impl SimNet {
         self.pool_config = cfg;
     }
 
+    /// The pool layout for simulations of many nodes in one process: one arena and
+    /// `reserve_bytes` per node (2 MiB blocks).
+    pub fn small_pools(reserve_bytes: usize) -> PoolConfig {
+        PoolConfig { reserve_bytes, max_block_bytes: 2 << 20, arenas: 1, ..PoolConfig::default() }
+    }
+
     /// Number of nodes.
     pub fn len(&self) -> usize {
         self.nodes.len()

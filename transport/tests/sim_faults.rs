@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use bemalloc::PoolConfig;
 use bex_rnic::soft::{Fabric, FaultRates, LinkModel, SwitchModel};
 use bex_transport::sim::{SendTicket, SimNet, SimSocket};
 use bex_transport::{Config, Msg};
@@ -128,12 +127,7 @@ fn run(kind: Kind, seed: u64) -> Result<(), String> {
         Fabric::new(seed, link)
     };
     let mut net = SimNet::with_fabric(fabric);
-    net.set_pool_config(PoolConfig {
-        reserve_bytes: 64 << 20,
-        max_block_bytes: 2 << 20,
-        arenas: 1,
-        ..PoolConfig::default()
-    });
+    net.set_pool_config(SimNet::small_pools(64 << 20));
     let e = |e: bex_transport::TransportError| e.to_string();
     let rx_node = net.add_node(cfg.clone()).map_err(e)?;
     let senders = if kind == Kind::DropTailIncast { 3 } else { 1 };

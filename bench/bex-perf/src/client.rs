@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_bench::clock::Clock;
+use bex_bench::report::Progress;
 use bex_bench::stats::{summarize_bw, BwRep};
 use tokio::net::TcpStream;
 
@@ -47,21 +48,6 @@ pub struct Session {
     pub server_pid: Option<u32>,
 }
 
-struct Progress {
-    points: Vec<Point>,
-    total: usize,
-    quiet: bool,
-}
-
-impl Progress {
-    fn push(&mut self, p: Point) {
-        if !self.quiet {
-            eprintln!("[{}/{}] {}", self.points.len() + 1, self.total, p.progress_line());
-        }
-        self.points.push(p);
-    }
-}
-
 /// Runs every job of `plan`. Job failures are points; `Err` is for a session that could not
 /// start.
 pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
@@ -96,11 +82,7 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
         Some(c) => c.local_addr()?.ip(),
         None => IpAddr::V4(Ipv4Addr::LOCALHOST),
     };
-    let mut progress = Progress {
-        points: Vec::with_capacity(plan.jobs.len()),
-        total: plan.jobs.len(),
-        quiet: opts.quiet,
-    };
+    let mut progress = Progress::new(plan.jobs.len(), opts.quiet);
     let mut node = LazyNode::new(opts.nic.clone());
     let mut dead: Option<String> = None;
     for job in &plan.jobs {
@@ -149,7 +131,7 @@ pub async fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Session> {
             c.send(&Ctl::Bye).await?;
         }
     }
-    Ok(Session { points: progress.points, server_pid })
+    Ok(Session { points: progress.done, server_pid })
 }
 
 fn sim_tput_point(

@@ -67,33 +67,6 @@ impl Point {
     pub fn is_failure(&self) -> bool {
         matches!(self.outcome, Outcome::Failed(_) | Outcome::Skipped(_))
     }
-
-    /// One progress line.
-    pub fn progress_line(&self) -> String {
-        let j = &self.job;
-        let what = format!("{} {} {}={}", j.test, j.series, x_name(j.test), x_label(j.test, j.x));
-        match &self.outcome {
-            Outcome::Latency { summary: s, .. } => format!(
-                "{what}: RTT mean {:.1} µs, p50 {:.1}, p99 {:.1}{}",
-                s.mean_us,
-                s.p50_us,
-                s.p99_us,
-                self.extra
-                    .get("large_gbps")
-                    .map_or(String::new(), |g| format!(" (large flows {g:.2} Gb/s)"))
-            ),
-            Outcome::Throughput { summary: s, .. } => format!(
-                "{what}: {:.2} Gb/s, {:.3} M msg/s (median of {}){}",
-                s.median_gbps,
-                s.median_mmsgs,
-                s.reps,
-                metric(self, Metric::CpuPerMsg)
-                    .map_or(String::new(), |c| format!(", {c:.1} CPU µs per message"))
-            ),
-            Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
-            Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
-        }
-    }
 }
 
 /// A number of a point.
@@ -394,26 +367,6 @@ fn cell(p: Option<&Point>, m: Metric) -> String {
     }
 }
 
-/// Right-aligned columns under a title.
-pub fn render(title: &str, header: &[String], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let parts: Vec<String> =
-            cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}", w = *w)).collect();
-        parts.join("  ").trim_end().to_string()
-    };
-    let mut out = format!("{title}\n{}\n", line(header));
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row));
-    }
-    out
-}
-
 /// The table of one test (empty if it has no points).
 pub fn test_table(points: &[Point], t: Test) -> String {
     let xs = xs_of(points, t);
@@ -443,7 +396,7 @@ pub fn test_table(points: &[Point], t: Test) -> String {
         }
         rows.push(row);
     }
-    render(l.title, &header, &rows)
+    bex_bench::report::render(l.title, &header, &rows)
 }
 
 /// How one target came out.
@@ -913,6 +866,35 @@ pub fn figures(points: &[Point]) -> Vec<(&'static str, String)> {
             (!charts.is_empty()).then(|| (*file, bex_plot::grid(&charts, charts.len(), w, h)))
         })
         .collect()
+}
+
+impl bex_bench::report::ProgressLine for Point {
+    /// One progress line.
+    fn progress_line(&self) -> String {
+        let j = &self.job;
+        let what = format!("{} {} {}={}", j.test, j.series, x_name(j.test), x_label(j.test, j.x));
+        match &self.outcome {
+            Outcome::Latency { summary: s, .. } => format!(
+                "{what}: RTT mean {:.1} µs, p50 {:.1}, p99 {:.1}{}",
+                s.mean_us,
+                s.p50_us,
+                s.p99_us,
+                self.extra
+                    .get("large_gbps")
+                    .map_or(String::new(), |g| format!(" (large flows {g:.2} Gb/s)"))
+            ),
+            Outcome::Throughput { summary: s, .. } => format!(
+                "{what}: {:.2} Gb/s, {:.3} M msg/s (median of {}){}",
+                s.median_gbps,
+                s.median_mmsgs,
+                s.reps,
+                metric(self, Metric::CpuPerMsg)
+                    .map_or(String::new(), |c| format!(", {c:.1} CPU µs per message"))
+            ),
+            Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
+            Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -58,14 +58,8 @@ pub fn runtime(app_threads: usize) -> Result<tokio::runtime::Runtime> {
 /// Runs the server: announces the control address on stdout, then serves sessions one at a
 /// time (one, with `once`).
 pub fn serve(opts: &ServerOptions) -> Result<()> {
-    let listener = std::net::TcpListener::bind((opts.bind, opts.port))
-        .map_err(io(format!("cannot listen on {}:{}", opts.bind, opts.port)))?;
-    let addr = listener.local_addr().map_err(io("control: local address"))?;
+    let listener = bex_bench::server::listen(TOOL, opts.bind, opts.port, opts.die_with_parent)?;
     listener.set_nonblocking(true).map_err(io("control: set non-blocking"))?;
-    bex_bench::server::announce(TOOL, addr)?;
-    if opts.die_with_parent {
-        bex_bench::server::exit_when_stdin_closes()?;
-    }
     let rt = runtime(opts.app_threads)?;
     rt.block_on(async {
         let listener =
@@ -76,11 +70,7 @@ pub fn serve(opts: &ServerOptions) -> Result<()> {
                 eprintln!("bex-perf server: session from {peer}");
             }
             let result = session(Control::new(stream)?, opts.quiet, &opts.nic).await;
-            match &result {
-                Ok(()) if !opts.quiet => eprintln!("bex-perf server: session from {peer} done"),
-                Ok(()) => {}
-                Err(e) => tracing::error!(%peer, error = %e, "session failed"),
-            }
+            bex_bench::server::session_ended(TOOL, peer, opts.quiet, &result);
             if opts.once {
                 return result;
             }

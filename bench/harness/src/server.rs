@@ -31,6 +31,37 @@ pub fn announce(tool: &str, addr: SocketAddr) -> Result<()> {
     out.flush().map_err(io("writing the ready line"))
 }
 
+/// Opens `tool`'s control port on `bind:port` and announces it; with `die_with_parent`, this
+/// process exits when its stdin closes from then on.
+pub fn listen(
+    tool: &str,
+    bind: std::net::IpAddr,
+    port: u16,
+    die_with_parent: bool,
+) -> Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind((bind, port))
+        .map_err(io(format!("cannot listen on {bind}:{port}")))?;
+    announce(tool, listener.local_addr().map_err(io("control: local address"))?)?;
+    if die_with_parent {
+        exit_when_stdin_closes()?;
+    }
+    Ok(listener)
+}
+
+/// Says on stderr (unless `quiet`) that `peer`'s session ended, or logs why it failed.
+pub fn session_ended<E: std::fmt::Display>(
+    tool: &str,
+    peer: SocketAddr,
+    quiet: bool,
+    result: &std::result::Result<(), E>,
+) {
+    match result {
+        Ok(()) if !quiet => eprintln!("{tool} server: session from {peer} done"),
+        Ok(()) => {}
+        Err(e) => tracing::error!(%peer, error = %e, "session failed"),
+    }
+}
+
 /// Exits this process as soon as its standard input closes, so a server spawned by another
 /// process never outlives it (`--die-with-parent`).
 pub fn exit_when_stdin_closes() -> Result<()> {

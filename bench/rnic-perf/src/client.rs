@@ -11,6 +11,7 @@ use crate::rdma::ClientSession;
 use crate::report::{JobResult, Outcome};
 use crate::spec::{JobSpec, Plan, MAX_UDP_PAYLOAD_BYTES};
 use bex_bench::clock::Clock;
+use bex_bench::report::Progress;
 use bex_bench::Failure;
 
 /// How long connecting to the control port may take.
@@ -29,27 +30,11 @@ pub struct ClientOptions {
     pub quiet: bool,
 }
 
-/// Collects results in order and prints progress.
-struct Progress {
-    results: Vec<JobResult>,
-    total: usize,
-    quiet: bool,
-}
-
-impl Progress {
-    fn push(&mut self, r: JobResult) {
-        if !self.quiet {
-            eprintln!("[{}/{}] {}", self.results.len() + 1, self.total, r.progress_line());
-        }
-        self.results.push(r);
-    }
-
-    fn skip_rest(&mut self, jobs: &[JobSpec], why: &str) {
-        for spec in jobs {
-            let done = self.results.iter().any(|r| r.spec == *spec);
-            if !done {
-                self.push(JobResult { spec: *spec, outcome: Outcome::Skipped(why.to_string()) });
-            }
+/// Marks every job of `jobs` that has no result yet as skipped, for `why`.
+fn skip_rest(progress: &mut Progress<JobResult>, jobs: &[JobSpec], why: &str) {
+    for spec in jobs {
+        if !progress.done.iter().any(|r| r.spec == *spec) {
+            progress.push(JobResult { spec: *spec, outcome: Outcome::Skipped(why.to_string()) });
         }
     }
 }
@@ -75,8 +60,7 @@ pub fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Vec<JobResult>> {
     }
     let local_ip = ctrl.stream().local_addr().map_err(io("control: local address"))?.ip();
     let jobs = plan.jobs();
-    let mut progress =
-        Progress { results: Vec::with_capacity(jobs.len()), total: jobs.len(), quiet: opts.quiet };
+    let mut progress = Progress::new(jobs.len(), opts.quiet);
     let (rdma_jobs, base_jobs): (Vec<JobSpec>, Vec<JobSpec>) =
         jobs.iter().partition(|j| j.test.is_rdma());
 
@@ -98,8 +82,8 @@ pub fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Vec<JobResult>> {
             Err(e) => {
                 progress.push(JobResult { spec: *spec, outcome: Outcome::Failed(e.to_string()) });
                 let why = format!("the session ended when {} {} B failed", spec.test, spec.size);
-                progress.skip_rest(&jobs, &why);
-                return Ok(progress.results);
+                skip_rest(&mut progress, &jobs, &why);
+                return Ok(progress.done);
             }
         }
     }
@@ -112,8 +96,12 @@ pub fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Vec<JobResult>> {
         match backend::with_device(&opts.nic, bind, user) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                progress.skip_rest(&jobs, &format!("the session ended after an RNIC failure: {e}"));
-                return Ok(progress.results);
+                skip_rest(
+                    &mut progress,
+                    &jobs,
+                    &format!("the session ended after an RNIC failure: {e}"),
+                );
+                return Ok(progress.done);
             }
             // This side has no RNIC: every RNIC job fails with the reason; the session goes on.
             Err(e) => {
@@ -125,5 +113,5 @@ pub fn run_client(opts: &ClientOptions, plan: &Plan) -> Result<Vec<JobResult>> {
         }
     }
     ctrl.send(&Msg::Bye)?;
-    Ok(progress.results)
+    Ok(progress.done)
 }

@@ -66,23 +66,6 @@ impl JobResult {
     pub fn is_failure(&self) -> bool {
         matches!(self.outcome, Outcome::Failed(_) | Outcome::Skipped(_))
     }
-
-    /// One line for progress output.
-    pub fn progress_line(&self) -> String {
-        let what = format!("{} {} B", self.series(), self.spec.size);
-        match &self.outcome {
-            Outcome::Latency { summary: s, .. } => {
-                format!("{what}: RTT p50 {:.2} µs, p99 {:.2} µs", s.p50_us, s.p99_us)
-            }
-            Outcome::Bandwidth { summary: s, .. } => format!(
-                "{what}: {:.2} Gb/s median of {} (min {:.2}, max {:.2})",
-                s.median_gbps, s.reps, s.min_gbps, s.max_gbps
-            ),
-            Outcome::NotApplicable(why) => format!("{what}: n/a ({why})"),
-            Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
-            Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
-        }
-    }
 }
 
 /// The column-group name of a test at an MTU.
@@ -141,25 +124,6 @@ fn cell(r: Option<&JobResult>, pick: impl Fn(&Outcome) -> Option<f64>) -> String
         Some(Outcome::Skipped(_)) => "skip".into(),
         Some(o) => pick(o).map_or("-".into(), |v| format!("{v:.2}")),
     }
-}
-
-fn render(title: &str, header: &[String], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let parts: Vec<String> =
-            cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}", w = *w)).collect();
-        parts.join("  ").trim_end().to_string()
-    };
-    let mut out = format!("{title}\n{}\n", line(header));
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row));
-    }
-    out
 }
 
 /// The human-readable tables and the list of failures.
@@ -240,7 +204,7 @@ pub fn table(plan: &Plan, placement: &Placement, results: &[JobResult]) -> Strin
                 plan.reps, plan.bw_iters, plan.warmup
             ),
         };
-        out.push_str(&render(&title, &header, &rows));
+        out.push_str(&bex_bench::report::render(&title, &header, &rows));
         out.push('\n');
     }
     // Failures, one line per series and distinct message.
@@ -342,6 +306,25 @@ pub fn json(envelope: &Envelope, plan: &Plan, results: &[JobResult]) -> String {
     let doc = JsonReport { envelope, plan, results: jobs, ratios: ratios(results) };
     // Plain data with string keys: serialization cannot fail.
     serde_json::to_string_pretty(&doc).expect("report serializes")
+}
+
+impl bex_bench::report::ProgressLine for JobResult {
+    /// One line for progress output.
+    fn progress_line(&self) -> String {
+        let what = format!("{} {} B", self.series(), self.spec.size);
+        match &self.outcome {
+            Outcome::Latency { summary: s, .. } => {
+                format!("{what}: RTT p50 {:.2} µs, p99 {:.2} µs", s.p50_us, s.p99_us)
+            }
+            Outcome::Bandwidth { summary: s, .. } => format!(
+                "{what}: {:.2} Gb/s median of {} (min {:.2}, max {:.2})",
+                s.median_gbps, s.reps, s.min_gbps, s.max_gbps
+            ),
+            Outcome::NotApplicable(why) => format!("{what}: n/a ({why})"),
+            Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
+            Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
+        }
+    }
 }
 
 #[cfg(test)]

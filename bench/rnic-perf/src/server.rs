@@ -1,6 +1,6 @@
 //! `rnic-perf server`: listens on the TCP control port and serves client sessions.
 
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 
 use crate::backend;
 use crate::baseline;
@@ -33,24 +33,14 @@ pub struct ServerOptions {
 /// Runs the server: announces the control address on stdout, then serves sessions one at a
 /// time (one, with `once`).
 pub fn serve(opts: &ServerOptions) -> Result<()> {
-    let listener = TcpListener::bind((opts.bind, opts.port))
-        .map_err(io(format!("cannot listen on {}:{}", opts.bind, opts.port)))?;
-    let addr = listener.local_addr().map_err(io("control: local address"))?;
-    bex_bench::server::announce(TOOL, addr)?;
-    if opts.die_with_parent {
-        bex_bench::server::exit_when_stdin_closes()?;
-    }
+    let listener = bex_bench::server::listen(TOOL, opts.bind, opts.port, opts.die_with_parent)?;
     loop {
         let (stream, peer) = listener.accept().map_err(io("control: accept"))?;
         if !opts.quiet {
             eprintln!("rnic-perf server: session from {peer}");
         }
         let result = session(stream, opts);
-        match &result {
-            Ok(()) if !opts.quiet => eprintln!("rnic-perf server: session from {peer} done"),
-            Ok(()) => {}
-            Err(e) => tracing::error!(%peer, error = %e, "session failed"),
-        }
+        bex_bench::server::session_ended(TOOL, peer, opts.quiet, &result);
         if opts.once {
             return result;
         }

@@ -34,7 +34,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bemalloc::PoolConfig;
 use bex_client::fanout::PsClient;
 use bex_client::node::{client_config, transport_config, ClientRole};
 use bex_ps_core::TableSet;
@@ -278,12 +277,7 @@ impl Cluster {
     async fn new(seed: u64, link: LinkModel) -> Cluster {
         let mut net = SimNet::new(seed, link);
         // Many runs share a process: one arena and a small reservation per host.
-        net.set_pool_config(PoolConfig {
-            reserve_bytes: 64 << 20,
-            max_block_bytes: 2 << 20,
-            arenas: 1,
-            ..PoolConfig::default()
-        });
+        net.set_pool_config(SimNet::small_pools(64 << 20));
         let hub = SimHub::new(net);
         tokio::spawn(hub.clone().drive());
         let cfg = cluster_config();

@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use bemalloc::PoolConfig;
 use bex_rnic::soft::{Fabric, LinkModel, Pfc, SwitchModel};
 use bex_transport::sim::{SendTicket, SimNet, SimSocket};
 use bex_transport::{Config, Msg};
@@ -141,12 +140,7 @@ pub fn run_probe(p: &Params) -> Result<Probe, String> {
         pfc: Some(Pfc { xoff_bytes: p.xoff_bytes, xon_bytes: p.xon_bytes }),
     };
     let mut net = SimNet::with_fabric(Fabric::with_switch(p.seed, link, switch));
-    net.set_pool_config(PoolConfig {
-        reserve_bytes: 256 << 20,
-        max_block_bytes: 2 << 20,
-        arenas: 1,
-        ..PoolConfig::default()
-    });
+    net.set_pool_config(SimNet::small_pools(256 << 20));
     let small = Config {
         sq_depth: 16,
         rq_depth: 8,

@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bemalloc::PoolConfig;
 use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
 use bex_ps_core::Table;
 use bex_ps_proto::init::Initializer;
@@ -50,6 +49,18 @@ fn msg(net: &SimNet, node: usize, words: &[u64]) -> Msg {
 
 fn words(m: &Msg) -> Vec<u64> {
     m.as_slice().chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect()
+}
+
+/// Every message `socket` has received, as words; `failed` is set if the socket failed.
+fn drain(socket: &mut SimSocket, failed: &mut bool) -> Vec<Vec<u64>> {
+    let mut out = Vec::new();
+    while let Some(m) = socket.try_recv() {
+        match m {
+            Ok(m) => out.push(words(&m)),
+            Err(_) => *failed = true,
+        }
+    }
+    out
 }
 
 /// One link of the model: a socket pair that is replaced when it fails.
@@ -89,12 +100,7 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
     };
     let mut net =
         SimNet::new(seed, LinkModel { jitter: Duration::from_micros(2), ..LinkModel::default() });
-    net.set_pool_config(PoolConfig {
-        reserve_bytes: 64 << 20,
-        max_block_bytes: 2 << 20,
-        arenas: 1,
-        ..PoolConfig::default()
-    });
+    net.set_pool_config(SimNet::small_pools(64 << 20));
     let e = |e: bex_transport::TransportError| e.to_string();
     let (c, p, r) = (
         net.add_node(cfg.clone()).map_err(e)?,
@@ -169,14 +175,7 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
                 }
             }
             // Primary: dedupe, apply, replicate, answer.
-            let mut reqs = Vec::new();
-            while let Some(m) = push_link.rx.try_recv() {
-                match m {
-                    Ok(m) => reqs.push(words(&m)),
-                    Err(_) => push_failed = true,
-                }
-            }
-            for w in reqs {
+            for w in drain(&mut push_link.rx, &mut push_failed) {
                 let (client, seq, k, g) = (w[0], w[1], w[2], w[3]);
                 match dedupe.admit(client, seq) {
                     Verdict::New => {
@@ -224,14 +223,7 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
                     Err(_) => rep_failed = true,
                 }
             }
-            let mut reps = Vec::new();
-            while let Some(m) = rep_link.rx.try_recv() {
-                match m {
-                    Ok(m) => reps.push(words(&m)),
-                    Err(_) => rep_failed = true,
-                }
-            }
-            for w in reps {
+            for w in drain(&mut rep_link.rx, &mut rep_failed) {
                 let (v, k, val) = (w[0], w[1], f32::from_bits(w[2] as u32));
                 // Rows carry whole values: apply only what is newer than what the replica has.
                 let cur = replica_version.entry(k).or_insert(0);

@@ -88,6 +88,7 @@ pub struct DeviceCaps {
 
 /// Protocol counters a device reports (zero where a backend cannot see them).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceStats {
     /// RNR NAKs this device received (its sends found no receive posted at the peer).
     pub rnr_naks_received: u64,
@@ -106,6 +107,23 @@ pub struct DeviceStats {
     /// Packets that never reached the wire (the software RNIC's socket refused them: an
     /// unreachable peer, or larger than the link's MTU).
     pub send_errors: u64,
+}
+
+impl DeviceStats {
+    /// What was counted since `earlier` (counters only grow; a reset device reads 0).
+    pub fn since(&self, earlier: &DeviceStats) -> DeviceStats {
+        let d = |now: u64, then: u64| now.saturating_sub(then);
+        DeviceStats {
+            rnr_naks_received: d(self.rnr_naks_received, earlier.rnr_naks_received),
+            rnr_naks_sent: d(self.rnr_naks_sent, earlier.rnr_naks_sent),
+            seq_naks_received: d(self.seq_naks_received, earlier.seq_naks_received),
+            retransmitted_packets: d(self.retransmitted_packets, earlier.retransmitted_packets),
+            ack_timeouts: d(self.ack_timeouts, earlier.ack_timeouts),
+            tx_packets: d(self.tx_packets, earlier.tx_packets),
+            rx_packets: d(self.rx_packets, earlier.rx_packets),
+            send_errors: d(self.send_errors, earlier.send_errors),
+        }
+    }
 }
 
 /// A registered memory region.
@@ -177,18 +195,27 @@ pub fn wait_on<C: CompletionQueue + ?Sized>(
     if n > 0 {
         return Ok(n);
     }
+    wait_readable(cq.fd(), also, timeout)?;
+    cq.ack_events()?;
+    cq.poll(out)
+}
+
+/// Blocks until the CQ's `fd` (or `also`) is readable, `timeout` passes or a signal comes.
+pub(crate) fn wait_readable(
+    fd: BorrowedFd<'_>,
+    also: Option<BorrowedFd<'_>>,
+    timeout: Duration,
+) -> Result<()> {
     let flags = nix::poll::PollFlags::POLLIN;
-    let mut fds = vec![nix::poll::PollFd::new(cq.fd(), flags)];
+    let mut fds = vec![nix::poll::PollFd::new(fd, flags)];
     if let Some(fd) = also {
         fds.push(nix::poll::PollFd::new(fd, flags));
     }
     let ts = nix::sys::time::TimeSpec::from_duration(timeout);
     match nix::poll::ppoll(&mut fds, Some(ts), None) {
-        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-        Err(e) => return Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
     }
-    cq.ack_events()?;
-    cq.poll(out)
 }
 
 /// A shared receive queue.

@@ -330,16 +330,7 @@ impl SoftCq {
         let now = crate::clock::wall_now();
         let timer = self.dev.core.lock().poll_timeout().map(|t| t.saturating_duration_since(now));
         let block = timer.map_or(timeout, |t| t.min(timeout));
-        let flags = nix::poll::PollFlags::POLLIN;
-        let mut fds = vec![nix::poll::PollFd::new(self.fd(), flags)];
-        if let Some(fd) = also {
-            fds.push(nix::poll::PollFd::new(fd, flags));
-        }
-        let ts = nix::sys::time::TimeSpec::from_duration(block);
-        match nix::poll::ppoll(&mut fds, Some(ts), None) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(Error::Os { what: "ppoll(cq fd)", source: e.into() }),
-        }
+        crate::device::wait_readable(self.fd(), also, block)?;
         self.ack_events()?;
         self.poll(out)
     }

@@ -209,36 +209,17 @@ impl NicCore {
         let len = qp.mtu.min(wqe.total_len.saturating_sub(offset)) as usize;
         let first = index == 0;
         let last = index + 1 == u64::from(wqe.npkts);
+        let imm = match wqe.wr.op {
+            SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } if last => Some(imm),
+            _ => None,
+        };
         let (opcode, reth, imm) = match wqe.wr.op {
             SendOp::Send | SendOp::SendWithImm { .. } => {
-                let imm = match wqe.wr.op {
-                    SendOp::SendWithImm { imm } if last => Some(imm),
-                    _ => None,
-                };
-                let op = match (first, last, imm.is_some()) {
-                    (true, true, false) => Opcode::SendOnly,
-                    (true, true, true) => Opcode::SendOnlyImm,
-                    (true, false, _) => Opcode::SendFirst,
-                    (false, false, _) => Opcode::SendMiddle,
-                    (false, true, false) => Opcode::SendLast,
-                    (false, true, true) => Opcode::SendLastImm,
-                };
-                (op, None, imm)
+                (packet_opcode(&SEND_OPCODES, first, last, imm.is_some()), None, imm)
             }
             SendOp::Write { remote_addr, rkey }
             | SendOp::WriteWithImm { remote_addr, rkey, .. } => {
-                let imm = match wqe.wr.op {
-                    SendOp::WriteWithImm { imm, .. } if last => Some(imm),
-                    _ => None,
-                };
-                let op = match (first, last, imm.is_some()) {
-                    (true, true, false) => Opcode::WriteOnly,
-                    (true, true, true) => Opcode::WriteOnlyImm,
-                    (true, false, _) => Opcode::WriteFirst,
-                    (false, false, _) => Opcode::WriteMiddle,
-                    (false, true, false) => Opcode::WriteLast,
-                    (false, true, true) => Opcode::WriteLastImm,
-                };
+                let op = packet_opcode(&WRITE_OPCODES, first, last, imm.is_some());
                 let reth =
                     first.then_some(Reth { va: remote_addr, rkey, dma_len: wqe.total_len as u32 });
                 (op, reth, imm)
@@ -285,4 +266,37 @@ impl NicCore {
         counters.tx_bytes += out.len() as u64;
         Some(dest)
     }
+}
+
+/// A SEND's packet opcodes: only, only with immediate, first, middle, last, last with
+/// immediate.
+const SEND_OPCODES: [Opcode; 6] = [
+    Opcode::SendOnly,
+    Opcode::SendOnlyImm,
+    Opcode::SendFirst,
+    Opcode::SendMiddle,
+    Opcode::SendLast,
+    Opcode::SendLastImm,
+];
+/// A WRITE's, in the same order.
+const WRITE_OPCODES: [Opcode; 6] = [
+    Opcode::WriteOnly,
+    Opcode::WriteOnlyImm,
+    Opcode::WriteFirst,
+    Opcode::WriteMiddle,
+    Opcode::WriteLast,
+    Opcode::WriteLastImm,
+];
+
+/// The opcode of a message's packet from its kind's `ops`: where it stands in the message,
+/// and whether it carries the immediate (only the last packet does).
+fn packet_opcode(ops: &[Opcode; 6], first: bool, last: bool, imm: bool) -> Opcode {
+    ops[match (first, last, imm) {
+        (true, true, false) => 0,
+        (true, true, true) => 1,
+        (true, false, _) => 2,
+        (false, false, _) => 3,
+        (false, true, false) => 4,
+        (false, true, true) => 5,
+    }]
 }
