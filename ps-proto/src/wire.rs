@@ -366,90 +366,77 @@ pub fn rd_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// A read-only array of little-endian `u64` over bytes (any alignment). Zero-copy: it
-/// borrows the frame.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeU64s<'a> {
-    bytes: &'a [u8],
+/// A read-only array of little-endian `$t` over bytes (any alignment), `$size` bytes an
+/// element. Zero-copy: it borrows the frame.
+macro_rules! le_array {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $size:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name<'a> {
+            bytes: &'a [u8],
+        }
+
+        impl<'a> $name<'a> {
+            /// The array over `bytes`; `None` unless the length is a multiple of the element.
+            pub fn new(bytes: &'a [u8]) -> Option<Self> {
+                (bytes.len() % $size == 0).then_some($name { bytes })
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.bytes.len() / $size
+            }
+
+            /// True when empty.
+            pub fn is_empty(&self) -> bool {
+                self.bytes.is_empty()
+            }
+
+            /// Element `i`, if in range.
+            pub fn get(&self, i: usize) -> Option<$t> {
+                let at = i.checked_mul($size)?;
+                self.bytes.get(at..at.checked_add($size)?).map(Self::element)
+            }
+
+            /// The elements in order.
+            pub fn iter(&self) -> impl ExactSizeIterator<Item = $t> + 'a {
+                self.bytes.chunks_exact($size).map(Self::element)
+            }
+
+            /// The elements as a vector.
+            pub fn to_vec(&self) -> Vec<$t> {
+                self.iter().collect()
+            }
+
+            /// The raw bytes.
+            pub fn as_bytes(&self) -> &'a [u8] {
+                self.bytes
+            }
+
+            fn element(c: &[u8]) -> $t {
+                let mut a = [0u8; $size];
+                a.copy_from_slice(c);
+                <$t>::from_le_bytes(a)
+            }
+        }
+    };
 }
 
-impl<'a> LeU64s<'a> {
-    /// The array over `bytes`; `None` unless the length is a multiple of 8.
-    pub fn new(bytes: &'a [u8]) -> Option<Self> {
-        (bytes.len() % 8 == 0).then_some(LeU64s { bytes })
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.bytes.len() / 8
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
-    /// Element `i`, if in range.
-    pub fn get(&self, i: usize) -> Option<u64> {
-        (i < self.len()).then(|| rd_u64(self.bytes, i * 8))
-    }
-
-    /// The elements in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
-        self.bytes.chunks_exact(8).map(|c| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(c);
-            u64::from_le_bytes(a)
-        })
-    }
-
-    /// The elements as a vector.
-    pub fn to_vec(&self) -> Vec<u64> {
-        self.iter().collect()
-    }
-
-    /// The raw bytes.
-    pub fn as_bytes(&self) -> &'a [u8] {
-        self.bytes
-    }
-}
-
-/// A read-only array of little-endian `f32` over bytes (any alignment). Zero-copy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeF32s<'a> {
-    bytes: &'a [u8],
-}
+le_array!(
+    /// A read-only array of little-endian `u64` over bytes (any alignment). Zero-copy: it
+    /// borrows the frame.
+    LeU64s,
+    u64,
+    8
+);
+le_array!(
+    /// A read-only array of little-endian `f32` over bytes (any alignment). Zero-copy.
+    LeF32s,
+    f32,
+    4
+);
 
 impl<'a> LeF32s<'a> {
-    /// The array over `bytes`; `None` unless the length is a multiple of 4.
-    pub fn new(bytes: &'a [u8]) -> Option<Self> {
-        (bytes.len() % 4 == 0).then_some(LeF32s { bytes })
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.bytes.len() / 4
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
-    /// Element `i`, if in range.
-    pub fn get(&self, i: usize) -> Option<f32> {
-        (i < self.len()).then(|| f32::from_bits(rd_u32(self.bytes, i * 4)))
-    }
-
-    /// The elements in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = f32> + 'a {
-        self.bytes.chunks_exact(4).map(|c| {
-            let mut a = [0u8; 4];
-            a.copy_from_slice(c);
-            f32::from_le_bytes(a)
-        })
-    }
-
     /// Elements `[i·dim, (i+1)·dim)`: row `i` of a `dim`-wide matrix, if in range.
     pub fn row(&self, i: usize, dim: usize) -> Option<LeF32s<'a>> {
         let start = i.checked_mul(dim)?.checked_mul(4)?;
@@ -468,34 +455,24 @@ impl<'a> LeF32s<'a> {
         }
         true
     }
-
-    /// The elements as a vector.
-    pub fn to_vec(&self) -> Vec<f32> {
-        self.iter().collect()
-    }
-
-    /// The raw bytes.
-    pub fn as_bytes(&self) -> &'a [u8] {
-        self.bytes
-    }
 }
 
 /// Writes `vals` as little-endian u64 into the front of `out`; returns false (and writes
 /// nothing) if `out` is too short.
 pub fn put_u64s(out: &mut [u8], vals: &[u64]) -> bool {
-    let Some(out) = out.get_mut(..vals.len().saturating_mul(8)) else { return false };
-    for (d, v) in out.chunks_exact_mut(8).zip(vals) {
-        d.copy_from_slice(&v.to_le_bytes());
-    }
-    true
+    put_le(out, vals, u64::to_le_bytes)
 }
 
 /// Writes `vals` as little-endian f32 into the front of `out`; returns false (and writes
 /// nothing) if `out` is too short.
 pub fn put_f32s(out: &mut [u8], vals: &[f32]) -> bool {
-    let Some(out) = out.get_mut(..vals.len().saturating_mul(4)) else { return false };
-    for (d, v) in out.chunks_exact_mut(4).zip(vals) {
-        d.copy_from_slice(&v.to_le_bytes());
+    put_le(out, vals, f32::to_le_bytes)
+}
+
+fn put_le<T: Copy, const N: usize>(out: &mut [u8], vals: &[T], to_le: fn(T) -> [u8; N]) -> bool {
+    let Some(out) = out.get_mut(..vals.len().saturating_mul(N)) else { return false };
+    for (d, v) in out.chunks_exact_mut(N).zip(vals) {
+        d.copy_from_slice(&to_le(*v));
     }
     true
 }

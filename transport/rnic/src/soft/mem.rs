@@ -161,30 +161,12 @@ impl MrTable {
         &self,
         sges: &[Sge],
         pd: u32,
-        mut offset: u64,
+        offset: u64,
         out: &mut [u8],
     ) -> Result<(), AccessError> {
-        let mut done = 0usize;
-        for sge in sges {
-            if done == out.len() {
-                break;
-            }
-            let len = u64::from(sge.length);
-            if offset >= len {
-                offset -= len;
-                continue;
-            }
-            self.local(sge, pd, false)?;
-            let n = ((len - offset) as usize).min(out.len() - done);
-            copy_out(sge.addr + offset, &mut out[done..done + n]);
-            done += n;
-            offset = 0;
-        }
-        if done == out.len() {
-            Ok(())
-        } else {
-            Err(AccessError::OutOfBounds)
-        }
+        self.walk(sges, pd, offset, out.len(), false, |addr, at, n| {
+            copy_out(addr, &mut out[at..at + n]);
+        })
     }
 
     /// Copies `data` into the message described by `sges` starting at byte `offset`.
@@ -192,26 +174,43 @@ impl MrTable {
         &self,
         sges: &[Sge],
         pd: u32,
-        mut offset: u64,
+        offset: u64,
         data: &[u8],
+    ) -> Result<(), AccessError> {
+        self.walk(sges, pd, offset, data.len(), true, |addr, at, n| {
+            copy_in(addr, &data[at..at + n]);
+        })
+    }
+
+    /// Calls `span(address, position, n)` for each piece of bytes `[offset, offset + len)`
+    /// of the message `sges` describes, in order, after checking that piece's key (`write`:
+    /// for local writing); out of bounds unless all `len` bytes are there.
+    fn walk(
+        &self,
+        sges: &[Sge],
+        pd: u32,
+        mut offset: u64,
+        len: usize,
+        write: bool,
+        mut span: impl FnMut(u64, usize, usize),
     ) -> Result<(), AccessError> {
         let mut done = 0usize;
         for sge in sges {
-            if done == data.len() {
+            if done == len {
                 break;
             }
-            let len = u64::from(sge.length);
-            if offset >= len {
-                offset -= len;
+            let sge_len = u64::from(sge.length);
+            if offset >= sge_len {
+                offset -= sge_len;
                 continue;
             }
-            self.local(sge, pd, true)?;
-            let n = ((len - offset) as usize).min(data.len() - done);
-            copy_in(sge.addr + offset, &data[done..done + n]);
+            self.local(sge, pd, write)?;
+            let n = ((sge_len - offset) as usize).min(len - done);
+            span(sge.addr + offset, done, n);
             done += n;
             offset = 0;
         }
-        if done == data.len() {
+        if done == len {
             Ok(())
         } else {
             Err(AccessError::OutOfBounds)
