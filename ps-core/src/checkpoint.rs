@@ -759,6 +759,7 @@ mod tests {
                 seed: 1,
                 init: Initializer::Uniform { scale: 0.1 },
                 optimizer: Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+                admission: Default::default(),
             },
             TableSpec {
                 name: "item".into(),
@@ -766,6 +767,7 @@ mod tests {
                 seed: 2,
                 init: Initializer::Normal { std: 0.1 },
                 optimizer: Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 },
+                admission: Default::default(),
             },
             TableSpec {
                 name: "empty".into(),
@@ -773,6 +775,7 @@ mod tests {
                 seed: 3,
                 init: Initializer::Zeros,
                 optimizer: Optimizer::Sgd { lr: 0.1 },
+                admission: Default::default(),
             },
         ]
     }

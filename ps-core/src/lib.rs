@@ -4,6 +4,7 @@
 //!
 //! - [`table`]: named tables over striped concurrent storage: rows created by their
 //!   deterministic initializer, updated by their optimizer, versioned for replication.
+//! - [`admission`]: the count-min sketch that decides which keys get a row.
 //! - [`dedupe`]: push idempotence by (client id, sequence) in bounded per-client windows.
 //! - [`checkpoint`]: atomic checksummed checkpoint files and the streaming snapshot chunks
 //!   that bootstrap a replica from a peer.
@@ -12,6 +13,7 @@
 //! Nothing here reads a clock or sleeps; callers pass times in.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod checkpoint;
 pub mod dedupe;
 pub mod replication;

@@ -18,6 +18,10 @@
 //!
 //! - [`Table::fetch_into`] returns rows in key order; missing keys are created with the
 //!   initializer ([`Table::read_into`] does not create them, returning the same values).
+//! - Feature admission ([`TableSpec::admission`], [`crate::admission`]): a key gets a row
+//!   only at its Nth push; before that fetches create nothing and its pushes are counted in
+//!   the stripe's sketch and not applied. A whole-row copy of version 0 (a row never pushed)
+//!   stores nothing at a replica either, so replicas hold only what the training pod does.
 //! - [`Table::push`] validates everything first (lengths, finite gradients), then applies
 //!   the optimizer per key in order (duplicate keys are applied once per occurrence; the
 //!   fan-out planner sums them before sending). It can copy the resulting rows out for
@@ -52,6 +56,8 @@ use bex_ps_proto::init::Initializer;
 use bex_ps_proto::optim::Optimizer;
 use bex_ps_proto::spec::{TableSpec, STATE_EXTRA_WORDS};
 use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
+
+use crate::admission::CountMin;
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
 pub const STRIPES: usize = 64;
@@ -114,6 +120,8 @@ struct Stripe {
     steps: Vec<u32>,
     versions: Vec<u64>,
     data: Vec<f32>,
+    /// Pushes of keys without a row, when admission is on.
+    sketch: Option<CountMin>,
 }
 
 /// What a row is made of; shared by every stripe of a table.
@@ -124,6 +132,8 @@ struct Layout {
     seed: u64,
     init: Initializer,
     opt: Optimizer,
+    /// Pushes a key needs before it gets a row (0: admission off).
+    admit_after: u32,
 }
 
 impl Layout {
@@ -135,13 +145,14 @@ impl Layout {
 }
 
 impl Stripe {
-    fn new() -> Stripe {
+    fn new(sketch: Option<CountMin>) -> Stripe {
         Stripe {
             index: HashMap::with_hasher(ahash::RandomState::new()),
             keys: Vec::new(),
             steps: Vec::new(),
             versions: Vec::new(),
             data: Vec::new(),
+            sketch,
         }
     }
 
@@ -184,7 +195,8 @@ impl Stripe {
             + self.steps.capacity() * 4
             + self.versions.capacity() * 8
             + self.data.capacity() * 4
-            + self.index.capacity() * (8 + 4 + 1)) as u64
+            + self.index.capacity() * (8 + 4 + 1)
+            + self.sketch.as_ref().map_or(0, CountMin::bytes)) as u64
     }
 }
 
@@ -198,6 +210,18 @@ pub struct Table {
     rows: AtomicU64,
     /// The least version a push writes (see the module docs).
     version_floor: AtomicU64,
+    counts: TableCounts,
+}
+
+/// What a table counts besides its rows.
+#[derive(Debug, Default)]
+struct TableCounts {
+    /// Fetched keys that had no row (answered with the initial row).
+    fetch_missing: AtomicU64,
+    /// Pushes of keys not yet admitted: counted, not applied.
+    pushes_not_admitted: AtomicU64,
+    /// Rows created by a push that reached the admission threshold.
+    admitted: AtomicU64,
 }
 
 /// Counts from a fetch.
@@ -205,6 +229,8 @@ pub struct Table {
 pub struct FetchStats {
     /// Rows returned.
     pub rows: usize,
+    /// Keys that had no row (answered with their initial row, created or not).
+    pub missing: usize,
     /// Rows created by this fetch.
     pub created: usize,
 }
@@ -249,14 +275,22 @@ impl Table {
             seed: spec.seed,
             init: spec.init,
             opt: spec.optimizer,
+            admit_after: spec.admission.after_pushes,
+        };
+        let admission = spec.admission;
+        let sketch = |i: usize| {
+            (admission.after_pushes > 0).then(|| {
+                CountMin::new(admission.sketch_width as usize, spec.seed ^ (i as u64) << 56)
+            })
         };
         Ok(Table {
-            spec,
             layout,
             stripe_hash: ahash::RandomState::new(),
-            stripes: (0..STRIPES).map(|_| RwLock::new(Stripe::new())).collect(),
+            stripes: (0..STRIPES).map(|i| RwLock::new(Stripe::new(sketch(i)))).collect(),
             rows: AtomicU64::new(0),
             version_floor: AtomicU64::new(1),
+            counts: TableCounts::default(),
+            spec,
         })
     }
 
@@ -286,6 +320,21 @@ impl Table {
         self.rows.load(Ordering::Relaxed)
     }
 
+    /// Fetched keys that had no row, since the table was made.
+    pub fn fetch_missing(&self) -> u64 {
+        self.counts.fetch_missing.load(Ordering::Relaxed)
+    }
+
+    /// Pushes of keys not yet admitted (counted, not applied), since the table was made.
+    pub fn pushes_not_admitted(&self) -> u64 {
+        self.counts.pushes_not_admitted.load(Ordering::Relaxed)
+    }
+
+    /// Rows created by admission, since the table was made.
+    pub fn admitted(&self) -> u64 {
+        self.counts.admitted.load(Ordering::Relaxed)
+    }
+
     /// Approximate bytes of memory held (slab and index capacities).
     pub fn bytes(&self) -> u64 {
         self.stripes.iter().map(|s| s.read().bytes()).sum()
@@ -303,6 +352,8 @@ impl Table {
         sink: &mut impl RowSink,
     ) -> FetchStats {
         let l = &self.layout;
+        // With admission, only a push gives a key its row.
+        let create = create && l.admit_after == 0;
         let mut stats = FetchStats::default();
         let mut scratch = Vec::new();
         for (i, key) in keys.enumerate() {
@@ -315,6 +366,7 @@ impl Table {
                     continue;
                 }
             }
+            stats.missing += 1;
             if create {
                 let mut g = stripe.write();
                 let (r, created) = g.get_or_insert(key, l);
@@ -329,6 +381,7 @@ impl Table {
                 sink.put(i, &scratch);
             }
         }
+        self.counts.fetch_missing.fetch_add(stats.missing as u64, Ordering::Relaxed);
         stats
     }
 
@@ -392,6 +445,18 @@ impl Table {
         for (i, key) in keys.enumerate() {
             grad_row(i, &mut g);
             let mut s = self.stripe(key).write();
+            if !s.index.contains_key(&key) {
+                if let Some(sketch) = s.sketch.as_mut() {
+                    if sketch.add(key) < l.admit_after {
+                        self.counts.pushes_not_admitted.fetch_add(1, Ordering::Relaxed);
+                        if let Some(out) = updated.as_deref_mut() {
+                            l.init.fill(l.seed, key, &mut out[i * l.dim..(i + 1) * l.dim]);
+                        }
+                        continue;
+                    }
+                    self.counts.admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             let (r, created) = s.get_or_insert(key, l);
             if created {
                 self.rows.fetch_add(1, Ordering::Relaxed);
@@ -592,6 +657,11 @@ impl Table {
     fn put_if_newer(&self, key: u64, version: u64, steps: u32, values: LeF32s<'_>) -> bool {
         let l = &self.layout;
         let mut s = self.stripe(key).write();
+        if version == 0 && !s.index.contains_key(&key) {
+            // A never-pushed row reads as its initial values already: storing the copy
+            // would only cost memory (and admit a key the training pod has not).
+            return false;
+        }
         let (r, created) = s.get_or_insert(key, l);
         if created {
             self.rows.fetch_add(1, Ordering::Relaxed);
@@ -850,6 +920,7 @@ mod tests {
             seed: 11,
             init: Initializer::Uniform { scale: 0.1 },
             optimizer,
+            admission: Default::default(),
         }
     }
 
@@ -896,6 +967,59 @@ mod tests {
         assert_eq!(src.max_version(), 1000);
     }
 
+    fn admitting(after_pushes: u32) -> Table {
+        let opt = Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 };
+        let mut s = spec("t", 4, opt);
+        s.admission.after_pushes = after_pushes;
+        Table::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_key_gets_a_row_exactly_at_its_nth_push_and_fetches_create_nothing_before() {
+        let keys: Vec<u64> = (0..1000).map(|i| i * 7919 + 3).collect();
+        let t = admitting(3);
+        let plain = admitting(0);
+        let init = {
+            let mut v = vec![0f32; 4 * keys.len()];
+            plain.read_into(&keys, &mut v).unwrap();
+            v
+        };
+        let grads = vec![0.5f32; 4 * keys.len()];
+        let mut out = vec![0f32; 4 * keys.len()];
+        for push in 1..=2 {
+            assert_eq!(t.push(&keys, &grads, None).unwrap(), 0, "push {push}: nothing applied");
+            let stats = t.fetch_into(&keys, &mut out).unwrap();
+            assert_eq!((stats.created, stats.missing), (0, keys.len()), "fetches create nothing");
+            assert_eq!(out, init, "an unadmitted key reads as its initial row");
+            assert_eq!(t.rows(), 0);
+        }
+        assert_eq!(t.pushes_not_admitted(), 2000);
+        // The third push admits every key and is applied, as a first push is without
+        // admission.
+        assert_eq!(t.push(&keys, &grads, None).unwrap(), keys.len());
+        plain.push(&keys, &grads, None).unwrap();
+        assert_eq!((t.rows(), t.admitted()), (1000, 1000));
+        let mut want = vec![0f32; out.len()];
+        plain.read_into(&keys, &mut want).unwrap();
+        t.fetch_into(&keys, &mut out).unwrap();
+        assert_eq!(out, want);
+        assert_eq!(t.fetch_missing(), 2000, "the two fetches before admission");
+        // Admitted keys take every later push.
+        assert_eq!(t.push(&keys[..1], &grads[..4], None).unwrap(), 1);
+    }
+
+    #[test]
+    fn replicas_store_no_row_for_a_never_pushed_key() {
+        let src = admitting(2);
+        src.push(&[1, 2], &[0.5; 8], None).unwrap(); // 1st push: counted only
+        src.push(&[1], &[0.5; 4], None).unwrap(); // key 1 admitted
+        let (k, v) = state_copy(&src, &[1, 2]);
+        let dst = admitting(0);
+        let n = dst.apply_replica_state_le(LeU64s::new(&k).unwrap(), LeF32s::new(&v).unwrap());
+        assert_eq!(n.unwrap(), 1, "key 2's copy is its initial row: not stored");
+        assert_eq!(dst.rows(), 1);
+    }
+
     #[test]
     fn whole_rows_replicate_optimizer_state_and_steps_bit_exactly() {
         let opt = Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
@@ -916,7 +1040,8 @@ mod tests {
         bex_ps_proto::wire::put_f32s(&mut vb, &rows);
         let dst = Table::new(spec("t", 3, opt)).unwrap();
         let (k, v) = (LeU64s::new(&kb).unwrap(), LeF32s::new(&vb).unwrap());
-        assert_eq!(dst.apply_replica_state_le(k, v).unwrap(), 4);
+        // 99's copy is its initial row (version 0): not stored.
+        assert_eq!(dst.apply_replica_state_le(k, v).unwrap(), 3);
         let records = |t: &Table| {
             let mut all = Vec::new();
             for s in 0..STRIPES {
@@ -927,8 +1052,7 @@ mod tests {
             recs
         };
         let (a, b) = (records(&src), records(&dst));
-        assert_eq!(b.len(), 4);
-        assert!(a.iter().all(|r| b.contains(r)), "values, state and steps equal bit for bit");
+        assert_eq!(a, b, "values, state, steps and versions equal bit for bit");
         // A non-finite element is refused before anything is written.
         // Row 0's second element: exponent bits all ones (infinite or NaN).
         vb[7] = 0x7f;
@@ -946,7 +1070,7 @@ mod tests {
         let keys = [1u64, 2, 1, 99];
         let mut a = vec![0f32; 16];
         let st = t.fetch_into(&keys, &mut a).unwrap();
-        assert_eq!(st, FetchStats { rows: 4, created: 3 });
+        assert_eq!(st, FetchStats { rows: 4, missing: 3, created: 3 });
         assert_eq!(t.rows(), 3);
         assert_eq!(a[0..4], a[8..12], "same key, same row");
         let mut b = vec![0f32; 16];

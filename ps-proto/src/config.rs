@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::spec::TableSpec;
+use crate::spec::{Admission, TableSpec};
 use crate::topology::{ServerAddrs, Topology};
 use crate::wire::{Limits, MAX_DIM};
 
@@ -309,6 +309,9 @@ pub struct TableConfig {
     /// (missing ones take the defaults below).
     #[serde(default)]
     pub optimizer: OptimizerConfig,
+    /// Feature admission: `{ after_pushes = N, sketch_width = W }` (default: off).
+    #[serde(default)]
+    pub admission: Admission,
 }
 
 /// The `init` table of a `[[tables]]` entry.
@@ -477,6 +480,7 @@ impl TableConfig {
             seed: self.seed.unwrap_or_else(|| seed_from_name(&self.name)),
             init: self.init.into(),
             optimizer: self.optimizer.into(),
+            admission: self.admission,
         }
     }
 }
@@ -1077,6 +1081,32 @@ mod tests {
         let topo = c.topology().unwrap();
         assert_eq!(topo.server(1, 2).unwrap().http.port(), 17000 + 3 * 5 + 2);
         assert_eq!(c.checkpoint_path(1, 2), Path::new("data/pod1/shard2.ckpt"));
+    }
+
+    #[test]
+    fn table_admission_parses_and_is_checked() {
+        let file = |admission: &str| {
+            format!(
+                "[cluster]\npods = 1\nshards = 1\n[[tables]]\nname = \"t\"\ndim = 4\n{admission}\n"
+            )
+        };
+        let c = Config::from_toml_str(&file("admission = { after_pushes = 3 }")).unwrap();
+        assert_eq!(
+            c.table_specs()[0].admission,
+            Admission { after_pushes: 3, sketch_width: 1 << 14 }
+        );
+        assert_eq!(
+            Config::from_toml_str(&file("")).unwrap().table_specs()[0].admission.after_pushes,
+            0
+        );
+        let bad = Config::from_toml_str(&file(
+            "admission = { after_pushes = 70000, sketch_width = 1000 }",
+        ));
+        assert_eq!(
+            fields(bad),
+            ["tables[0].admission.after_pushes", "tables[0].admission.sketch_width"]
+        );
+        assert!(Config::from_toml_str(&file("admission = { after = 3 }")).is_err(), "unknown key");
     }
 
     #[test]

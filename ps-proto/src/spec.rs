@@ -27,7 +27,36 @@ pub struct TableSpec {
     pub init: Initializer,
     /// How pushes update rows.
     pub optimizer: Optimizer,
+    /// Which keys get a row (feature admission).
+    #[serde(default)]
+    pub admission: Admission,
 }
+
+/// Feature admission: a key gets a row only after it has been pushed `after_pushes` times.
+/// Until then fetches return its initial row and create nothing, and its pushes are counted
+/// (in a count-min sketch per stripe) and not applied. Only the training pod takes pushes,
+/// so it alone decides; replicas receive admitted rows by replication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Admission {
+    /// Pushes a key needs before it gets a row; 0: every key gets a row at its first fetch
+    /// on the training pod or first push (no sketch).
+    pub after_pushes: u32,
+    /// Counters per sketch row and stripe (a power of two, 64..=2^20); the counts halve
+    /// after this many pushes of unadmitted keys to the stripe, so a key must reach
+    /// `after_pushes` within about `64 × sketch_width` such pushes to the table. Memory:
+    /// 64 stripes × 4 rows × 2 bytes × this, per table.
+    pub sketch_width: u32,
+}
+
+impl Default for Admission {
+    fn default() -> Admission {
+        Admission { after_pushes: 0, sketch_width: 1 << 14 }
+    }
+}
+
+/// The most pushes admission can count per key (sketch counters are 16-bit).
+pub const MAX_ADMIT_AFTER: u32 = u16::MAX as u32;
 
 impl TableSpec {
     /// Problems with the definition; fields are relative (`dim`, `optimizer.lr`, …).
@@ -47,6 +76,19 @@ impl TableSpec {
         }
         for (f, m) in self.optimizer.check() {
             out.push(FieldError::new(format!("optimizer.{f}"), m));
+        }
+        if self.admission.after_pushes > MAX_ADMIT_AFTER {
+            out.push(FieldError::new(
+                "admission.after_pushes",
+                format!("must be at most {MAX_ADMIT_AFTER}"),
+            ));
+        }
+        let w = self.admission.sketch_width;
+        if !w.is_power_of_two() || !(64..=1 << 20).contains(&w) {
+            out.push(FieldError::new(
+                "admission.sketch_width",
+                "must be a power of two in 64..=1048576",
+            ));
         }
         out
     }

@@ -559,13 +559,36 @@ impl PsServer {
                 rows(bex_ps_core::Table::rows)
             })
             .expect("static metric");
+            let bytes = read.clone();
             reg.gauge_fn(
                 "bex_ps_table_bytes",
                 "Bytes of rows (values and optimizer state), by table",
                 &labels,
-                move || read(bex_ps_core::Table::bytes),
+                move || bytes(bex_ps_core::Table::bytes),
             )
             .expect("static metric");
+            type Count = fn(&bex_ps_core::Table) -> u64;
+            let counted: [(&str, &str, Count); 3] = [
+                (
+                    "bex_ps_table_fetch_missing_total",
+                    "Fetched keys without a row, answered with their initial row",
+                    bex_ps_core::Table::fetch_missing,
+                ),
+                (
+                    "bex_ps_table_pushes_not_admitted_total",
+                    "Pushes of keys below the admission threshold: counted, not applied",
+                    bex_ps_core::Table::pushes_not_admitted,
+                ),
+                (
+                    "bex_ps_table_admitted_total",
+                    "Rows created by a push that reached the admission threshold",
+                    bex_ps_core::Table::admitted,
+                ),
+            ];
+            for (name, help, f) in counted {
+                let read = read.clone();
+                reg.counter_fn(name, help, &labels, move || read(f)).expect("static metric");
+            }
         }
         for (backlog, pod) in self.repl.iter().zip(target_pods) {
             let pod = pod.to_string();

@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 11)
+    bex_testkit::ports::base_port(salt, 12, 12)
 }
 
 impl Cluster {
@@ -55,6 +55,7 @@ impl Cluster {
                 initial_accumulator: 0.1,
                 eps: 1e-8,
             },
+            admission: Default::default(),
         }];
         // Loopback under a test harness on 2 cores: generous deadlines.
         cfg.rpc.connect_timeout_ms = 500;
@@ -538,6 +539,40 @@ async fn a_replacement_replica_bootstraps_its_shard_from_the_training_pod() {
     assert_eq!(relaxed(&s.remote_pod_calls), 0, "served by pod 1 itself");
 }
 
+// Issue 18, item 3: with admission, no pod stores a row for a key until its Nth push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_keeps_rows_off_every_pod_until_the_nth_push() {
+    let c = Cluster::with("admit", 11, |cfg| cfg.tables[0].admission.after_pushes = 2).await;
+    let secret = c.secret();
+    let trainer = c.client(0, &secret).await;
+    let ks = keys(100);
+    let grads = vec![0.5f32; ks.len() * DIM as usize];
+    let initial = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
+    trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
+    let once = trainer.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert!(once.iter().zip(&initial).all(|(a, b)| a.to_bits() == b.to_bits()), "not admitted");
+    let total = |name: String| {
+        let c = &c;
+        async move {
+            let mut sum = 0.0;
+            for (pod, shard) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                let (_, text) =
+                    bex_process::http::get(c.http(pod, shard), "/metrics").await.unwrap();
+                sum += sample(&text, &name).unwrap_or_else(|| panic!("no {name}"));
+            }
+            sum
+        }
+    };
+    let rows = "bex_ps_table_rows{table=\"emb\"}".to_string();
+    assert_eq!(total(rows.clone()).await, 0.0, "fetches and one push created no row anywhere");
+    assert_eq!(total("bex_ps_table_pushes_not_admitted_total{table=\"emb\"}".into()).await, 100.0);
+    trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
+    let admitted = converged(&c, &secret, &ks, Duration::from_secs(5)).await;
+    assert!(admitted.iter().zip(&initial).any(|(a, b)| a != b), "the 2nd push was applied");
+    assert_eq!(total(rows).await, 200.0, "100 rows on the training pod and 100 on the replicas");
+    assert_eq!(total("bex_ps_table_admitted_total{table=\"emb\"}".into()).await, 100.0);
+}
+
 /// Waits until pod 1 answers `ks` with exactly the training pod's rows.
 async fn converged(c: &Cluster, secret: &[u8], ks: &[u64], within: Duration) -> Vec<f32> {
     let (trainer_pod, replica) = (c.client(0, secret).await, c.client(1, secret).await);
@@ -634,6 +669,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
             seed: None,
             init: InitConfig::Zeros,
             optimizer: OptimizerConfig::Sgd { lr: 1.0 },
+            admission: Default::default(),
         });
     })
     .await;
@@ -810,6 +846,7 @@ fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() 
         seed: None,
         init: bex_ps_proto::config::InitConfig::Uniform { scale: 0.01 },
         optimizer: bex_ps_proto::config::OptimizerConfig::Sgd { lr: 0.1 },
+        admission: Default::default(),
     }];
     cfg.cluster.servers = (0..2u16)
         .map(|s| {

@@ -53,6 +53,7 @@ pub fn generated(dir: &Path, base_port: u16, push_ack: Option<PushAck>) -> Confi
         init: InitConfig::Uniform { scale: 0.01 },
         // SGD: no optimizer state, so insert-heavy cells create 256 B per row (plus the index).
         optimizer: OptimizerConfig::Sgd { lr: 0.01 },
+        admission: Default::default(),
     }];
     cfg.rpc.connect_timeout_ms = CONNECT_TIMEOUT_MS;
     cfg.rpc.request_timeout_ms = REQUEST_TIMEOUT_MS;

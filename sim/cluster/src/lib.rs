@@ -208,6 +208,7 @@ fn cluster_config() -> Config {
             seed: None,
             init: InitConfig::Zeros,
             optimizer: OptimizerConfig::Sgd { lr: 1.0 },
+            admission: Default::default(),
         },
         TableConfig {
             name: "emb".into(),
@@ -215,6 +216,7 @@ fn cluster_config() -> Config {
             seed: None,
             init: InitConfig::Uniform { scale: 0.01 },
             optimizer: OptimizerConfig::Adagrad { lr: 0.05, initial_accumulator: 0.1, eps: 1e-8 },
+            admission: Default::default(),
         },
     ];
     // The shipped transport and RPC settings (keepalive 100 ms / 1 s, Tc 10 ms, Tr 40 ms),

@@ -35,6 +35,7 @@ fn table() -> Table {
         seed: 1,
         init: Initializer::Zeros,
         optimizer: Optimizer::Sgd { lr: 1.0 },
+        admission: Default::default(),
     })
     .expect("table")
 }
