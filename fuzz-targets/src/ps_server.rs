@@ -117,7 +117,7 @@ fn server(pod: u32) -> Arc<PsServer> {
             update_seq: 0,
             dedupe_windows: Vec::new(),
             replication_id: 1,
-            version_floor: 1,
+            push_clock: bex_ps_server::server::PushClock::new(|| 1),
             push_ack: bex_ps_proto::config::PushAck::Applied,
             push_ack_timeout: std::time::Duration::from_millis(100),
         },

@@ -4,15 +4,26 @@
 //! # Storage
 //!
 //! A table is split into [`STRIPES`] stripes, each behind its own `parking_lot::RwLock`,
-//! chosen by a per-process random hash of the key (ahash; independent of the shard hash,
+//! chosen by a hash of the key seeded by the table (ahash; independent of the shard hash,
 //! whose high bits are nearly constant within one shard). A stripe keeps its rows in one
 //! slab: `data` holds `stride = dim · (1 + state_slots)` f32 per row (values, then optimizer
 //! state), `keys`, `steps` and `versions` run parallel to it, and an ahash map takes a key
-//! to its row number. Rows are never removed, so a row's number is stable — which streaming snapshots
-//! rely on — and rows cost no allocation of their own. Compared with one `dashmap` entry per
-//! row this keeps rows contiguous, allocates per slab growth instead of per row, and takes
-//! one lock per key for any batch (read lock for fetches of existing rows, write lock for
-//! creation and updates).
+//! to its row number. A live row never moves, so its number is stable — which streaming
+//! snapshots rely on: a bounded table (below) puts an evicted row's slot on a free list for
+//! the next new row instead of compacting. Rows cost no allocation of their own. Compared
+//! with one `dashmap` entry per row this keeps rows contiguous, allocates per slab growth
+//! instead of per row, and takes one lock per key for any batch (read lock for fetches of
+//! existing rows, write lock for creation and updates).
+//!
+//! # Capacity
+//!
+//! With `capacity` set, each stripe keeps at most its share of `max_rows` (the stripe hash
+//! is seeded by the table, so a stripe holds the same keys on every pod), ordered by
+//! (version, key) in a `BTreeSet`. Versions are push times (see below), so a new row
+//! displaces the least recently pushed, and a whole-row copy older than everything a full
+//! stripe keeps is not stored: pods applying the same copies in any order keep the same
+//! rows, with no deletion message. With `ttl_s`, [`TableSet::expire`] drops rows last pushed
+//! before `now − ttl_s`.
 //!
 //! # Semantics
 //!
@@ -35,7 +46,9 @@
 //!
 //! Every row carries a version: 0 for a row never pushed (its initial values), and on each
 //! push `max(version + 1, floor)`, where the floor ([`TableSet::raise_version_floor`]) is
-//! set by each server incarnation above every version an earlier one can have written.
+//! set by each server incarnation above every version an earlier one can have written, and
+//! raised to the server's push clock (µs since the Unix epoch) before every push: a row's
+//! version is when it was last pushed.
 //! Whole-row copies (Replicate with state, snapshot chunks, checkpoints) carry the version,
 //! and a copy is applied only over an older row ([`Table::apply_replica_state_le`],
 //! [`Table::import_records`]): applying copies is idempotent and order-free, so a replica
@@ -45,7 +58,7 @@
 //! copy's version always names exactly the state copied (a shard counter taken before two
 //! concurrent pushes are applied in the other order would not).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
@@ -118,11 +131,22 @@ struct Stripe {
     index: HashMap<u64, u32, ahash::RandomState>,
     keys: Vec<u64>,
     steps: Vec<u32>,
+    /// Per slot: the row's version, or [`FREE`] for a slot an evicted row left.
     versions: Vec<u64>,
     data: Vec<f32>,
     /// Pushes of keys without a row, when admission is on.
     sketch: Option<CountMin>,
+    /// Slots of evicted rows, taken before the slab grows (so live rows never move, and
+    /// snapshot cursors stay valid).
+    free: Vec<u32>,
+    /// Bounded tables: (version, key) of every live row, the least recently pushed first.
+    order: Option<BTreeSet<(u64, u64)>>,
+    /// Bounded tables: the most live rows this stripe keeps.
+    quota: usize,
 }
+
+/// The version of a free slot (no row's: versions are push times in µs, saturating below).
+const FREE: u64 = u64::MAX;
 
 /// What a row is made of; shared by every stripe of a table.
 #[derive(Clone, Copy, Debug)]
@@ -134,6 +158,8 @@ struct Layout {
     opt: Optimizer,
     /// Pushes a key needs before it gets a row (0: admission off).
     admit_after: u32,
+    /// Rows are kept within a capacity or a TTL.
+    bounded: bool,
 }
 
 impl Layout {
@@ -145,7 +171,7 @@ impl Layout {
 }
 
 impl Stripe {
-    fn new(sketch: Option<CountMin>) -> Stripe {
+    fn new(sketch: Option<CountMin>, quota: Option<usize>) -> Stripe {
         Stripe {
             index: HashMap::with_hasher(ahash::RandomState::new()),
             keys: Vec::new(),
@@ -153,31 +179,97 @@ impl Stripe {
             versions: Vec::new(),
             data: Vec::new(),
             sketch,
+            free: Vec::new(),
+            order: quota.map(|_| BTreeSet::new()),
+            quota: quota.unwrap_or(usize::MAX),
         }
     }
 
-    fn len(&self) -> usize {
+    /// Slots, live or free (snapshot cursors count in slots).
+    fn slots(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Live rows.
+    fn live(&self) -> usize {
+        self.keys.len() - self.free.len()
     }
 
     fn row(&self, r: usize, l: &Layout) -> &[f32] {
         &self.data[r * l.stride..(r + 1) * l.stride]
     }
 
-    /// Row number of `key`, creating it; and whether it was created.
+    /// Sets live row `r`'s version, keeping the eviction order.
+    fn set_version(&mut self, r: usize, version: u64) {
+        if let Some(order) = &mut self.order {
+            order.remove(&(self.versions[r], self.keys[r]));
+            order.insert((version, self.keys[r]));
+        }
+        self.versions[r] = version;
+    }
+
+    /// Removes live row `r`; its slot is reused by the next new row.
+    fn evict(&mut self, r: usize) {
+        let key = self.keys[r];
+        self.index.remove(&key);
+        if let Some(order) = &mut self.order {
+            order.remove(&(self.versions[r], key));
+        }
+        self.versions[r] = FREE;
+        self.free.push(r as u32);
+    }
+
+    /// Row number of `key`, creating it; and whether it was created. Unbounded stripes
+    /// only (a bounded one chooses what to keep: [`Stripe::insert`]).
     fn get_or_insert(&mut self, key: u64, l: &Layout) -> (usize, bool) {
         if let Some(&r) = self.index.get(&key) {
             return (r as usize, false);
         }
-        let r = self.keys.len();
-        self.keys.push(key);
-        self.steps.push(0);
-        self.versions.push(0);
-        self.data.resize(self.data.len() + l.stride, 0.0);
-        l.new_row(key, &mut self.data[r * l.stride..]);
+        debug_assert!(self.order.is_none(), "a bounded stripe creates rows through insert");
+        (self.insert(key, 0, l).map_or(usize::MAX, |(r, _)| r), true)
+    }
+
+    /// Creates the row of absent `key` (initial values, `version`), unless the stripe is full
+    /// and the row would be its least recently pushed: then nothing is stored. In a full
+    /// stripe the least recently pushed row makes room (returned: its key).
+    fn insert(&mut self, key: u64, version: u64, l: &Layout) -> Option<(usize, Option<u64>)> {
+        debug_assert!(!self.index.contains_key(&key), "insert of a present key");
+        let mut displaced = None;
+        if self.live() >= self.quota {
+            let order = self.order.as_ref()?;
+            let &(oldest_version, oldest) = order.first()?;
+            if (version, key) < (oldest_version, oldest) {
+                return None;
+            }
+            let r = *self.index.get(&oldest)? as usize;
+            self.evict(r);
+            displaced = Some(oldest);
+        }
+        let r = match self.free.pop() {
+            Some(r) => {
+                let r = r as usize;
+                self.keys[r] = key;
+                self.steps[r] = 0;
+                self.versions[r] = version;
+                r
+            }
+            None => {
+                let r = self.keys.len();
+                self.keys.push(key);
+                self.steps.push(0);
+                self.versions.push(version);
+                self.data.resize(self.data.len() + l.stride, 0.0);
+                r
+            }
+        };
+        l.new_row(key, &mut self.data[r * l.stride..(r + 1) * l.stride]);
         // A stripe holds far fewer than 2^32 rows (memory would run out first).
         self.index.insert(key, r as u32);
-        (r, true)
+        if let Some(order) = &mut self.order {
+            order.insert((version, key));
+        }
+        debug_assert!(self.live() <= self.quota, "a stripe over its quota");
+        Some((r, displaced))
     }
 
     /// Appends row `r`'s record (see [`Table::record_len`]).
@@ -196,6 +288,9 @@ impl Stripe {
             + self.versions.capacity() * 8
             + self.data.capacity() * 4
             + self.index.capacity() * (8 + 4 + 1)
+            + self.free.capacity() * 4
+            // A B-tree entry: 16 bytes of (version, key) and about as much of node.
+            + self.order.as_ref().map_or(0, |o| o.len() * 32)
             + self.sketch.as_ref().map_or(0, CountMin::bytes)) as u64
     }
 }
@@ -222,6 +317,10 @@ struct TableCounts {
     pushes_not_admitted: AtomicU64,
     /// Rows created by a push that reached the admission threshold.
     admitted: AtomicU64,
+    /// Rows displaced by newer ones in a full stripe.
+    evicted: AtomicU64,
+    /// Rows dropped for not being pushed within the TTL.
+    expired: AtomicU64,
 }
 
 /// Counts from a fetch.
@@ -276,6 +375,7 @@ impl Table {
             init: spec.init,
             opt: spec.optimizer,
             admit_after: spec.admission.after_pushes,
+            bounded: spec.max_rows().is_some() || spec.capacity.ttl_s > 0,
         };
         let admission = spec.admission;
         let sketch = |i: usize| {
@@ -283,10 +383,25 @@ impl Table {
                 CountMin::new(admission.sketch_width as usize, spec.seed ^ (i as u64) << 56)
             })
         };
+        // Each stripe keeps its share of the bound; the first `limit % STRIPES` one more.
+        let bounded = spec.max_rows().is_some() || spec.capacity.ttl_s > 0;
+        let limit = spec.max_rows().unwrap_or(u64::MAX);
+        let quota = |i: usize| {
+            let share = limit / STRIPES as u64 + u64::from((i as u64) < limit % STRIPES as u64);
+            bounded.then(|| usize::try_from(share).unwrap_or(usize::MAX))
+        };
+        // Seeded by the table, not per process: a bounded stripe's rows must be the same
+        // keys on every pod (lock striping is all it decides otherwise).
+        let stripe_hash = ahash::RandomState::with_seeds(
+            spec.seed,
+            spec.seed.rotate_left(17) ^ 0x5851_F42D_4C95_7F2D,
+            spec.seed.rotate_left(31) ^ 0x1405_7B7E_F767_814F,
+            spec.seed.rotate_left(47) ^ 0x9E37_79B9_7F4A_7C15,
+        );
         Ok(Table {
             layout,
-            stripe_hash: ahash::RandomState::new(),
-            stripes: (0..STRIPES).map(|i| RwLock::new(Stripe::new(sketch(i)))).collect(),
+            stripe_hash,
+            stripes: (0..STRIPES).map(|i| RwLock::new(Stripe::new(sketch(i), quota(i)))).collect(),
             rows: AtomicU64::new(0),
             version_floor: AtomicU64::new(1),
             counts: TableCounts::default(),
@@ -330,6 +445,16 @@ impl Table {
         self.counts.pushes_not_admitted.load(Ordering::Relaxed)
     }
 
+    /// Rows displaced by newer ones in a full stripe, since the table was made.
+    pub fn evicted(&self) -> u64 {
+        self.counts.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Rows dropped for their TTL, since the table was made.
+    pub fn expired(&self) -> u64 {
+        self.counts.expired.load(Ordering::Relaxed)
+    }
+
     /// Rows created by admission, since the table was made.
     pub fn admitted(&self) -> u64 {
         self.counts.admitted.load(Ordering::Relaxed)
@@ -352,8 +477,9 @@ impl Table {
         sink: &mut impl RowSink,
     ) -> FetchStats {
         let l = &self.layout;
-        // With admission, only a push gives a key its row.
-        let create = create && l.admit_after == 0;
+        // With admission or a bound, only a push gives a key its row (a bounded stripe
+        // would drop a never-pushed row first anyway).
+        let create = create && l.admit_after == 0 && !l.bounded;
         let mut stats = FetchStats::default();
         let mut scratch = Vec::new();
         for (i, key) in keys.enumerate() {
@@ -372,7 +498,7 @@ impl Table {
                 let (r, created) = g.get_or_insert(key, l);
                 if created {
                     stats.created += 1;
-                    self.rows.fetch_add(1, Ordering::Relaxed);
+                    self.count_insert(None);
                 }
                 sink.put(i, &g.row(r, l)[..l.dim]);
             } else {
@@ -457,15 +583,28 @@ impl Table {
                     self.counts.admitted.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let (r, created) = s.get_or_insert(key, l);
-            if created {
-                self.rows.fetch_add(1, Ordering::Relaxed);
-            }
-            let Stripe { data, steps, versions, .. } = &mut *s;
+            // One more than the row's version (0 for a new row), and at least the floor.
+            let next = |v: u64| v.saturating_add(1).max(floor).min(FREE - 1);
+            let r = match s.index.get(&key) {
+                Some(&r) => {
+                    let r = r as usize;
+                    let version = next(s.versions[r]);
+                    s.set_version(r, version);
+                    r
+                }
+                // The pushed row is the stripe's newest: it always has a place.
+                None => match s.insert(key, next(0), l) {
+                    Some((r, displaced)) => {
+                        self.count_insert(displaced);
+                        r
+                    }
+                    None => continue,
+                },
+            };
+            let Stripe { data, steps, .. } = &mut *s;
             let row = &mut data[r * l.stride..(r + 1) * l.stride];
             let (w, state) = row.split_at_mut(l.dim);
             l.opt.apply(w, state, &mut steps[r], &g);
-            versions[r] = versions[r].saturating_add(1).max(floor);
             if let Some(out) = updated.as_deref_mut() {
                 out[i * l.dim..(i + 1) * l.dim].copy_from_slice(w);
             }
@@ -536,10 +675,16 @@ impl Table {
         let mut n = 0;
         for (i, key) in keys.enumerate() {
             let mut s = self.stripe(key).write();
-            let (r, created) = s.get_or_insert(key, l);
-            if created {
-                self.rows.fetch_add(1, Ordering::Relaxed);
-            }
+            let r = match s.index.get(&key) {
+                Some(&r) => r as usize,
+                None => match s.insert(key, 0, l) {
+                    Some((r, displaced)) => {
+                        self.count_insert(displaced);
+                        r
+                    }
+                    None => continue,
+                },
+            };
             row(i, &mut s.data[r * l.stride..r * l.stride + l.dim]);
             n += 1;
         }
@@ -606,7 +751,9 @@ impl Table {
         for s in self.stripes.iter() {
             let s = s.read();
             for (&k, &v) in s.keys.iter().zip(&s.versions) {
-                f(k, v);
+                if v != FREE {
+                    f(k, v);
+                }
             }
         }
     }
@@ -662,22 +809,65 @@ impl Table {
             // would only cost memory (and admit a key the training pod has not).
             return false;
         }
-        let (r, created) = s.get_or_insert(key, l);
-        if created {
-            self.rows.fetch_add(1, Ordering::Relaxed);
-        }
-        if !created && version <= s.versions[r] {
-            return false;
-        }
+        let version = version.min(FREE - 1);
+        let r = match s.index.get(&key) {
+            Some(&r) if version <= s.versions[r as usize] => return false,
+            Some(&r) => r as usize,
+            // In a full stripe a copy older than every row kept is not stored: the training
+            // pod dropped that row too (or will).
+            None => match s.insert(key, version, l) {
+                Some((r, displaced)) => {
+                    self.count_insert(displaced);
+                    r
+                }
+                None => return false,
+            },
+        };
         values.copy_to(&mut s.data[r * l.stride..(r + 1) * l.stride]);
         s.steps[r] = steps;
-        s.versions[r] = version;
+        s.set_version(r, version);
         true
     }
 
-    /// Rows in stripe `stripe` now (0 for a stripe out of range).
+    /// Slots of stripe `stripe` now, live or free (0 for a stripe out of range): what
+    /// snapshot cursors step through.
     pub fn stripe_len(&self, stripe: usize) -> usize {
-        self.stripes.get(stripe).map_or(0, |s| s.read().len())
+        self.stripes.get(stripe).map_or(0, |s| s.read().slots())
+    }
+
+    /// Live rows of stripe `stripe` now.
+    pub fn stripe_rows(&self, stripe: usize) -> usize {
+        self.stripes.get(stripe).map_or(0, |s| s.read().live())
+    }
+
+    /// A row was created (and `displaced` left for it, if any).
+    fn count_insert(&self, displaced: Option<u64>) {
+        let counter = if displaced.is_some() { &self.counts.evicted } else { &self.rows };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops every row last pushed before `before` (a version: µs since the Unix epoch),
+    /// when the table has a TTL; returns how many. The server calls it with
+    /// `now − ttl_s`; every pod computing it alike drops the same rows.
+    pub fn expire(&self, before: u64) -> usize {
+        if self.spec.capacity.ttl_s == 0 {
+            return 0;
+        }
+        let mut n = 0;
+        for stripe in self.stripes.iter() {
+            let mut s = stripe.write();
+            while let Some(&(version, key)) = s.order.as_ref().and_then(BTreeSet::first) {
+                if version >= before {
+                    break;
+                }
+                let Some(&r) = s.index.get(&key) else { break };
+                s.evict(r as usize);
+                n += 1;
+            }
+        }
+        self.rows.fetch_sub(n as u64, Ordering::Relaxed);
+        self.counts.expired.fetch_add(n as u64, Ordering::Relaxed);
+        n
     }
 
     /// Bytes of one exported row record: key (u64), version (u64), steps (u32), `stride`
@@ -694,28 +884,39 @@ impl Table {
         }
     }
 
-    /// Appends the records of rows `from..` of `stripe` to `out`, at most `max_rows` of them;
-    /// returns how many were written. The stripe is read-locked while copying (not while the
-    /// caller does I/O).
+    /// Appends the records of the live rows in slots `from..` of `stripe` to `out` until
+    /// `max_rows` are written or the stripe ends; returns (slots scanned, records written).
+    /// The stripe is read-locked while copying (not while the caller does I/O).
     pub fn export_records(
         &self,
         stripe: usize,
         from: usize,
         max_rows: usize,
         out: &mut Vec<u8>,
-    ) -> usize {
-        let Some(s) = self.stripes.get(stripe) else { return 0 };
+    ) -> (usize, usize) {
+        self.export_where(stripe, from, max_rows, out, |v| v != FREE)
+    }
+
+    fn export_where(
+        &self,
+        stripe: usize,
+        from: usize,
+        max_rows: usize,
+        out: &mut Vec<u8>,
+        take: impl Fn(u64) -> bool,
+    ) -> (usize, usize) {
+        let Some(s) = self.stripes.get(stripe) else { return (0, 0) };
         let l = &self.layout;
         let s = s.read();
-        let end = s.len().min(from.saturating_add(max_rows));
-        if from >= end {
-            return 0;
+        let (mut r, mut written) = (from, 0);
+        while r < s.slots() && written < max_rows {
+            if take(s.versions[r]) {
+                s.put_record(r, l, out);
+                written += 1;
+            }
+            r += 1;
         }
-        out.reserve((end - from) * self.record_len());
-        for r in from..end {
-            s.put_record(r, l, out);
-        }
-        end - from
+        (r.saturating_sub(from), written)
     }
 
     /// Like [`export_records`](Self::export_records), but only rows ever pushed (version
@@ -730,18 +931,7 @@ impl Table {
         max_rows: usize,
         out: &mut Vec<u8>,
     ) -> (usize, usize) {
-        let Some(s) = self.stripes.get(stripe) else { return (0, 0) };
-        let l = &self.layout;
-        let s = s.read();
-        let (mut r, mut written) = (from, 0);
-        while r < s.len() && written < max_rows {
-            if s.versions[r] > 0 {
-                s.put_record(r, l, out);
-                written += 1;
-            }
-            r += 1;
-        }
-        (r.saturating_sub(from), written)
+        self.export_where(stripe, from, max_rows, out, |v| v > 0 && v != FREE)
     }
 
     /// Inserts whole rows (values, state, steps, version) from records as written by
@@ -801,6 +991,9 @@ pub struct TableSet {
     tables: Vec<Table>,
     by_name: HashMap<String, u32>,
     epoch: u64,
+    /// Held while a checkpoint is written, which counts each stripe's rows first: expiry,
+    /// the one way a stripe's row count falls, waits meanwhile.
+    no_shrink: parking_lot::Mutex<()>,
 }
 
 impl TableSet {
@@ -823,7 +1016,26 @@ impl TableSet {
         let tables = specs.into_iter().map(Table::new).collect::<Result<Vec<_>, _>>()?;
         // A random epoch identifies this in-memory layout for snapshot cursors.
         let epoch = ahash::RandomState::new().hash_one(tables.len()) | 1;
-        Ok(TableSet { tables, by_name, epoch })
+        Ok(TableSet { tables, by_name, epoch, no_shrink: parking_lot::Mutex::new(()) })
+    }
+
+    /// Drops the rows of every table with a TTL that were last pushed `ttl_s` or more
+    /// before `now_us` (µs since the Unix epoch); returns how many. Skipped (0) while a
+    /// checkpoint is being written.
+    pub fn expire(&self, now_us: u64) -> usize {
+        let Some(_gate) = self.no_shrink.try_lock() else { return 0 };
+        self.tables
+            .iter()
+            .map(|t| match t.spec.capacity.ttl_s {
+                0 => 0,
+                ttl => t.expire(now_us.saturating_sub(ttl.saturating_mul(1_000_000))),
+            })
+            .sum()
+    }
+
+    /// Holds expiry off until the guard drops (see `no_shrink`).
+    pub(crate) fn hold_rows(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.no_shrink.lock()
     }
 
     /// The table with id `id`.
@@ -921,6 +1133,7 @@ mod tests {
             init: Initializer::Uniform { scale: 0.1 },
             optimizer,
             admission: Default::default(),
+            capacity: Default::default(),
         }
     }
 
@@ -1018,6 +1231,123 @@ mod tests {
         let n = dst.apply_replica_state_le(LeU64s::new(&k).unwrap(), LeF32s::new(&v).unwrap());
         assert_eq!(n.unwrap(), 1, "key 2's copy is its initial row: not stored");
         assert_eq!(dst.rows(), 1);
+    }
+
+    fn bounded(max_rows: u64, ttl_s: u64) -> Table {
+        let opt = Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 };
+        let mut s = spec("t", 4, opt);
+        s.capacity.max_rows = max_rows;
+        s.capacity.ttl_s = ttl_s;
+        Table::new(s).unwrap()
+    }
+
+    /// Every row of `t` as sorted records (key, version, steps, values and state).
+    fn all_records(t: &Table) -> Vec<Vec<u8>> {
+        let mut all = Vec::new();
+        for s in 0..STRIPES {
+            t.export_records(s, 0, usize::MAX, &mut all);
+        }
+        let mut recs: Vec<Vec<u8>> = all.chunks(t.record_len()).map(<[u8]>::to_vec).collect();
+        recs.sort();
+        recs
+    }
+
+    /// A Zipf-hot head of `head` keys (exponent 1.1) and a tail of keys pushed once.
+    fn zipf_stream(seed: u64, n: usize, head: u64) -> Vec<u64> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let weights: Vec<f64> = (1..=head).map(|k| (k as f64).powf(-1.1)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut cdf = Vec::with_capacity(weights.len());
+        let mut acc = 0.0;
+        for w in &weights {
+            acc += w / total;
+            cdf.push(acc);
+        }
+        let mut tail = 1u64 << 40;
+        (0..n)
+            .map(|_| {
+                if rng.random_bool(0.3) {
+                    tail += 1;
+                    tail
+                } else {
+                    let u: f64 = rng.random();
+                    cdf.partition_point(|&c| c < u) as u64
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_zipf_stream_with_a_long_tail_never_exceeds_capacity() {
+        let t = bounded(1024, 0);
+        let quota_max = 1024 / STRIPES;
+        let stream = zipf_stream(1, 60_000, 5000);
+        for (i, chunk) in stream.chunks(64).enumerate() {
+            t.version_floor.fetch_max(1 + i as u64, Ordering::AcqRel);
+            t.push(chunk, &vec![0.1; 4 * chunk.len()], None).unwrap();
+            assert!(t.rows() <= 1024, "{} rows after batch {i}", t.rows());
+            for s in 0..STRIPES {
+                assert!(t.stripe_rows(s) <= quota_max, "stripe {s} over its share");
+            }
+        }
+        assert_eq!(t.rows(), 1024, "full");
+        assert!(t.evicted() > 10_000, "{} evicted", t.evicted());
+        // The hottest keys were pushed in the last batches: still there.
+        let mut out = vec![0f32; 4];
+        assert_eq!(t.read_into(&[0], &mut out).unwrap().missing, 0, "the hottest key is kept");
+        // Fetches do not create rows in a bounded table.
+        let before = t.rows();
+        t.fetch_into(&[u64::MAX - 1], &mut out).unwrap();
+        assert_eq!(t.rows(), before);
+        assert_eq!(all_records(&t).len(), 1024);
+    }
+
+    #[test]
+    fn replicas_fed_the_same_copies_in_any_order_keep_the_same_rows() {
+        use rand::seq::SliceRandom;
+        use rand::SeedableRng;
+        let primary = bounded(256, 0);
+        let mut copies = Vec::new();
+        for (i, chunk) in zipf_stream(2, 20_000, 2000).chunks(32).enumerate() {
+            primary.version_floor.fetch_max(1000 + i as u64, Ordering::AcqRel);
+            primary.push(chunk, &vec![0.2; 4 * chunk.len()], None).unwrap();
+            // What replication sends: the pushed keys' rows, read after the push.
+            copies.push(state_copy(&primary, chunk));
+        }
+        let want = all_records(&primary);
+        assert_eq!(want.len(), 256);
+        for seed in 0..3 {
+            let replica = bounded(256, 0);
+            let mut order = copies.clone();
+            order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+            for (k, v) in &order {
+                replica
+                    .apply_replica_state_le(LeU64s::new(k).unwrap(), LeF32s::new(v).unwrap())
+                    .unwrap();
+            }
+            assert_eq!(all_records(&replica), want, "order {seed}: the same rows, bit for bit");
+        }
+    }
+
+    #[test]
+    fn rows_not_pushed_within_the_ttl_expire_on_every_pod_alike() {
+        let t = bounded(0, 10);
+        t.version_floor.fetch_max(1_000_000, Ordering::AcqRel);
+        t.push(&[1, 2, 3], &[0.1; 12], None).unwrap();
+        t.version_floor.fetch_max(5_000_000, Ordering::AcqRel);
+        t.push(&[3, 4], &[0.1; 8], None).unwrap();
+        // Rows last pushed before 1.000001 s go: 1 and 2; 3 (pushed again) and 4 stay.
+        assert_eq!(t.expire(1_000_001), 2);
+        assert_eq!((t.rows(), t.expired()), (2, 2));
+        let mut out = vec![0f32; 8];
+        let st = t.read_into(&[1, 4], &mut out).unwrap();
+        assert_eq!(st.missing, 1, "an expired key reads as its initial row");
+        // A new row reuses a freed slot; live rows never move.
+        t.push(&[9], &[0.1; 4], None).unwrap();
+        assert_eq!(all_records(&t).len(), 3);
+        assert_eq!(t.expire(u64::MAX), 3);
+        assert_eq!(t.rows(), 0);
     }
 
     #[test]
@@ -1175,7 +1505,7 @@ mod tests {
         let mut buf = Vec::new();
         let mut n = 0;
         for s in 0..STRIPES {
-            n += t.export_records(s, 0, usize::MAX, &mut buf);
+            n += t.export_records(s, 0, usize::MAX, &mut buf).1;
         }
         assert_eq!(n, 500);
         assert_eq!(buf.len(), 500 * t.record_len());

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::init::Initializer;
 use crate::optim::Optimizer;
-use crate::spec::{Admission, TableSpec};
+use crate::spec::{Admission, Capacity, TableSpec};
 use crate::topology::{ServerAddrs, Topology};
 use crate::wire::{Limits, MAX_DIM};
 
@@ -312,6 +312,9 @@ pub struct TableConfig {
     /// Feature admission: `{ after_pushes = N, sketch_width = W }` (default: off).
     #[serde(default)]
     pub admission: Admission,
+    /// Rows kept per shard: `{ max_rows = N, max_bytes = B, ttl_s = T }` (default: all).
+    #[serde(default)]
+    pub capacity: Capacity,
 }
 
 /// The `init` table of a `[[tables]]` entry.
@@ -481,6 +484,7 @@ impl TableConfig {
             init: self.init.into(),
             optimizer: self.optimizer.into(),
             admission: self.admission,
+            capacity: self.capacity,
         }
     }
 }

@@ -32,6 +32,6 @@ pub mod wire;
 pub use config::{Config, ConfigError, FieldError};
 pub use fanout::FanoutPlan;
 pub use shard::shard_of;
-pub use spec::{Admission, TableSpec};
+pub use spec::{Admission, Capacity, TableSpec};
 pub use topology::Topology;
 pub use wire::{Limits, Op, Status, WireError};

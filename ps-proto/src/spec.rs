@@ -30,6 +30,25 @@ pub struct TableSpec {
     /// Which keys get a row (feature admission).
     #[serde(default)]
     pub admission: Admission,
+    /// How many rows a shard keeps, and for how long.
+    #[serde(default)]
+    pub capacity: Capacity,
+}
+
+/// The bound on a table's rows in each shard. A row's version is the time of its last push
+/// (µs since the Unix epoch on the training pod, never going back), carried by every copy
+/// of the row, so every pod orders rows alike: a shard keeps the most recently pushed rows
+/// within `max_rows` / `max_bytes` (per stripe: each of the 64 stripes keeps its share) and
+/// drops rows not pushed for `ttl_s`. The same rows leave every pod, with no message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Capacity {
+    /// Most rows per shard; 0: no bound. At least 64 (one per stripe) when set.
+    pub max_rows: u64,
+    /// Most bytes of rows per shard, counted as [`TableSpec::row_bytes`] each; 0: no bound.
+    pub max_bytes: u64,
+    /// Rows not pushed for this many seconds are dropped; 0: never.
+    pub ttl_s: u64,
 }
 
 /// Feature admission: a key gets a row only after it has been pushed `after_pushes` times.
@@ -83,6 +102,15 @@ impl TableSpec {
                 format!("must be at most {MAX_ADMIT_AFTER}"),
             ));
         }
+        if self.max_rows().is_some_and(|n| n < 64) {
+            out.push(FieldError::new(
+                "capacity",
+                format!(
+                    "max_rows, or max_bytes / {} bytes a row, must be at least 64 (a row per stripe)",
+                    self.row_bytes()
+                ),
+            ));
+        }
         let w = self.admission.sketch_width;
         if !w.is_power_of_two() || !(64..=1 << 20).contains(&w) {
             out.push(FieldError::new(
@@ -96,6 +124,23 @@ impl TableSpec {
     /// f32 per stored row: values and optimizer state.
     pub fn stride(&self) -> usize {
         self.dim as usize * (1 + self.optimizer.state_slots())
+    }
+
+    /// What one row costs a bounded shard, as `capacity.max_bytes` counts it: values and
+    /// state, key, step count and version, and about 40 bytes of index and eviction order.
+    pub fn row_bytes(&self) -> u64 {
+        4 * self.stride() as u64 + 8 + 4 + 8 + 40
+    }
+
+    /// The most rows a shard keeps (`None`: unbounded).
+    pub fn max_rows(&self) -> Option<u64> {
+        let c = self.capacity;
+        let by_bytes = (c.max_bytes > 0).then(|| c.max_bytes / self.row_bytes());
+        let by_rows = (c.max_rows > 0).then_some(c.max_rows);
+        match (by_rows, by_bytes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 

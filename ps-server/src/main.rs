@@ -213,7 +213,7 @@ async fn serve(args: Args, cfg: Config) {
             dedupe_windows,
             restored,
             incarnation,
-            version_floor: bex_ps_server::shard::version_floor(),
+            push_clock: bex_ps_server::server::PushClock::new(bex_ps_server::shard::version_floor),
         },
         stack.transports(),
     )
@@ -227,6 +227,16 @@ async fn serve(args: Args, cfg: Config) {
     let (http_addr, _http) = http::serve(addrs.http, Arc::new(Endpoints(server.clone())))
         .await
         .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
+    if server.has_ttl() {
+        let s = server.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                s.expire_rows();
+            }
+        });
+    }
     if cfg.server.checkpoint_interval_s > 0 {
         let (s, every) = (server.clone(), Duration::from_secs(cfg.server.checkpoint_interval_s));
         tokio::spawn(async move {

@@ -342,6 +342,8 @@ impl Metrics {
 
 /// The state of one server.
 pub struct PsServer {
+    /// The push clock ([`ServerParts::push_clock`]).
+    push_clock: PushClock,
     /// Mini-pod.
     pub pod: u32,
     /// Shard.
@@ -391,6 +393,28 @@ pub struct PsServer {
 impl std::fmt::Debug for PsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PsServer").field("pod", &self.pod).field("shard", &self.shard).finish()
+    }
+}
+
+/// The least version a push writes now (µs; see [`ServerParts::push_clock`]).
+#[derive(Clone)]
+pub struct PushClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl PushClock {
+    /// A clock reading `f`.
+    pub fn new(f: impl Fn() -> u64 + Send + Sync + 'static) -> PushClock {
+        PushClock(Arc::new(f))
+    }
+
+    /// Its reading now.
+    pub fn now(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for PushClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PushClock({})", self.now())
     }
 }
 
@@ -459,9 +483,11 @@ pub struct ServerParts {
     /// restarted training server's batches (numbered from 1 again) are never taken for
     /// duplicates of its previous life's, nor refused as too old.
     pub replication_id: u64,
-    /// The least row version this incarnation's pushes write: above every version an
-    /// earlier incarnation of the shard can have written (see `bex_ps_core::table`).
-    pub version_floor: u64,
+    /// The least row version a push writes now: above every version an earlier
+    /// incarnation of the shard can have written (see `bex_ps_core::table`), and rising
+    /// with time, so a row's version is when it was last pushed. In a process:
+    /// [`crate::shard::version_floor`], the wall clock in µs.
+    pub push_clock: PushClock,
     /// When pushes are acknowledged.
     pub push_ack: PushAck,
     /// `Replicated`: how long a push waits for a replica.
@@ -481,7 +507,7 @@ impl PsServer {
         let metrics = Arc::new(Metrics::new());
         let repl_lag = Arc::new(ReplLag::default());
         let tables = Arc::new(parts.tables);
-        tables.raise_version_floor(parts.version_floor);
+        tables.raise_version_floor(parts.push_clock.now());
         let order = Arc::new(tokio::sync::Mutex::new(()));
         let replicated = parts.push_ack == PushAck::Replicated;
         let mut repl = Vec::new();
@@ -509,6 +535,7 @@ impl PsServer {
             }
         }
         let server = Arc::new(PsServer {
+            push_clock: parts.push_clock.clone(),
             pod: parts.pod,
             shard: parts.shard,
             shards: topology.shards(),
@@ -568,7 +595,17 @@ impl PsServer {
             )
             .expect("static metric");
             type Count = fn(&bex_ps_core::Table) -> u64;
-            let counted: [(&str, &str, Count); 3] = [
+            let counted: [(&str, &str, Count); 5] = [
+                (
+                    "bex_ps_table_evicted_total",
+                    "Rows displaced by more recently pushed ones in a full shard (capacity)",
+                    bex_ps_core::Table::evicted,
+                ),
+                (
+                    "bex_ps_table_expired_total",
+                    "Rows dropped for not being pushed within the table's TTL",
+                    bex_ps_core::Table::expired,
+                ),
                 (
                     "bex_ps_table_fetch_missing_total",
                     "Fetched keys without a row, answered with their initial row",
@@ -724,6 +761,21 @@ impl PsServer {
             },
             last_checkpoint: self.last_checkpoint.lock().clone(),
         }
+    }
+
+    /// Drops rows past their table's TTL (every pod computes the same rows from their
+    /// versions, the push times); returns how many.
+    pub fn expire_rows(&self) -> usize {
+        let n = self.tables.expire(self.push_clock.now());
+        if n > 0 {
+            tracing::debug!(rows = n, "rows expired");
+        }
+        n
+    }
+
+    /// Whether any table has a TTL (then [`PsServer::expire_rows`] should run every second).
+    pub fn has_ttl(&self) -> bool {
+        self.tables.iter().any(|(_, t)| t.spec().capacity.ttl_s > 0)
     }
 
     /// Writes a checkpoint now (atomic: temp file, fsync, rename, checksum).
@@ -1087,6 +1139,9 @@ impl PsServer {
                 let applied = if op == Op::Replicate {
                     t.apply_replica_le(v.keys, v.values)
                 } else {
+                    // A row's version is the time of its last push (bounded tables keep
+                    // the most recent rows, and every pod orders them alike by it).
+                    self.tables.raise_version_floor(self.push_clock.now());
                     t.push_le(v.keys, v.values, None)
                 };
                 if let Err(e) = applied {
@@ -1433,7 +1488,7 @@ mod tests {
                 update_seq: 0,
                 dedupe_windows: Vec::new(),
                 replication_id: 1,
-                version_floor: 1,
+                push_clock: PushClock::new(|| 1),
                 push_ack: PushAck::Applied,
                 push_ack_timeout: Duration::from_millis(100),
             },

@@ -22,10 +22,12 @@ use tokio::task::JoinHandle;
 use crate::server::{Handler, PsServer, ServerParts};
 use bex_client::node::{client_config, ClientRole};
 
-/// The least row version this process's pushes write: microseconds since the Unix epoch.
-/// A row's version grows by one per push of it, far slower than a microsecond clock, so a
-/// later start writes versions above every earlier start's (a restarted training shard also
-/// raises it above every version its replicas hold, for a clock that went back).
+/// The least row version a push of this process writes now: microseconds since the Unix
+/// epoch (the push clock of a process). A push sets its row's version to the greater of
+/// this and one more than before, so a row's version is about when it was last pushed, and
+/// a later start writes versions above every earlier start's (a restarted training shard
+/// also raises its floor above every version its replicas hold, for a clock that went
+/// back).
 pub fn version_floor() -> u64 {
     crate::clock::unix_ms().saturating_mul(1000).max(1)
 }
@@ -154,9 +156,9 @@ pub struct ShardStart {
     /// requests are deduplicated by it): fresh for every start, see
     /// [`bex_process::incarnation_id`].
     pub incarnation: u64,
-    /// The least row version this incarnation's pushes write (see
-    /// [`ServerParts::version_floor`]): [`version_floor`] in a process.
-    pub version_floor: u64,
+    /// The least row version a push writes now (see [`ServerParts::push_clock`]):
+    /// [`version_floor`] in a process.
+    pub push_clock: crate::server::PushClock,
 }
 
 /// A serving shard.
@@ -189,7 +191,7 @@ pub async fn start_shard(
         dedupe_windows,
         restored,
         incarnation,
-        version_floor,
+        push_clock,
     } = start;
     let ccfg =
         client_config(&cfg.rpc, pod, u64::from(pod) << 32 | u64::from(shard), ClientRole::Serving);
@@ -228,7 +230,7 @@ pub async fn start_shard(
             update_seq,
             dedupe_windows,
             replication_id: incarnation,
-            version_floor,
+            push_clock,
             push_ack: cfg.server.push_ack,
             push_ack_timeout: Duration::from_millis(cfg.server.push_ack_timeout_ms),
         },

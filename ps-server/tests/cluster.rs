@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 12)
+    bex_testkit::ports::base_port(salt, 12, 13)
 }
 
 impl Cluster {
@@ -56,6 +56,7 @@ impl Cluster {
                 eps: 1e-8,
             },
             admission: Default::default(),
+            capacity: Default::default(),
         }];
         // Loopback under a test harness on 2 cores: generous deadlines.
         cfg.rpc.connect_timeout_ms = 500;
@@ -573,6 +574,37 @@ async fn admission_keeps_rows_off_every_pod_until_the_nth_push() {
     assert_eq!(total("bex_ps_table_admitted_total{table=\"emb\"}".into()).await, 100.0);
 }
 
+// Issue 18, items 1 and 2: a shard keeps at most its capacity, the training pod and the
+// replicas drop the same rows (no message: by the versions every copy carries), and a key
+// dropped reads as its initial row everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_tables_keep_the_same_rows_on_every_pod() {
+    let c = Cluster::with("bounded", 12, |cfg| cfg.tables[0].capacity.max_rows = 128).await;
+    let secret = c.secret();
+    let trainer = c.client(0, &secret).await;
+    // 2000 keys over 2 shards of 128 rows: most are evicted; the last pushed stay.
+    let ks = keys(2000);
+    for batch in ks.chunks(100) {
+        let grads = vec![0.5f32; batch.len() * DIM as usize];
+        trainer.push(TABLE, DIM, batch, &grads).await.unwrap();
+    }
+    let rows = converged(&c, &secret, &ks, Duration::from_secs(5)).await;
+    // Initial rows, as the table's initializer makes them.
+    let initial = bex_ps_core::Table::new(c.cfg.tables[0].spec()).unwrap();
+    let mut init = vec![0f32; rows.len()];
+    initial.read_into(&ks, &mut init).unwrap();
+    let row = |v: &[f32], i: usize| v[i * DIM as usize..(i + 1) * DIM as usize].to_vec();
+    assert_ne!(row(&rows, ks.len() - 1), row(&init, ks.len() - 1), "the last key pushed stays");
+    assert_eq!(row(&rows, 0), row(&init, 0), "the first key pushed was dropped");
+    for (pod, shard) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        let (_, text) = bex_process::http::get(c.http(pod, shard), "/metrics").await.unwrap();
+        let get = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no {s}"));
+        let held = get("bex_ps_table_rows{table=\"emb\"}");
+        assert!(held <= 128.0 && held > 64.0, "pod {pod} shard {shard}: {held} rows");
+        assert!(get("bex_ps_table_evicted_total{table=\"emb\"}") > 500.0);
+    }
+}
+
 /// Waits until pod 1 answers `ks` with exactly the training pod's rows.
 async fn converged(c: &Cluster, secret: &[u8], ks: &[u64], within: Duration) -> Vec<f32> {
     let (trainer_pod, replica) = (c.client(0, secret).await, c.client(1, secret).await);
@@ -670,6 +702,7 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
             init: InitConfig::Zeros,
             optimizer: OptimizerConfig::Sgd { lr: 1.0 },
             admission: Default::default(),
+            capacity: Default::default(),
         });
     })
     .await;
@@ -847,6 +880,7 @@ fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() 
         init: bex_ps_proto::config::InitConfig::Uniform { scale: 0.01 },
         optimizer: bex_ps_proto::config::OptimizerConfig::Sgd { lr: 0.1 },
         admission: Default::default(),
+        capacity: Default::default(),
     }];
     cfg.cluster.servers = (0..2u16)
         .map(|s| {

@@ -70,6 +70,7 @@ mod table {
             init: Initializer::Uniform { scale: 0.01 },
             optimizer: Optimizer::Sgd { lr: 0.01 },
             admission: Default::default(),
+            capacity: Default::default(),
         };
         let t = Table::new(spec).expect("valid spec");
         let mut out = vec![0f32; KEYS * DIM as usize];

@@ -54,6 +54,7 @@ pub fn generated(dir: &Path, base_port: u16, push_ack: Option<PushAck>) -> Confi
         // SGD: no optimizer state, so insert-heavy cells create 256 B per row (plus the index).
         optimizer: OptimizerConfig::Sgd { lr: 0.01 },
         admission: Default::default(),
+        capacity: Default::default(),
     }];
     cfg.rpc.connect_timeout_ms = CONNECT_TIMEOUT_MS;
     cfg.rpc.request_timeout_ms = REQUEST_TIMEOUT_MS;

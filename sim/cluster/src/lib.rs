@@ -209,6 +209,7 @@ fn cluster_config() -> Config {
             init: InitConfig::Zeros,
             optimizer: OptimizerConfig::Sgd { lr: 1.0 },
             admission: Default::default(),
+            capacity: Default::default(),
         },
         TableConfig {
             name: "emb".into(),
@@ -217,6 +218,7 @@ fn cluster_config() -> Config {
             init: InitConfig::Uniform { scale: 0.01 },
             optimizer: OptimizerConfig::Adagrad { lr: 0.05, initial_accumulator: 0.1, eps: 1e-8 },
             admission: Default::default(),
+            capacity: Default::default(),
         },
     ];
     // The shipped transport and RPC settings (keepalive 100 ms / 1 s, Tc 10 ms, Tr 40 ms),
@@ -267,6 +269,8 @@ struct Cluster {
     /// Shard starts so far (each start's replication identity is drawn from it).
     starts: u64,
     seed: u64,
+    /// When the run began (virtual time): push clocks count from it.
+    origin: std::time::Instant,
 }
 
 impl Drop for Cluster {
@@ -300,6 +304,7 @@ impl Cluster {
             next_client: 0,
             starts: 0,
             seed,
+            origin: bex_ps_server::clock::now(),
         };
         // The training pod first, so replicas bootstrap from it.
         for pod in [c.topo.training_pod(), 1 - c.topo.training_pod()] {
@@ -360,8 +365,12 @@ impl Cluster {
         // Replayable, as a process's random identity is not: from the seed, fresh per start.
         self.starts += 1;
         let incarnation = bex_ps_proto::shard::mix64(self.seed ^ self.starts << 20);
-        // Above every earlier start's versions, as a process's clock-based floor is.
-        let version_floor = self.starts << 40;
+        // Above every earlier start's versions and rising with (virtual) time, as a
+        // process's wall clock is; replayable.
+        let (base, origin) = (self.starts << 40, self.origin);
+        let push_clock = bex_ps_server::server::PushClock::new(move || {
+            base + (bex_ps_server::clock::now() - origin).as_micros() as u64
+        });
         let running = start_shard(
             &self.cfg,
             &self.topo,
@@ -373,7 +382,7 @@ impl Cluster {
                 restored,
                 dedupe_windows,
                 incarnation,
-                version_floor,
+                push_clock,
             },
             (Transport::Sim(rdma.clone()), Transport::Sim(tcp.clone())),
         )

@@ -36,6 +36,7 @@ fn table() -> Table {
         init: Initializer::Zeros,
         optimizer: Optimizer::Sgd { lr: 1.0 },
         admission: Default::default(),
+        capacity: Default::default(),
     })
     .expect("table")
 }
