@@ -435,6 +435,12 @@ impl Table {
         self.rows.load(Ordering::Relaxed)
     }
 
+    /// Raises the least version a push writes to `floor` (see the module docs; a server
+    /// raises every table's through [`TableSet::raise_version_floor`]).
+    pub fn raise_version_floor(&self, floor: u64) {
+        self.version_floor.fetch_max(floor, Ordering::AcqRel);
+    }
+
     /// Fetched keys that had no row, since the table was made.
     pub fn fetch_missing(&self) -> u64 {
         self.counts.fetch_missing.load(Ordering::Relaxed)
@@ -1048,7 +1054,7 @@ impl TableSet {
     /// module docs).
     pub fn raise_version_floor(&self, floor: u64) {
         for t in &self.tables {
-            t.version_floor.fetch_max(floor, Ordering::AcqRel);
+            t.raise_version_floor(floor);
         }
     }
 

@@ -58,6 +58,9 @@ impl ParamStore for PsStore {
 #[derive(Debug)]
 pub struct MemStore {
     tables: Vec<Table>,
+    /// Pushes so far: the push clock of these tables (a row's version is its last push,
+    /// as a server's wall clock makes it), so bounded tables keep the recently pushed.
+    pushes: std::sync::atomic::AtomicU64,
 }
 
 impl MemStore {
@@ -69,7 +72,12 @@ impl MemStore {
             .map(Table::new)
             .collect::<Result<_, _>>()
             .map_err(|e| StoreError(e.to_string()))?;
-        Ok(MemStore { tables })
+        Ok(MemStore { tables, pushes: std::sync::atomic::AtomicU64::new(0) })
+    }
+
+    /// Rows table `name` holds (0 for no such table).
+    pub fn rows(&self, name: &str) -> u64 {
+        self.tables.iter().find(|t| t.spec().name == name).map_or(0, Table::rows)
     }
 
     fn table(&self, id: u32, dim: u32) -> Result<&Table, StoreError> {
@@ -97,6 +105,8 @@ impl ParamStore for MemStore {
         grads: &[f32],
     ) -> Result<(), StoreError> {
         let t = self.table(table, dim)?;
+        let now = self.pushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        t.raise_version_floor(now);
         t.push(keys, grads, None).map(|_| ()).map_err(|e| StoreError(e.to_string()))
     }
 }

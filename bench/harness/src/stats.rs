@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Largest recordable round trip (60 s); longer samples are clamped to it.
 const MAX_RTT_NS: u64 = 60_000_000_000;
@@ -78,7 +78,7 @@ impl LatencyRecorder {
 }
 
 /// Round-trip statistics of one latency job, in microseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     /// Recorded round trips (warm-up excluded).
     pub samples: u64,

@@ -1,0 +1,606 @@
+//! `table-scale`: how one shard's table behaves as it grows (issue 18, item 4). For each row
+//! count and dimension it fills a table through `Table::push` (Adagrad, so rows carry one
+//! state slot) and measures resident memory per row, the insert rate, and the latency of
+//! 1000-key fetches and pushes of random existing keys; beside it, in the same run, the same
+//! rows in a plain `HashMap<u64, Box<[f32]>>` with the same initializer and optimizer. Every
+//! point runs in a child process of its own, so its resident memory is its rows' alone and
+//! is returned to the system before the next point; a point that would not fit in the
+//! memory available now is reported as skipped, not attempted.
+
+use std::collections::HashMap;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Duration;
+
+use bex_bench::cli::Output;
+use bex_bench::clock::Clock;
+use bex_bench::report::{render, Envelope};
+use bex_bench::stats::{LatencyRecorder, LatencySummary};
+use bex_plot::{Chart, Series, COLORS};
+use bex_ps_core::Table;
+use bex_ps_proto::init::Initializer;
+use bex_ps_proto::optim::Optimizer;
+use bex_ps_proto::shard::mix64;
+use bex_ps_proto::{Admission, Capacity, TableSpec};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+const TOOL: &str = "table-scale";
+
+/// table-scale: memory per row, insert rate and fetch/push latency of a PS table at growing
+/// sizes, against a plain HashMap in the same run.
+#[derive(Debug, Parser)]
+#[command(name = "table-scale", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Every point (each in a child process), then the tables, targets, JSON and figure.
+    Run(RunArgs),
+    /// One point in this process; its report as one JSON line on stdout (what `run` spawns).
+    Point(PointArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Rows per shard, comma-separated; K and M suffixes (1M = 1 000 000).
+    #[arg(long, value_delimiter = ',', default_value = "1M,10M,100M", value_parser = parse_count)]
+    rows: Vec<u64>,
+    /// Row dimensions, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    dims: Vec<u32>,
+    /// Stores to measure: bex (the PS table) and hashmap (the baseline).
+    #[arg(long, value_delimiter = ',', default_value = "bex,hashmap")]
+    stores: Vec<Store>,
+    /// Keys per fetch and push.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch: u32,
+    /// Seconds of fetches, and of pushes, measured per point.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// A small run for CI: 100K and 1M rows of dim 16, 0.3 s of each operation.
+    #[arg(long)]
+    quick: bool,
+    #[command(flatten)]
+    output: Output,
+}
+
+#[derive(Debug, Args)]
+struct PointArgs {
+    /// Rows to insert.
+    #[arg(long, value_parser = parse_count)]
+    rows: u64,
+    /// Row dimension.
+    #[arg(long)]
+    dim: u32,
+    /// The store.
+    #[arg(long)]
+    store: Store,
+    /// Keys per fetch and push.
+    #[arg(long, default_value_t = 1000)]
+    batch: u32,
+    /// Seconds of fetches, and of pushes.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+/// Where rows live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "snake_case")]
+enum Store {
+    /// `bex_ps_core::Table`: 64 striped slabs and indexes.
+    Bex,
+    /// `HashMap<u64, Box<[f32]>>`: one allocation per row.
+    Hashmap,
+}
+
+/// One point's numbers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct PointReport {
+    store: Store,
+    dim: u32,
+    rows: u64,
+    /// f32 per row: values and optimizer state.
+    stride: usize,
+    /// What a row is made of: key (8) + values and state (4 · stride).
+    payload_bytes_per_row: f64,
+    /// Resident memory the rows added, per row.
+    rss_bytes_per_row: f64,
+    /// The table's own count (`Table::bytes`), per row (bex only).
+    counted_bytes_per_row: Option<f64>,
+    insert_s: f64,
+    insert_rows_per_s: f64,
+    /// Latency of one fetch of `batch` random existing keys.
+    fetch: Option<LatencySummary>,
+    /// Latency of one push of `batch` random existing keys.
+    push: Option<LatencySummary>,
+    batch: u32,
+}
+
+/// A point of the run: measured, or why not.
+#[derive(Clone, Debug, Serialize)]
+struct RunPoint {
+    store: Store,
+    dim: u32,
+    rows: u64,
+    #[serde(flatten)]
+    report: Option<PointReport>,
+    /// Not attempted: why (it would not fit in memory).
+    skipped: Option<String>,
+    /// Attempted and failed: how.
+    failed: Option<String>,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    #[serde(flatten)]
+    envelope: Envelope,
+    points: &'a [RunPoint],
+    targets: &'a [Target],
+}
+
+/// One of the issue's targets, judged.
+#[derive(Clone, Debug, Serialize)]
+struct Target {
+    what: String,
+    value: Option<f64>,
+    limit: f64,
+    met: Option<bool>,
+}
+
+fn main() -> ExitCode {
+    bex_process::logging::init();
+    bex_bench::cli::main_with(TOOL, |cli: Cli| match cli.command {
+        Cmd::Run(a) => run(a),
+        Cmd::Point(p) => {
+            bex_process::exit_with_parent();
+            let report = point(&p);
+            let json = serde_json::to_string(&report)
+                .map_err(|e| bex_bench::Error::Check(format!("JSON: {e}")))?;
+            println!("{json}");
+            Ok(ExitCode::SUCCESS)
+        }
+    })
+}
+
+/// `1M` → 1 000 000, `100K` → 100 000, `5000` → 5000.
+fn parse_count(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1_000),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1_000_000),
+        _ => (t, 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("`{t}` is not a count (1000, 100K, 1M)"))?;
+    match n.checked_mul(mult) {
+        Some(0) | None => Err(format!("`{t}`: counts run from 1 to 2^64")),
+        Some(v) => Ok(v),
+    }
+}
+
+fn spec(dim: u32) -> TableSpec {
+    TableSpec {
+        name: "scale".into(),
+        dim,
+        seed: 7,
+        init: Initializer::Uniform { scale: 0.01 },
+        optimizer: Optimizer::Adagrad { lr: 0.05, initial_accumulator: 0.1, eps: 1e-8 },
+        admission: Admission::default(),
+        capacity: Capacity::default(),
+    }
+}
+
+/// The `i`th key inserted (spread like real feature ids).
+fn key(i: u64) -> u64 {
+    mix64(i)
+}
+
+/// The rows a store holds, behind the two operations measured.
+trait Rows {
+    fn push(&mut self, keys: &[u64], grads: &[f32]);
+    fn fetch(&mut self, keys: &[u64], out: &mut [f32]);
+}
+
+impl Rows for Table {
+    fn push(&mut self, keys: &[u64], grads: &[f32]) {
+        Table::push(self, keys, grads, None).expect("lengths are right");
+    }
+    fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
+        self.read_into(keys, out).expect("lengths are right");
+    }
+}
+
+/// The baseline: one boxed row (values, then state) per key.
+struct Baseline {
+    spec: TableSpec,
+    rows: HashMap<u64, Box<[f32]>>,
+}
+
+impl Rows for Baseline {
+    fn push(&mut self, keys: &[u64], grads: &[f32]) {
+        let (dim, spec) = (self.spec.dim as usize, &self.spec);
+        for (k, g) in keys.iter().zip(grads.chunks_exact(dim)) {
+            let row = self.rows.entry(*k).or_insert_with(|| {
+                let mut row = vec![0f32; spec.stride()];
+                let (w, s) = row.split_at_mut(dim);
+                spec.init.fill(spec.seed, *k, w);
+                spec.optimizer.init_state(s);
+                row.into_boxed_slice()
+            });
+            let (w, s) = row.split_at_mut(dim);
+            spec.optimizer.apply(w, s, &mut 0, g);
+        }
+    }
+    fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
+        let dim = self.spec.dim as usize;
+        for (k, o) in keys.iter().zip(out.chunks_exact_mut(dim)) {
+            match self.rows.get(k) {
+                Some(row) => o.copy_from_slice(&row[..dim]),
+                None => self.spec.init.fill(self.spec.seed, *k, o),
+            }
+        }
+    }
+}
+
+/// What exercising a store measured.
+struct Measured {
+    insert_s: f64,
+    rss_bytes_per_row: f64,
+    fetch: Option<LatencySummary>,
+    push: Option<LatencySummary>,
+}
+
+/// Measures one point in this process.
+fn point(p: &PointArgs) -> PointReport {
+    let spec = spec(p.dim);
+    let rss0 = bex_process::resident_bytes().unwrap_or(0);
+    let (m, counted) = match p.store {
+        Store::Bex => {
+            let mut table = Table::new(spec.clone()).expect("a valid spec");
+            let m = exercise(&mut table, &spec, p, rss0);
+            (m, Some(table.bytes() as f64 / p.rows as f64))
+        }
+        Store::Hashmap => {
+            let mut baseline = Baseline { spec: spec.clone(), rows: HashMap::new() };
+            (exercise(&mut baseline, &spec, p, rss0), None)
+        }
+    };
+    PointReport {
+        store: p.store,
+        dim: p.dim,
+        rows: p.rows,
+        stride: spec.stride(),
+        payload_bytes_per_row: (8 + 4 * spec.stride()) as f64,
+        rss_bytes_per_row: m.rss_bytes_per_row,
+        counted_bytes_per_row: counted,
+        insert_s: m.insert_s,
+        insert_rows_per_s: p.rows as f64 / m.insert_s,
+        fetch: m.fetch,
+        push: m.push,
+        batch: p.batch,
+    }
+}
+
+/// Inserts `p.rows` rows by pushes, then times fetches and pushes of random existing keys.
+fn exercise(rows: &mut impl Rows, spec: &TableSpec, p: &PointArgs, rss0: u64) -> Measured {
+    let (dim, batch) = (spec.dim as usize, p.batch as usize);
+    let grads = vec![0.01f32; batch * dim];
+    let mut keys = Vec::with_capacity(batch);
+    let clock = Clock;
+    let started = clock.now();
+    let mut i = 0;
+    while i < p.rows {
+        keys.clear();
+        keys.extend((i..p.rows.min(i + batch as u64)).map(key));
+        rows.push(&keys, &grads[..keys.len() * dim]);
+        i += keys.len() as u64;
+    }
+    let insert_s = started.elapsed().as_secs_f64();
+    let rss = bex_process::resident_bytes().unwrap_or(0);
+    let rss_bytes_per_row = rss.saturating_sub(rss0) as f64 / p.rows as f64;
+    let mut rng = p.rows ^ 0x5eed;
+    let mut out = vec![0f32; batch * dim];
+    let mut measure = |op: &mut dyn FnMut(&[u64])| {
+        let mut rec = LatencyRecorder::new();
+        let until = clock.deadline(Duration::from_secs_f64(p.seconds));
+        while !clock.expired(until) {
+            keys.clear();
+            for _ in 0..batch {
+                rng = mix64(rng);
+                keys.push(key(rng % p.rows));
+            }
+            let t = clock.now();
+            op(&keys);
+            rec.record(t.elapsed());
+        }
+        rec.summary()
+    };
+    let fetch = measure(&mut |k| rows.fetch(k, &mut out));
+    let push = measure(&mut |k| rows.push(k, &grads));
+    Measured { insert_s, rss_bytes_per_row, fetch, push }
+}
+
+/// Bytes the system can give now (`MemAvailable`).
+fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+fn run(a: RunArgs) -> Result<ExitCode, bex_bench::Error> {
+    let (rows, dims, seconds) = if a.quick {
+        (vec![100_000, 1_000_000], vec![16], 0.3)
+    } else {
+        (a.rows.clone(), a.dims.clone(), a.seconds)
+    };
+    let exe = std::env::current_exe().map_err(bex_bench::error::io("locating table-scale"))?;
+    let mut points = Vec::new();
+    for &dim in &dims {
+        for &n in &rows {
+            for &store in &a.stores {
+                // Payload plus an allowance for indexes and allocator slack (measured: about
+                // 50 bytes a row for both stores).
+                let need = n.saturating_mul(8 + 4 * spec(dim).stride() as u64 + 80);
+                let skipped = match available_bytes() {
+                    Some(avail) if need > avail => Some(format!(
+                        "needs about {:.1} GiB, {:.1} GiB available",
+                        need as f64 / (1u64 << 30) as f64,
+                        avail as f64 / (1u64 << 30) as f64
+                    )),
+                    _ => None,
+                };
+                if !a.output.quiet {
+                    eprintln!(
+                        "{TOOL}: {store:?} dim {dim}, {n} rows{}",
+                        match &skipped {
+                            Some(why) => format!(": skipped ({why})"),
+                            None => String::new(),
+                        }
+                    );
+                }
+                let (report, failed) = match skipped {
+                    Some(_) => (None, None),
+                    // A point that fails (the OOM killer, say) is reported, the run goes on,
+                    // and its exit status is 1.
+                    None => match spawn_point(&exe, store, dim, n, a.batch, seconds) {
+                        Ok(r) => (Some(r), None),
+                        Err(e) => (None, Some(e.to_string())),
+                    },
+                };
+                points.push(RunPoint { store, dim, rows: n, report, skipped, failed });
+            }
+        }
+    }
+    let targets = targets(&points);
+    let text = text(&points, &targets);
+    print!("{text}");
+    let envelope = Envelope::new(TOOL, env!("CARGO_PKG_VERSION"), Default::default());
+    let json =
+        serde_json::to_string_pretty(&JsonReport { envelope, points: &points, targets: &targets })
+            .map_err(|e| bex_bench::Error::Check(format!("JSON: {e}")))?;
+    a.output.write(TOOL, &text, &json, &[("table-scale.svg", figure(&points))])?;
+    Ok(bex_bench::cli::exit_status(points.iter().any(|p| p.failed.is_some())))
+}
+
+fn spawn_point(
+    exe: &std::path::Path,
+    store: Store,
+    dim: u32,
+    rows: u64,
+    batch: u32,
+    seconds: f64,
+) -> Result<PointReport, bex_bench::Error> {
+    let store_arg = store.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+    let out = Command::new(exe)
+        .args(["point", "--store", &store_arg])
+        .args(["--dim", &dim.to_string(), "--rows", &rows.to_string()])
+        .args(["--batch", &batch.to_string(), "--seconds", &seconds.to_string()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(bex_bench::error::io("spawning a point"))?;
+    if !out.status.success() {
+        return Err(bex_bench::Error::Check(format!(
+            "the point {store:?} dim {dim} rows {rows} failed: {}",
+            out.status
+        )));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| bex_bench::Error::Protocol(format!("a point's report: {e}")))
+}
+
+fn measured(points: &[RunPoint], store: Store, dim: u32) -> Vec<&PointReport> {
+    points
+        .iter()
+        .filter(|p| p.store == store && p.dim == dim)
+        .filter_map(|p| p.report.as_ref())
+        .collect()
+}
+
+/// The issue's targets over the bex points.
+fn targets(points: &[RunPoint]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut dims: Vec<u32> = points.iter().map(|p| p.dim).collect();
+    dims.dedup();
+    let judge = |what: String, value: Option<f64>, limit: f64| Target {
+        met: value.map(|v| v <= limit),
+        what,
+        value,
+        limit,
+    };
+    for dim in dims {
+        let bex = measured(points, Store::Bex, dim);
+        for p in &bex {
+            out.push(judge(
+                format!(
+                    "dim {dim}, {} rows: memory per row / (key + values + state)",
+                    count(p.rows)
+                ),
+                Some(p.rss_bytes_per_row / p.payload_bytes_per_row),
+                1.2,
+            ));
+        }
+        if let (Some(first), Some(last)) = (bex.first(), bex.last()) {
+            if last.rows > first.rows {
+                let p50 = |p: &PointReport| p.fetch.as_ref().map(|s| s.p50_us);
+                out.push(judge(
+                    format!(
+                        "dim {dim}: fetch p50 at {} rows / at {} rows",
+                        count(last.rows),
+                        count(first.rows)
+                    ),
+                    p50(last).zip(p50(first)).map(|(a, b)| a / b),
+                    1.5,
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}K", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+fn text(points: &[RunPoint], targets: &[Target]) -> String {
+    let header: Vec<String> = [
+        "store",
+        "dim",
+        "rows",
+        "B/row (RSS)",
+        "x payload",
+        "B/row (counted)",
+        "insert Mrows/s",
+        "fetch p50 µs",
+        "fetch p99 µs",
+        "push p50 µs",
+        "push p99 µs",
+    ]
+    .map(String::from)
+    .to_vec();
+    let f = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|p| {
+            let r = p.report.as_ref();
+            let mut row =
+                vec![format!("{:?}", p.store).to_lowercase(), p.dim.to_string(), count(p.rows)];
+            match (r, &p.skipped, &p.failed) {
+                (_, Some(_), _) => row.push("skipped (below)".into()),
+                (_, _, Some(_)) => row.push("FAILED (below)".into()),
+                (None, None, None) => row.push("-".into()),
+                (Some(r), None, None) => row.extend([
+                    f(Some(r.rss_bytes_per_row), 1),
+                    f(Some(r.rss_bytes_per_row / r.payload_bytes_per_row), 2),
+                    f(r.counted_bytes_per_row, 1),
+                    f(Some(r.insert_rows_per_s / 1e6), 2),
+                    f(r.fetch.as_ref().map(|s| s.p50_us), 1),
+                    f(r.fetch.as_ref().map(|s| s.p99_us), 1),
+                    f(r.push.as_ref().map(|s| s.p50_us), 1),
+                    f(r.push.as_ref().map(|s| s.p99_us), 1),
+                ]),
+            }
+            row
+        })
+        .collect();
+    let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
+    let mut out = render(
+        &format!(
+            "Table scale: Adagrad rows (values + one state slot), {batch}-key fetches and pushes of random existing keys; payload = 8 + 4 x stride bytes"
+        ),
+        &header,
+        &rows,
+    );
+    for p in points {
+        let what = format!("{:?} dim {} {} rows", p.store, p.dim, count(p.rows)).to_lowercase();
+        if let Some(why) = &p.skipped {
+            out.push_str(&format!("  {what}: skipped: {why}\n"));
+        }
+        if let Some(how) = &p.failed {
+            out.push_str(&format!("  {what}: FAILED: {how}\n"));
+        }
+    }
+    out.push_str("\nTargets\n");
+    for t in targets {
+        let verdict = match t.met {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "not measured",
+        };
+        out.push_str(&format!(
+            "  {}: {} (limit {}) -> {verdict}\n",
+            t.what,
+            t.value.map_or("-".into(), |v| format!("{v:.2}")),
+            t.limit
+        ));
+    }
+    out
+}
+
+fn figure(points: &[RunPoint]) -> String {
+    let series_of = |metric: &dyn Fn(&PointReport) -> Option<f64>| {
+        let mut out = Vec::new();
+        let mut keys: Vec<(Store, u32)> = points.iter().map(|p| (p.store, p.dim)).collect();
+        keys.dedup();
+        for (i, (store, dim)) in keys.into_iter().enumerate() {
+            let pts: Vec<(f64, f64)> = measured(points, store, dim)
+                .iter()
+                .filter_map(|r| Some(((r.rows as f64).log10(), metric(r)?)))
+                .collect();
+            let name = format!("{} dim {dim}", format!("{store:?}").to_lowercase());
+            let s = Series::new(name, COLORS[i % COLORS.len()], pts);
+            out.push(if store == Store::Hashmap { s.dashed() } else { s });
+        }
+        out
+    };
+    let mut rows: Vec<u64> = points.iter().map(|p| p.rows).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let ticks: Vec<(f64, String)> = rows.iter().map(|&r| ((r as f64).log10(), count(r))).collect();
+    let chart = |title: &str, y: &str, s: Vec<Series>| {
+        Chart::new(title, "rows per shard", y, s).with_x_ticks(ticks.clone())
+    };
+    let charts = [
+        chart("Memory per row (RSS)", "bytes", series_of(&|r| Some(r.rss_bytes_per_row))),
+        chart("Fetch of 1000 keys, p50", "µs", series_of(&|r| r.fetch.as_ref().map(|s| s.p50_us))),
+        chart("Push of 1000 keys, p50", "µs", series_of(&|r| r.push.as_ref().map(|s| s.p50_us))),
+        chart("Insert rate", "M rows/s", series_of(&|r| Some(r.insert_rows_per_s / 1e6))),
+    ];
+    bex_plot::grid(&charts, 2, 560.0, 340.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_parse_with_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_count("1M"), Ok(1_000_000));
+        assert_eq!(parse_count("100K"), Ok(100_000));
+        assert_eq!(parse_count("5000"), Ok(5000));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("x").is_err());
+        assert!(parse_count("99999999999999M").is_err());
+    }
+
+    #[test]
+    fn a_small_point_measures_both_stores_alike() {
+        for store in [Store::Bex, Store::Hashmap] {
+            let r = point(&PointArgs { rows: 20_000, dim: 8, store, batch: 100, seconds: 0.05 });
+            assert_eq!((r.rows, r.stride), (20_000, 16));
+            assert!(r.insert_rows_per_s > 0.0 && r.fetch.is_some() && r.push.is_some());
+        }
+    }
+
+    #[test]
+    fn every_option_is_documented() {
+        use clap::CommandFactory;
+        bex_bench::cli::assert_documented(Cli::command());
+    }
+}
