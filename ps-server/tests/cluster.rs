@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 13)
+    bex_testkit::ports::base_port(salt, 12, 14)
 }
 
 impl Cluster {
@@ -602,6 +602,40 @@ async fn bounded_tables_keep_the_same_rows_on_every_pod() {
         let held = get("bex_ps_table_rows{table=\"emb\"}");
         assert!(held <= 128.0 && held > 64.0, "pod {pod} shard {shard}: {held} rows");
         assert!(get("bex_ps_table_evicted_total{table=\"emb\"}") > 500.0);
+    }
+}
+
+// Issue 18, item 2: a bounded training shard killed after a checkpoint restarts from it,
+// catches up from its replica, and again holds exactly the replica's rows, within bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_training_shard_restarts_into_the_same_rows_as_its_replica() {
+    let mut c =
+        Cluster::with("bounded-kill", 13, |cfg| cfg.tables[0].capacity.max_rows = 128).await;
+    let secret = c.secret();
+    let trainer = c.client(0, &secret).await;
+    let ks = keys(1000);
+    let push = |range: std::ops::Range<usize>| {
+        let (trainer, batch) = (trainer.clone(), ks[range].to_vec());
+        async move {
+            let grads = vec![0.5f32; batch.len() * DIM as usize];
+            trainer.push(TABLE, DIM, &batch, &grads).await.unwrap();
+        }
+    };
+    for i in 0..5 {
+        push(i * 100..(i + 1) * 100).await;
+    }
+    checkpoint(&c, &secret, 0, 0).await;
+    // Pushes the checkpoint lacks: they evict rows it holds.
+    for i in 5..10 {
+        push(i * 100..(i + 1) * 100).await;
+    }
+    c.kill9(0, 0);
+    c.restart(0, 0).await;
+    converged(&c, &secret, &ks, Duration::from_secs(10)).await;
+    for (pod, shard) in [(0, 0), (1, 0)] {
+        let (_, text) = bex_process::http::get(c.http(pod, shard), "/metrics").await.unwrap();
+        let held = sample(&text, "bex_ps_table_rows{table=\"emb\"}").unwrap();
+        assert!(held <= 128.0, "pod {pod} shard {shard}: {held} rows");
     }
 }
 

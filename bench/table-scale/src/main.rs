@@ -87,7 +87,7 @@ struct PointArgs {
 }
 
 /// Where rows live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "snake_case")]
 enum Store {
     /// `bex_ps_core::Table`: 64 striped slabs and indexes.
@@ -423,6 +423,7 @@ fn measured(points: &[RunPoint], store: Store, dim: u32) -> Vec<&PointReport> {
 fn targets(points: &[RunPoint]) -> Vec<Target> {
     let mut out = Vec::new();
     let mut dims: Vec<u32> = points.iter().map(|p| p.dim).collect();
+    dims.sort_unstable();
     dims.dedup();
     let judge = |what: String, value: Option<f64>, limit: f64| Target {
         met: value.map(|v| v <= limit),
@@ -546,9 +547,10 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
 fn figure(points: &[RunPoint]) -> String {
     let series_of = |metric: &dyn Fn(&PointReport) -> Option<f64>| {
         let mut out = Vec::new();
-        let mut keys: Vec<(Store, u32)> = points.iter().map(|p| (p.store, p.dim)).collect();
+        let mut keys: Vec<(u32, Store)> = points.iter().map(|p| (p.dim, p.store)).collect();
+        keys.sort_unstable();
         keys.dedup();
-        for (i, (store, dim)) in keys.into_iter().enumerate() {
+        for (i, (dim, store)) in keys.into_iter().enumerate() {
             let pts: Vec<(f64, f64)> = measured(points, store, dim)
                 .iter()
                 .filter_map(|r| Some(((r.rows as f64).log10(), metric(r)?)))
