@@ -606,7 +606,8 @@ async fn bounded_tables_keep_the_same_rows_on_every_pod() {
 }
 
 // Issue 18, item 2: a bounded training shard killed after a checkpoint restarts from it,
-// catches up from its replica, and again holds exactly the replica's rows, within bounds.
+// catches up from its replica, and again holds exactly the replica's rows, within bounds;
+// then the replica, killed, bootstraps the same rows by snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bounded_training_shard_restarts_into_the_same_rows_as_its_replica() {
     let mut c =
@@ -631,6 +632,10 @@ async fn a_bounded_training_shard_restarts_into_the_same_rows_as_its_replica() {
     }
     c.kill9(0, 0);
     c.restart(0, 0).await;
+    converged(&c, &secret, &ks, Duration::from_secs(10)).await;
+    // The replica too: it starts empty and bootstraps by snapshot from the training pod.
+    c.kill9(1, 0);
+    c.restart(1, 0).await;
     converged(&c, &secret, &ks, Duration::from_secs(10)).await;
     for (pod, shard) in [(0, 0), (1, 0)] {
         let (_, text) = bex_process::http::get(c.http(pod, shard), "/metrics").await.unwrap();
