@@ -72,6 +72,7 @@ use bex_ps_proto::spec::{TableSpec, STATE_EXTRA_WORDS};
 use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
 
 use crate::admission::CountMin;
+use bex_ps_proto::shard::mix64;
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
 pub const STRIPES: usize = 64;
@@ -96,6 +97,15 @@ pub enum TableError {
         /// Index in the value array.
         index: usize,
     },
+    /// A whole-row copy's version is beyond any push time (corrupt or hostile: accepted,
+    /// it would pin the row for good, since no later copy could be newer).
+    #[error("row {index}: version {version} is above {MAX_VERSION}")]
+    BadVersion {
+        /// The row's index in the copy.
+        index: usize,
+        /// Its version.
+        version: u64,
+    },
     /// The table definitions are invalid.
     #[error("invalid table definitions: {0:?}")]
     Invalid(Vec<FieldError>),
@@ -118,7 +128,7 @@ impl TableError {
     /// The response status a server answers this error with.
     pub fn status(&self) -> Status {
         match self {
-            TableError::NonFinite { .. } => Status::BadValue,
+            TableError::NonFinite { .. } | TableError::BadVersion { .. } => Status::BadValue,
             TableError::UnknownTable(_) => Status::UnknownTable,
             TableError::WrongDim { .. } => Status::WrongDim,
             TableError::WrongLength { .. } => Status::BadFrame,
@@ -185,6 +195,10 @@ impl Index {
         self.rows.capacity()
     }
 }
+
+/// The highest version a row copy may carry: versions are push times in µs (about 2^51
+/// today), so anything above 2^62 is corrupt or hostile.
+pub const MAX_VERSION: u64 = 1 << 62;
 
 /// The version of a free slot (no row's: versions are push times in µs, saturating below).
 const FREE: u64 = u64::MAX;
@@ -260,6 +274,14 @@ impl Stripe {
 
     fn row(&self, r: usize) -> &[f32] {
         &self.data[self.span(r)]
+    }
+
+    /// The version of the least recently pushed row of a full bounded stripe (0 otherwise).
+    fn oldest_version(&self) -> u64 {
+        match &self.order {
+            Some(order) if self.live() >= self.quota => order.first().map_or(0, |&(v, _)| v),
+            _ => 0,
+        }
     }
 
     /// Sets live row `r`'s version, keeping the eviction order.
@@ -367,7 +389,8 @@ impl Stripe {
 pub struct Table {
     spec: TableSpec,
     layout: Layout,
-    stripe_hash: ahash::RandomState,
+    /// Seeds the stripe hash (see [`Table::stripe_of`]).
+    stripe_seed: u64,
     stripes: Box<[RwLock<Stripe>]>,
     rows: AtomicU64,
     /// The least version a push writes (see the module docs).
@@ -458,17 +481,9 @@ impl Table {
             let share = limit / STRIPES as u64 + u64::from((i as u64) < limit % STRIPES as u64);
             bounded.then(|| usize::try_from(share).unwrap_or(usize::MAX))
         };
-        // Seeded by the table, not per process: a bounded stripe's rows must be the same
-        // keys on every pod (lock striping is all it decides otherwise).
-        let stripe_hash = ahash::RandomState::with_seeds(
-            spec.seed,
-            spec.seed.rotate_left(17) ^ 0x5851_F42D_4C95_7F2D,
-            spec.seed.rotate_left(31) ^ 0x1405_7B7E_F767_814F,
-            spec.seed.rotate_left(47) ^ 0x9E37_79B9_7F4A_7C15,
-        );
         Ok(Table {
             layout,
-            stripe_hash,
+            stripe_seed: mix64(spec.seed ^ 0x5851_F42D_4C95_7F2D),
             stripes: (0..STRIPES)
                 .map(|i| RwLock::new(Stripe::new(spec.stride(), sketch(i), quota(i))))
                 .collect(),
@@ -545,8 +560,12 @@ impl Table {
         &self.stripes[self.stripe_of(key)]
     }
 
+    /// The stripe of `key`: SplitMix64 twice, seeded by the table. Stable across processes,
+    /// builds and platforms (a bounded stripe must hold the same keys on every pod; ahash's
+    /// output depends on its version and the CPU features it was built for), and
+    /// independent of the shard hash (`mix64(key)`, nearly constant high bits in a shard).
     fn stripe_of(&self, key: u64) -> usize {
-        let h = self.stripe_hash.hash_one(key);
+        let h = mix64(mix64(key) ^ self.stripe_seed);
         ((h as u128 * STRIPES as u128) >> 64) as usize
     }
 
@@ -692,14 +711,19 @@ impl Table {
                         s.set_version(r, version);
                         r
                     }
-                    // The pushed row is the stripe's newest: it always has a place.
-                    None => match s.insert(key, next(0), l) {
-                        Some((r, displaced)) => {
-                            self.count_insert(displaced);
-                            r
+                    // A pushed row is the stripe's newest: above the floor and, in a full
+                    // stripe, above the row it displaces (rows pushed twice within a clock
+                    // tick can be ahead of the floor), so it always has a place.
+                    None => {
+                        let version = next(0).max(s.oldest_version().saturating_add(1));
+                        match s.insert(key, version.min(FREE - 1), l) {
+                            Some((r, displaced)) => {
+                                self.count_insert(displaced);
+                                r
+                            }
+                            None => continue,
                         }
-                        None => continue,
-                    },
+                    }
                 };
                 let span = s.span(r);
                 let Stripe { data, steps, .. } = &mut *s;
@@ -888,6 +912,11 @@ impl Table {
             if let Some(j) = row.iter().take(l.stride).position(|v| !v.is_finite()) {
                 return Err(TableError::NonFinite { index: i * w + j });
             }
+            let word = |j: usize| row.get(l.stride + j).map_or(0, f32::to_bits);
+            let version = u64::from(word(1)) | u64::from(word(2)) << 32;
+            if version > MAX_VERSION {
+                return Err(TableError::BadVersion { index: i, version });
+            }
         }
         let mut n = 0;
         for (i, key) in keys.iter().enumerate() {
@@ -1061,6 +1090,15 @@ impl Table {
             b.copy_from_slice(&rec[at..at + 8]);
             u64::from_le_bytes(b)
         };
+        let version_at = |rec: &[u8]| match format {
+            RecordFormat::Versioned => u64_at(rec, 8),
+            RecordFormat::Unversioned => 1,
+        };
+        if let Some((index, rec)) =
+            records.chunks_exact(rl).enumerate().find(|(_, r)| version_at(r) > MAX_VERSION)
+        {
+            return Err(TableError::BadVersion { index, version: version_at(rec) });
+        }
         for rec in records.chunks_exact(rl) {
             let key = u64_at(rec, 0);
             let (version, rest) = match format {
@@ -1451,6 +1489,32 @@ mod tests {
         assert_eq!(all_records(&t).len(), 3);
         assert_eq!(t.expire(u64::MAX), 3);
         assert_eq!(t.rows(), 0);
+    }
+
+    #[test]
+    fn a_pushed_key_always_gets_its_row_even_behind_a_row_pushed_twice() {
+        let t = bounded(64, 0); // one row per stripe
+        let a = 1u64;
+        let b = (2..).find(|&k| t.stripe_of(k) == t.stripe_of(a)).unwrap();
+        // A pushed twice in the batch runs one version ahead of the floor; B still displaces it.
+        assert_eq!(t.push(&[a, a, b], &[0.1; 12], None).unwrap(), 3);
+        let mut out = vec![0f32; 8];
+        assert_eq!(t.read_into(&[a, b], &mut out).unwrap().missing, 1, "A displaced, B kept");
+        assert_eq!(t.evicted(), 1);
+    }
+
+    #[test]
+    fn a_copy_with_a_version_beyond_any_push_time_is_refused() {
+        let src = Table::new(spec("t", 2, Optimizer::Sgd { lr: 0.1 })).unwrap();
+        src.push(&[5], &[0.5; 2], None).unwrap();
+        let (k, mut v) = state_copy(&src, &[5]);
+        // The version's high word (the last word of the row) set to all ones.
+        let n = v.len();
+        v[n - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
+        let dst = Table::new(spec("t", 2, Optimizer::Sgd { lr: 0.1 })).unwrap();
+        let got = dst.apply_replica_state_le(LeU64s::new(&k).unwrap(), LeF32s::new(&v).unwrap());
+        assert!(matches!(got, Err(TableError::BadVersion { index: 0, .. })), "{got:?}");
+        assert_eq!(dst.rows(), 0);
     }
 
     #[test]

@@ -117,6 +117,12 @@ impl TableSpec {
                 "admission.sketch_width",
                 "must be a power of two in 64..=1048576",
             ));
+        } else if self.admission.after_pushes > w {
+            // Counts halve every `w` additions: a key could never get there.
+            out.push(FieldError::new(
+                "admission.after_pushes",
+                format!("must be at most sketch_width ({w}): counts halve every {w} pushes"),
+            ));
         }
         out
     }

@@ -233,7 +233,9 @@ async fn serve(args: Args, cfg: Config) {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                s.expire_rows();
+                // Off the async workers: a long pause can leave millions of rows to drop.
+                let s = s.clone();
+                let _ = tokio::task::spawn_blocking(move || s.expire_rows()).await;
             }
         });
     }
