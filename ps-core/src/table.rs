@@ -560,6 +560,15 @@ impl Table {
         &self.stripes[self.stripe_of(key)]
     }
 
+    /// (stripe, index) of every key, ordered by stripe and, within one, by index: a batch's
+    /// keys in the groups it locks stripes for.
+    fn by_stripe(&self, keys: &[u64]) -> Vec<(u16, u32)> {
+        let mut out: Vec<(u16, u32)> =
+            keys.iter().enumerate().map(|(i, &k)| (self.stripe_of(k) as u16, i as u32)).collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The stripe of `key`: SplitMix64 twice, seeded by the table. Stable across processes,
     /// builds and platforms (a bounded stripe must hold the same keys on every pod; ahash's
     /// output depends on its version and the CPU features it was built for), and
@@ -585,9 +594,7 @@ impl Table {
         // CPU could not overlap their cache misses (a large table misses on every key).
         let keys: Vec<u64> = keys.collect();
         stats.rows = keys.len();
-        let mut by_stripe: Vec<(u16, u32)> =
-            keys.iter().enumerate().map(|(i, &k)| (self.stripe_of(k) as u16, i as u32)).collect();
-        by_stripe.sort_unstable();
+        let by_stripe = self.by_stripe(&keys);
         let mut missing = Vec::new();
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
             let g = self.stripes[usize::from(group[0].0)].read();
@@ -682,9 +689,7 @@ impl Table {
         // keys keep their order, so a key pushed twice is applied twice in order, and a
         // bounded or admitting stripe decides as it would key by key.
         let keys: Vec<u64> = keys.collect();
-        let mut by_stripe: Vec<(u16, u32)> =
-            keys.iter().enumerate().map(|(i, &k)| (self.stripe_of(k) as u16, i as u32)).collect();
-        by_stripe.sort_unstable();
+        let by_stripe = self.by_stripe(&keys);
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
             let mut s = self.stripes[usize::from(group[0].0)].write();
             for &(_, i) in group {

@@ -1141,7 +1141,7 @@ impl PsServer {
                 } else {
                     // A row's version is the time of its last push (bounded tables keep
                     // the most recent rows, and every pod orders them alike by it).
-                    self.tables.raise_version_floor(self.push_clock.now());
+                    t.raise_version_floor(self.push_clock.now());
                     t.push_le(v.keys, v.values, None)
                 };
                 if let Err(e) = applied {
