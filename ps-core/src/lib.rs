@@ -17,6 +17,7 @@ pub mod admission;
 pub mod checkpoint;
 pub mod dedupe;
 pub mod replication;
+mod row_index;
 pub mod table;
 
 pub use table::{Table, TableSet};

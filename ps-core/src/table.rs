@@ -4,7 +4,7 @@
 //! # Storage
 //!
 //! A table is split into [`STRIPES`] stripes, each behind its own `parking_lot::RwLock`,
-//! chosen by a hash of the key seeded by the table (ahash; independent of the shard hash,
+//! chosen by a hash of the key seeded by the table (SplitMix64; independent of the shard hash,
 //! whose high bits are nearly constant within one shard). A stripe keeps its rows in one
 //! slab: `data` holds a slot per row, the key's bits then `stride = dim · (1 + state_slots)`
 //! f32 (values, then optimizer state); `steps` and `versions` run parallel to it, and an
@@ -72,6 +72,7 @@ use bex_ps_proto::spec::{TableSpec, STATE_EXTRA_WORDS};
 use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
 
 use crate::admission::CountMin;
+use crate::row_index::RowIndex;
 use bex_ps_proto::shard::mix64;
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
@@ -139,7 +140,11 @@ impl TableError {
 
 #[derive(Debug)]
 struct Stripe {
-    index: Index,
+    /// Key → slot: the row numbers alone (the key is the slab's), 12 to a cache line.
+    /// Rejected: `HashMap<u64, u32>`, 16 bytes a bucket (the key a second time, and
+    /// padding), which made a dim-16 row cost 1.3-1.4x its payload; and hashbrown's
+    /// `HashTable<u32>` (see [`RowIndex`]).
+    index: RowIndex,
     steps: Vec<u32>,
     /// Per slot: the row's version, or [`FREE`] for a slot an evicted row left.
     versions: Vec<u64>,
@@ -159,41 +164,6 @@ struct Stripe {
     order: Option<BTreeSet<(u64, u64)>>,
     /// Bounded tables: the most live rows this stripe keeps.
     quota: usize,
-}
-
-/// Key → row number of one stripe, storing the row number only (4 bytes a bucket): the key
-/// is the slab's (`key_of(r)`), read to compare and hashed again when the table grows.
-/// Rejected: `HashMap<u64, u32>`, 16 bytes a bucket (the key a second time, and padding),
-/// which made a dim-16 row cost 1.3-1.4x its payload.
-#[derive(Debug, Default)]
-struct Index {
-    rows: hashbrown::HashTable<u32>,
-    hasher: ahash::RandomState,
-}
-
-impl Index {
-    fn get(&self, key: u64, key_of: impl Fn(u32) -> u64) -> Option<u32> {
-        self.rows.find(self.hasher.hash_one(key), |&r| key_of(r) == key).copied()
-    }
-
-    /// Adds `key` at row `r` (`key_of(r) == key`, and `key` absent).
-    fn insert(&mut self, key: u64, r: u32, key_of: impl Fn(u32) -> u64) {
-        debug_assert_eq!(key_of(r), key, "the slab holds the key first");
-        let hasher = &self.hasher;
-        self.rows.insert_unique(hasher.hash_one(key), r, |&r| hasher.hash_one(key_of(r)));
-    }
-
-    /// Removes `key` (its row still holds it).
-    fn remove(&mut self, key: u64, key_of: impl Fn(u32) -> u64) {
-        let found = self.rows.find_entry(self.hasher.hash_one(key), |&r| key_of(r) == key);
-        if let Ok(entry) = found {
-            entry.remove();
-        }
-    }
-
-    fn capacity(&self) -> usize {
-        self.rows.capacity()
-    }
 }
 
 /// The highest version a row copy may carry: versions are push times in µs (about 2^51
@@ -234,7 +204,7 @@ fn key_at(data: &[f32], slot: usize, r: u32) -> u64 {
 impl Stripe {
     fn new(stride: usize, sketch: Option<CountMin>, quota: Option<usize>) -> Stripe {
         Stripe {
-            index: Index::default(),
+            index: RowIndex::default(),
             steps: Vec::new(),
             versions: Vec::new(),
             data: Vec::new(),
@@ -250,6 +220,27 @@ impl Stripe {
     fn find(&self, key: u64) -> Option<u32> {
         let (data, slot) = (&self.data, self.slot);
         self.index.get(key, |r| key_at(data, slot, r))
+    }
+
+    /// Loads the index buckets of a batch's `keys`, then the first `words` f32 of the
+    /// rows they point at (one word per cache line; a tag's row may be another key's),
+    /// before any key is served. Each pass's loads are independent of one another, so the
+    /// CPU keeps the batch's misses in flight together instead of waiting out each key's
+    /// chain (bucket, then row) in turn: a table larger than the caches misses on nearly
+    /// every key. Rejected, both measured slower (`bench/table-scale`, medians of 3 at
+    /// 100K-10M rows): warming a whole batch across all its stripes before serving any,
+    /// either re-locking per stripe per pass or holding every stripe's read lock at once.
+    fn warm(&self, keys: impl Iterator<Item = u64> + Clone, words: usize) {
+        let mut loaded = keys.clone().fold(0, |l, k| l ^ self.index.touch(self.index.probe(k)));
+        for k in keys {
+            if let Some(r) = self.index.candidate(self.index.probe(k)) {
+                let at = r as usize * self.slot;
+                for w in (at..at + words.min(self.slot)).step_by(16) {
+                    loaded ^= self.data.get(w).map_or(0, |v| v.to_bits() as u8);
+                }
+            }
+        }
+        std::hint::black_box(loaded);
     }
 
     /// The key of slot `r`.
@@ -298,7 +289,8 @@ impl Stripe {
     fn evict(&mut self, r: usize) {
         let key = self.key(r);
         let (data, slot) = (&self.data, self.slot);
-        self.index.remove(key, |r| key_at(data, slot, r));
+        let removed = self.index.remove(key, |r| key_at(data, slot, r));
+        debug_assert!(removed, "evicting a row the index does not hold");
         if let Some(order) = &mut self.order {
             order.remove(&(self.versions[r], key));
         }
@@ -359,6 +351,7 @@ impl Stripe {
             order.insert((version, key));
         }
         debug_assert!(self.live() <= self.quota, "a stripe over its quota");
+        debug_assert_eq!(self.index.len(), self.live(), "the index and the slab disagree");
         Some((r, displaced))
     }
 
@@ -376,7 +369,7 @@ impl Stripe {
         (self.steps.capacity() * 4
             + self.versions.capacity() * 8
             + self.data.capacity() * 4
-            + self.index.capacity() * (4 + 1)
+            + self.index.bytes()
             + self.free.capacity() * 4
             // A B-tree entry: 16 bytes of (version, key) and about as much of node.
             + self.order.as_ref().map_or(0, |o| o.len() * 32)
@@ -563,9 +556,22 @@ impl Table {
     /// (stripe, index) of every key, ordered by stripe and, within one, by index: a batch's
     /// keys in the groups it locks stripes for.
     fn by_stripe(&self, keys: &[u64]) -> Vec<(u16, u32)> {
-        let mut out: Vec<(u16, u32)> =
-            keys.iter().enumerate().map(|(i, &k)| (self.stripe_of(k) as u16, i as u32)).collect();
-        out.sort_unstable();
+        // A counting sort: stripes are few, and a comparison sort of a 1000-key batch took
+        // a tenth of a fetch.
+        let stripes: Vec<u16> = keys.iter().map(|&k| self.stripe_of(k) as u16).collect();
+        let mut start = [0u32; STRIPES + 1];
+        for &s in &stripes {
+            start[usize::from(s) + 1] += 1;
+        }
+        for s in 0..STRIPES {
+            start[s + 1] += start[s];
+        }
+        let mut out = vec![(0u16, 0u32); keys.len()];
+        for (i, &s) in stripes.iter().enumerate() {
+            let at = &mut start[usize::from(s)];
+            out[*at as usize] = (s, i as u32);
+            *at += 1;
+        }
         out
     }
 
@@ -598,6 +604,7 @@ impl Table {
         let mut missing = Vec::new();
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
             let g = self.stripes[usize::from(group[0].0)].read();
+            g.warm(group.iter().map(|&(_, i)| keys[i as usize]), 2 + l.dim);
             for &(_, i) in group {
                 let i = i as usize;
                 match g.find(keys[i]) {
@@ -692,10 +699,13 @@ impl Table {
         let by_stripe = self.by_stripe(&keys);
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
             let mut s = self.stripes[usize::from(group[0].0)].write();
+            // The optimizer reads and writes the whole row.
+            s.warm(group.iter().map(|&(_, i)| keys[i as usize]), s.slot);
             for &(_, i) in group {
                 let (i, key) = (i as usize, keys[i as usize]);
                 grad_row(i, &mut g);
-                if s.find(key).is_none() {
+                let found = s.find(key);
+                if found.is_none() {
                     if let Some(sketch) = s.sketch.as_mut() {
                         if sketch.add(key) < l.admit_after {
                             self.counts.pushes_not_admitted.fetch_add(1, Ordering::Relaxed);
@@ -709,7 +719,7 @@ impl Table {
                 }
                 // One more than the row's version (0 for a new row), and at least the floor.
                 let next = |v: u64| v.saturating_add(1).max(floor).min(FREE - 1);
-                let r = match s.find(key) {
+                let r = match found {
                     Some(r) => {
                         let r = r as usize;
                         let version = next(s.versions[r]);

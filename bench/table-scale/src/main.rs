@@ -51,8 +51,9 @@ struct RunArgs {
     /// Row dimensions, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     dims: Vec<u32>,
-    /// Stores to measure: bex (the PS table) and hashmap (the baseline).
-    #[arg(long, value_delimiter = ',', default_value = "bex,hashmap")]
+    /// Stores to measure: bex (the PS table), hashmap (the baseline) and floor (random
+    /// loads over an array of the rows' size: how memory alone slows as it grows).
+    #[arg(long, value_delimiter = ',', default_value = "bex,hashmap,floor")]
     stores: Vec<Store>,
     /// Keys per fetch and push.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -94,6 +95,10 @@ enum Store {
     Bex,
     /// `HashMap<u64, Box<[f32]>>`: one allocation per row.
     Hashmap,
+    /// No table: an array of the rows' payload bytes, and per "fetch" one random 8-byte
+    /// load per key — what the memory system alone costs at this size, the floor under
+    /// any table's growth (no push).
+    Floor,
 }
 
 /// One point's numbers.
@@ -244,6 +249,33 @@ impl Rows for Baseline {
     }
 }
 
+/// The memory floor: words to load at random.
+struct Floor(Vec<u64>);
+
+impl Floor {
+    /// An array of `bytes`, every page written (resident, as rows would be).
+    fn new(bytes: usize) -> Floor {
+        let mut words = vec![0u64; bytes.div_ceil(8).max(1)];
+        for (i, w) in words.iter_mut().enumerate().step_by(512) {
+            *w = i as u64;
+        }
+        Floor(words)
+    }
+}
+
+impl Rows for Floor {
+    fn push(&mut self, _: &[u64], _: &[f32]) {}
+    fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
+        // Keys are SplitMix64 outputs, so `k % len` is uniform; the loads are independent,
+        // as a warmed batch's are.
+        let n = self.0.len() as u64;
+        let sum = keys.iter().fold(0u64, |s, &k| s.wrapping_add(self.0[(k % n) as usize]));
+        if let Some(o) = out.first_mut() {
+            *o = sum as f32;
+        }
+    }
+}
+
 /// What exercising a store measured.
 struct Measured {
     insert_s: f64,
@@ -265,6 +297,13 @@ fn point(p: &PointArgs) -> PointReport {
         Store::Hashmap => {
             let mut baseline = Baseline { spec: spec.clone(), rows: HashMap::new() };
             (exercise(&mut baseline, &spec, p, rss0), None)
+        }
+        Store::Floor => {
+            let started = Clock.now();
+            let mut floor = Floor::new(p.rows as usize * (8 + 4 * spec.stride()));
+            let filled = started.elapsed().as_secs_f64();
+            let m = exercise(&mut floor, &spec, p, rss0);
+            (Measured { insert_s: filled, push: None, ..m }, None)
         }
     };
     PointReport {
@@ -461,6 +500,42 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
     out
 }
 
+/// How much the memory floor itself slows between the smallest and largest row count of
+/// each dimension: the growth no table can avoid on this machine (text, not a target).
+fn floor_growth(points: &[RunPoint]) -> Vec<String> {
+    let mut dims: Vec<u32> = points.iter().map(|p| p.dim).collect();
+    dims.sort_unstable();
+    dims.dedup();
+    let p50 = |p: &PointReport| p.fetch.as_ref().map(|s| s.p50_us);
+    let mut out = Vec::new();
+    for dim in dims {
+        let floor = measured(points, Store::Floor, dim);
+        let bex = measured(points, Store::Bex, dim);
+        if let (Some(first), Some(last)) = (floor.first(), floor.last()) {
+            if let Some((a, b)) = p50(last).zip(p50(first)).filter(|_| last.rows > first.rows) {
+                out.push(format!(
+                    "dim {dim}: random loads alone, p50 at {} rows / at {} rows: {:.2} ({a:.1} / {b:.1} µs per {} loads)",
+                    count(last.rows),
+                    count(first.rows),
+                    a / b,
+                    first.batch
+                ));
+            }
+        }
+        for b in &bex {
+            let f = floor.iter().find(|f| f.rows == b.rows);
+            if let Some((tb, tf)) = p50(b).zip(f.and_then(|f| p50(f))) {
+                out.push(format!(
+                    "dim {dim}, {} rows: bex fetch p50 / floor p50: {:.2}",
+                    count(b.rows),
+                    tb / tf
+                ));
+            }
+        }
+    }
+    out
+}
+
 fn count(n: u64) -> String {
     match n {
         n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
@@ -527,6 +602,13 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
             out.push_str(&format!("  {what}: FAILED: {how}\n"));
         }
     }
+    let floor = floor_growth(points);
+    if !floor.is_empty() {
+        out.push_str("\nMemory floor (the `floor` store)\n");
+        for line in floor {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
     out.push_str("\nTargets\n");
     for t in targets {
         let verdict = match t.met {
@@ -557,7 +639,7 @@ fn figure(points: &[RunPoint]) -> String {
                 .collect();
             let name = format!("{} dim {dim}", format!("{store:?}").to_lowercase());
             let s = Series::new(name, COLORS[i % COLORS.len()], pts);
-            out.push(if store == Store::Hashmap { s.dashed() } else { s });
+            out.push(if store == Store::Bex { s } else { s.dashed() });
         }
         out
     };
@@ -572,7 +654,12 @@ fn figure(points: &[RunPoint]) -> String {
         chart("Memory per row (RSS)", "bytes", series_of(&|r| Some(r.rss_bytes_per_row))),
         chart("Fetch of 1000 keys, p50", "µs", series_of(&|r| r.fetch.as_ref().map(|s| s.p50_us))),
         chart("Push of 1000 keys, p50", "µs", series_of(&|r| r.push.as_ref().map(|s| s.p50_us))),
-        chart("Insert rate", "M rows/s", series_of(&|r| Some(r.insert_rows_per_s / 1e6))),
+        // The floor's "insert" is writing an array, off this chart's scale.
+        chart(
+            "Insert rate",
+            "M rows/s",
+            series_of(&|r| (r.store != Store::Floor).then_some(r.insert_rows_per_s / 1e6)),
+        ),
     ];
     bex_plot::grid(&charts, 2, 560.0, 340.0)
 }
@@ -598,6 +685,14 @@ mod tests {
             assert_eq!((r.rows, r.stride), (20_000, 16));
             assert!(r.insert_rows_per_s > 0.0 && r.fetch.is_some() && r.push.is_some());
         }
+        let r = point(&PointArgs {
+            rows: 20_000,
+            dim: 8,
+            store: Store::Floor,
+            batch: 100,
+            seconds: 0.05,
+        });
+        assert!(r.fetch.is_some() && r.push.is_none(), "the floor measures loads alone");
     }
 
     #[test]
