@@ -64,7 +64,7 @@ step "ps-bench --quick (one ps-server shard through PsClient, RDMA vs TCP: table
 cargo build --locked --release -q -p bex-ps-server -p bex-ps-bench
 target/release/ps-bench --quick --quiet --out target/ps-bench
 
-step "table-scale --quick (a table at 100K and 1M rows against a HashMap: memory per row, inserts, fetch/push latency; exit 1 if a point fails)"
+step "table-scale --quick (a table at 100K and 1M rows against a HashMap and the memory floor: memory per row, inserts, fetch/push latency; exit 1 if a point fails)"
 cargo build --locked --release -q -p bex-table-scale
 target/release/table-scale run --quick --quiet --out target/table-scale
 
