@@ -14,7 +14,8 @@
 //! after it with room; every full bucket passed is marked `overflowed`, so a lookup goes on
 //! to the next bucket only from a marked one. Removal clears the tag and leaves the mark
 //! (a later key may sit beyond); marks are cleared by rebuilding, which happens when the
-//! index grows or when marked buckets exceed a quarter of all.
+//! index grows, or when marked buckets exceed a quarter of all and twice as many as the last
+//! rebuild left.
 
 /// Entries per bucket: 12 tags + a flag word + 12 row numbers fill one 64-byte line.
 const WAYS: usize = 12;
@@ -77,7 +78,7 @@ pub(crate) struct RowIndex {
 }
 
 /// Where a key's hash sends it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Probe {
     home: usize,
     tag: u8,

@@ -72,7 +72,7 @@ use bex_ps_proto::spec::{TableSpec, STATE_EXTRA_WORDS};
 use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
 
 use crate::admission::CountMin;
-use crate::row_index::RowIndex;
+use crate::row_index::{Probe, RowIndex};
 use bex_ps_proto::shard::mix64;
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
@@ -230,13 +230,27 @@ impl Stripe {
     /// every key. Rejected, both measured slower (`bench/table-scale`, medians of 3 at
     /// 100K-10M rows): warming a whole batch across all its stripes before serving any,
     /// either re-locking per stripe per pass or holding every stripe's read lock at once.
-    fn warm(&self, keys: impl Iterator<Item = u64> + Clone, words: usize) {
-        let mut loaded = keys.clone().fold(0, |l, k| l ^ self.index.touch(self.index.probe(k)));
-        for k in keys {
-            if let Some(r) = self.index.candidate(self.index.probe(k)) {
-                let at = r as usize * self.slot;
-                for w in (at..at + words.min(self.slot)).step_by(16) {
-                    loaded ^= self.data.get(w).map_or(0, |v| v.to_bits() as u8);
+    fn warm(&self, keys: impl Iterator<Item = u64>, words: usize) {
+        // Keys a chunk: more misses than this are not in flight at once anyway, and a fixed
+        // array keeps each key's hash computed once without an allocation.
+        const CHUNK: usize = 32;
+        let mut keys = keys.peekable();
+        let mut probes = [Probe::default(); CHUNK];
+        let mut loaded = 0u8;
+        while keys.peek().is_some() {
+            let n = keys.by_ref().take(CHUNK).zip(probes.iter_mut()).fold(0, |n, (k, p)| {
+                *p = self.index.probe(k);
+                n + 1
+            });
+            for &p in &probes[..n] {
+                loaded ^= self.index.touch(p);
+            }
+            for &p in &probes[..n] {
+                if let Some(r) = self.index.candidate(p) {
+                    let at = r as usize * self.slot;
+                    for w in (at..at + words.min(self.slot)).step_by(16) {
+                        loaded ^= self.data.get(w).map_or(0, |v| v.to_bits() as u8);
+                    }
                 }
             }
         }

@@ -197,6 +197,11 @@ fn spec(dim: u32) -> TableSpec {
     }
 }
 
+/// What a row is made of: its key, then values and optimizer state.
+fn payload_bytes(spec: &TableSpec) -> usize {
+    8 + 4 * spec.stride()
+}
+
 /// The `i`th key inserted (spread like real feature ids).
 fn key(i: u64) -> u64 {
     mix64(i)
@@ -300,7 +305,7 @@ fn point(p: &PointArgs) -> PointReport {
         }
         Store::Floor => {
             let started = Clock.now();
-            let mut floor = Floor::new(p.rows as usize * (8 + 4 * spec.stride()));
+            let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec));
             let filled = started.elapsed().as_secs_f64();
             let m = exercise(&mut floor, &spec, p, rss0);
             (Measured { insert_s: filled, push: None, ..m }, None)
@@ -311,7 +316,7 @@ fn point(p: &PointArgs) -> PointReport {
         dim: p.dim,
         rows: p.rows,
         stride: spec.stride(),
-        payload_bytes_per_row: (8 + 4 * spec.stride()) as f64,
+        payload_bytes_per_row: payload_bytes(&spec) as f64,
         rss_bytes_per_row: m.rss_bytes_per_row,
         counted_bytes_per_row: counted,
         insert_s: m.insert_s,
@@ -381,7 +386,7 @@ fn run(a: RunArgs) -> Result<ExitCode, bex_bench::Error> {
             for &store in &a.stores {
                 // Payload plus an allowance for indexes and allocator slack (measured: about
                 // 50 bytes a row for both stores).
-                let need = n.saturating_mul(8 + 4 * spec(dim).stride() as u64 + 80);
+                let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80);
                 let skipped = match available_bytes() {
                     Some(avail) if need > avail => Some(format!(
                         "needs about {:.1} GiB, {:.1} GiB available",
@@ -461,16 +466,13 @@ fn measured(points: &[RunPoint], store: Store, dim: u32) -> Vec<&PointReport> {
 /// The targets over the bex points.
 fn targets(points: &[RunPoint]) -> Vec<Target> {
     let mut out = Vec::new();
-    let mut dims: Vec<u32> = points.iter().map(|p| p.dim).collect();
-    dims.sort_unstable();
-    dims.dedup();
     let judge = |what: String, value: Option<f64>, limit: f64| Target {
         met: value.map(|v| v <= limit),
         what,
         value,
         limit,
     };
-    for dim in dims {
+    for dim in dims(points) {
         let bex = measured(points, Store::Bex, dim);
         for p in &bex {
             out.push(judge(
@@ -500,15 +502,20 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
     out
 }
 
-/// How much the memory floor itself slows between the smallest and largest row count of
-/// each dimension: the growth no table can avoid on this machine (text, not a target).
-fn floor_growth(points: &[RunPoint]) -> Vec<String> {
+/// The dimensions measured, ascending.
+fn dims(points: &[RunPoint]) -> Vec<u32> {
     let mut dims: Vec<u32> = points.iter().map(|p| p.dim).collect();
     dims.sort_unstable();
     dims.dedup();
+    dims
+}
+
+/// How much the memory floor itself slows between the smallest and largest row count of
+/// each dimension: the growth no table can avoid on this machine (text, not a target).
+fn floor_growth(points: &[RunPoint]) -> Vec<String> {
     let p50 = |p: &PointReport| p.fetch.as_ref().map(|s| s.p50_us);
     let mut out = Vec::new();
-    for dim in dims {
+    for dim in dims(points) {
         let floor = measured(points, Store::Floor, dim);
         let bex = measured(points, Store::Bex, dim);
         if let (Some(first), Some(last)) = (floor.first(), floor.last()) {
