@@ -217,6 +217,10 @@ mod tests {
         assert_eq!(c.request_timeout, Duration::from_millis(r.request_timeout_ms));
         let t = client_config(&r, 1, 9, ClientRole::Training);
         assert_eq!(t.request_timeout, Duration::from_millis(r.training_request_timeout_ms));
+        // The launcher's deadline check reads the config's formula; the client enforces its own.
+        for (cfg, tr) in [(&c, r.request_timeout_ms), (&t, r.training_request_timeout_ms)] {
+            assert_eq!(cfg.call_deadline(), Duration::from_millis(r.call_deadline_ms(tr)));
+        }
         assert_eq!(c.quarantine_probe_interval, Duration::from_secs(7));
         assert_eq!(c.reprobe_interval, Duration::from_secs(3));
         assert_eq!(

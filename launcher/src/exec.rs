@@ -656,14 +656,12 @@ impl Executor {
     }
 
     /// "Every request answered or failed by its deadline": each ranker accounted for every
-    /// request (none abandoned in flight) and none took longer than the RPC layer's bound,
-    /// `max_attempts × (Tc + Tr)` plus 100 ms of scheduling slack on a shared machine.
+    /// request (none abandoned in flight) and none took longer than the deadline the RPC
+    /// client enforces on a call, `max_attempts × (Tc + Tr)`, plus 100 ms of scheduling
+    /// slack on a shared machine.
     fn deadline_invariant(&self, phases: &[PhaseReport]) -> Invariant {
         let rpc = &self.plan.config.rpc;
-        let bound_us = (u64::from(rpc.max_attempts.max(1))
-            * (rpc.connect_timeout_ms + rpc.request_timeout_ms)
-            + 100)
-            * 1000;
+        let bound_us = (rpc.call_deadline_ms(rpc.request_timeout_ms) + 100) * 1000;
         let (mut requests, mut worst, mut broken) = (0u64, 0f64, Vec::new());
         for c in phases.iter().flat_map(|p| &p.clients).filter(|c| c.kind == "ranker") {
             // The ranker's own report (its schema).

@@ -648,6 +648,16 @@ impl Default for RpcConfig {
     }
 }
 
+impl RpcConfig {
+    /// The longest one client call takes with request deadline `request_timeout_ms`
+    /// (serving or training): every attempt's connection and request deadlines,
+    /// `max_attempts × (Tc + Tr)`; the RPC client fails a call still unanswered then
+    /// (`bex_rpc::ClientConfig::call_deadline`, the same formula).
+    pub fn call_deadline_ms(&self, request_timeout_ms: u64) -> u64 {
+        u64::from(self.max_attempts.max(1)) * (self.connect_timeout_ms + request_timeout_ms)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 impl Config {

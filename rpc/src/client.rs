@@ -109,6 +109,20 @@ impl Default for ClientConfig {
     }
 }
 
+impl ClientConfig {
+    /// The longest a call takes: every attempt's connection and request deadlines,
+    /// `(1 + max_retries) × (Tc + Tr)`. The ladder (reconnects, other replicas, TCP) runs
+    /// within it; a call still unanswered then fails with [`RpcError::Timeout`]. Without
+    /// this bound a call that met a partition walked the whole ladder, each rung with its
+    /// own deadlines, and answered its caller long after the caller had given up (chaos
+    /// run: a ranker request took 294 ms against a 150 ms budget).
+    /// `bex_ps_proto::RpcConfig::call_deadline_ms` is the same formula for the cluster's
+    /// config (a test in `bex-client` keeps them equal).
+    pub fn call_deadline(&self) -> Duration {
+        (self.connect_timeout + self.request_timeout) * (1 + self.max_retries)
+    }
+}
+
 /// What happened to calls (cumulative).
 #[derive(Debug, Default)]
 pub struct ClientStats {
@@ -450,9 +464,19 @@ impl Client {
         let mut unwell: Option<Msg> = None;
         let mut retries = 0u32;
         let mut i = 0usize;
+        let budget = self.cfg.call_deadline();
+        let deadline = tokio::time::Instant::now() + budget;
         let last = loop {
             let r = order[i % order.len()];
-            match self.call_dest(r.id, &mut frame, &call, over_tcp).await {
+            let attempt = self.call_dest(r.id, &mut frame, &call, over_tcp);
+            let Ok(result) = tokio::time::timeout_at(deadline, attempt).await else {
+                // The call's deadline cut this attempt short (a connect or a request):
+                // counted as a timeout, not held against the destination, which may only
+                // have been slow to be reached by this rung of the ladder.
+                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                break RpcError::Timeout(budget);
+            };
+            match result {
                 Ok((m, true)) => {
                     i += 1;
                     if i >= order.len() {
@@ -470,6 +494,9 @@ impl Client {
                     i += 1;
                     if !over_tcp && matches!(e, RpcError::Connect(_) | RpcError::Transport(_)) {
                         rdma_path_failed = true;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        break e;
                     }
                     if matches!(e, RpcError::Timeout(_)) {
                         if !self.retry.lock().should_retry(retries) {

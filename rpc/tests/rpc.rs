@@ -360,3 +360,39 @@ async fn a_named_destination_is_resolved_again_when_the_client_reconnects() {
     assert!(e.to_string().contains("nowhere: the name does not resolve"), "{e}");
     assert!(c.stats().connect_failures.load(Ordering::Relaxed) >= 1);
 }
+
+// A call has one deadline, `(1 + max_retries) × (Tc + Tr)`, however many rungs of the
+// ladder it walks: here every replica's RDMA bootstrap hangs (a listener that never
+// accepts), which alone costs two connect deadlines per replica before the TCP rung.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_fails_by_its_deadline_however_long_the_ladder() {
+    let hang = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = [
+        replica(0, Duration::from_secs(5), false).await,
+        replica(1, Duration::from_secs(5), false).await,
+    ];
+    let eps: Vec<Endpoint> = slow
+        .iter()
+        .map(|r| Endpoint { rdma: hang.local_addr().unwrap(), ..r.ep.clone() })
+        .collect();
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_millis(200),
+        request_timeout: Duration::from_millis(200),
+        max_retries: 0,
+        retry_probability: 1.0,
+        local_pod: 0,
+        ..local_cfg()
+    };
+    let budget = cfg.call_deadline();
+    assert_eq!(budget, Duration::from_millis(400));
+    let c = client(eps, cfg).await;
+    let t0 = tokio::time::Instant::now();
+    // Without the deadline: 4 connect deadlines over RDMA, then TCP and a request deadline
+    // per replica, over 1.2 s.
+    let e = c.call(&[0, 1], 2, b"x").await.unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, RpcError::Timeout(d) if d == budget), "{e}");
+    assert!(took >= budget, "{took:?}");
+    assert!(took < budget + Duration::from_millis(300), "{took:?} against a {budget:?} deadline");
+    assert_eq!(relaxed(&c.stats().failures), 1);
+}

@@ -230,19 +230,16 @@ fn cluster_config() -> Config {
     cfg
 }
 
-/// The longest a `PsClient` call may take: every attempt (each replica once, plus retries
-/// of timeouts) may wait for a concurrent connection ladder (RDMA twice, then TCP: 3 Tc),
-/// run its own (3 Tc) and then the request (Tr); plus tokio's 1 ms timer resolution per
-/// deadline.
-fn call_deadline(cfg: &Config, replicas: u32) -> Duration {
-    call_deadline_of(cfg, replicas, cfg.rpc.request_timeout_ms)
+/// The longest a `PsClient` call may take: the deadline the RPC client enforces on every
+/// call (`RpcConfig::call_deadline_ms`), plus tokio's 1 ms timer resolution on the few
+/// timers an attempt nests.
+fn call_deadline(cfg: &Config) -> Duration {
+    call_deadline_of(cfg, cfg.rpc.request_timeout_ms)
 }
 
 /// [`call_deadline`] with request deadline `tr` (ms).
-fn call_deadline_of(cfg: &Config, replicas: u32, tr: u64) -> Duration {
-    let tc = cfg.rpc.connect_timeout_ms;
-    let attempts = u64::from(replicas) + u64::from(cfg.rpc.max_attempts.saturating_sub(1));
-    Duration::from_millis(attempts * (6 * tc + tr + 8))
+fn call_deadline_of(cfg: &Config, tr: u64) -> Duration {
+    Duration::from_millis(cfg.rpc.call_deadline_ms(tr) + 8)
 }
 
 struct Shard {
@@ -607,12 +604,12 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         failed: (0..CANARY_KEYS as usize * CANARY_WRITERS).map(|_| AtomicU64::new(0)).collect(),
         ..Tally::default()
     });
-    let push_bound = call_deadline(&c.cfg, 1);
+    let push_bound = call_deadline(&c.cfg);
     // A training push's attempts go on until the retry budget is spent; the last may take
     // the whole training deadline.
-    let fetch_bound = call_deadline(&c.cfg, PODS);
+    let fetch_bound = call_deadline(&c.cfg);
     let retrying_push_bound = Duration::from_millis(c.cfg.rpc.push_retry_ms)
-        + call_deadline_of(&c.cfg, 1, c.cfg.rpc.training_request_timeout_ms);
+        + call_deadline_of(&c.cfg, c.cfg.rpc.training_request_timeout_ms);
     let canary = Arc::new(Mutex::new(c.client(0, 1, ClientRole::Serving)));
     let canary2 = Arc::new(Mutex::new(c.client(0, 5, ClientRole::Training)));
     let trainer = c.client(0, 2, ClientRole::Serving);
