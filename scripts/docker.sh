@@ -3,11 +3,21 @@
 # may reach no container registry: the two bases the Dockerfile names are made here first
 # when absent — debian:bookworm-slim by `debootstrap --variant=minbase bookworm` from Debian's
 # packages and `docker import`, rust:<version>-slim-bookworm from it plus this machine's Rust
-# toolchain and local certificate authorities — then `docker build`. Then checks the image runs (ps-server --help, the verbs
-# library present). As root.
-#   scripts/docker.sh [TAG]        default TAG: bex:dev
+# toolchain and local certificate authorities — then `docker build`. Then checks the image
+# runs (ps-server --help, the verbs library present). As root.
+#   scripts/docker.sh [TAG]                     default TAG: bex:dev
+#   scripts/docker.sh --prebuilt DIR [TAG]      the Dockerfile's runtime stage around the
+#       binaries in DIR (e.g. target/release) instead of compiling them again in the build
+#       stage: what CI does, since that compile took 6-9 minutes of a 2-core run (no BuildKit
+#       here, and the legacy builder runs every stage, so one Dockerfile cannot skip it). DIR's
+#       binaries have the `verbs` feature only if they were built with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prebuilt=
+if [[ ${1:-} == --prebuilt ]]; then
+    prebuilt=${2:?--prebuilt needs a directory of binaries}
+    shift 2
+fi
 tag=${1:-bex:dev}
 rust_version=$(sed -n 's/^ARG RUST_IMAGE=rust:\([0-9.]*\)-slim-bookworm$/\1/p' Dockerfile)
 rust_image="rust:${rust_version}-slim-bookworm"
@@ -33,7 +43,7 @@ if ! have debian:bookworm-slim; then
     rm -rf "$rootfs"
 fi
 
-if ! have "$rust_image"; then
+if [[ -z $prebuilt ]] && ! have "$rust_image"; then
     sysroot=$(rustc +"$rust_version" --print sysroot 2>/dev/null || rustc --print sysroot)
     have_version=$("$sysroot/bin/rustc" --version | awk '{print $2}')
     case "$have_version" in
@@ -56,11 +66,36 @@ if ! have "$rust_image"; then
         docker build -q -t "$rust_image" -f rust-base.Dockerfile - >/dev/null
 fi
 
-echo "docker.sh: docker build -t $tag ."
-docker build --network host --force-rm -t "$tag" . >"$work/build.log" 2>&1 || {
-    tail -40 "$work/build.log" >&2
-    exit 1
-}
+if [[ -n $prebuilt ]]; then
+    # One runtime stage, the Dockerfile's: from its last FROM on, the build stage's output
+    # replaced by DIR's binaries (the ones the build stage copies out).
+    ctx="$work/prebuilt"
+    rm -rf "$ctx"
+    mkdir -p "$ctx/out"
+    bins=$(grep -o 'target/release/[a-z-]*' Dockerfile | sed 's#target/release/##' | sort -u)
+    for b in $bins; do
+        cp "$prebuilt/$b" "$ctx/out/" || { echo "docker.sh: no $b in $prebuilt" >&2; exit 1; }
+    done
+    cp -r configs "$ctx/"
+    runtime=$(grep -n '^FROM \${RUNTIME_IMAGE}' Dockerfile | tail -1 | cut -d: -f1)
+    { grep '^ARG RUNTIME_IMAGE=' Dockerfile; tail -n +"$runtime" Dockerfile; } |
+        sed 's#^COPY --from=build /out/ #COPY out/ #' >"$ctx/Dockerfile"
+    grep -q '^COPY out/ ' "$ctx/Dockerfile" || {
+        echo "docker.sh: the Dockerfile's runtime stage no longer copies /out/ from the build stage" >&2
+        exit 1
+    }
+    echo "docker.sh: docker build -t $tag: the Dockerfile's runtime stage around $prebuilt's $(echo $bins | wc -w) binaries"
+    docker build --network host --force-rm -t "$tag" "$ctx" >"$work/build.log" 2>&1 || {
+        tail -40 "$work/build.log" >&2
+        exit 1
+    }
+else
+    echo "docker.sh: docker build -t $tag ."
+    docker build --network host --force-rm -t "$tag" . >"$work/build.log" 2>&1 || {
+        tail -40 "$work/build.log" >&2
+        exit 1
+    }
+fi
 # The legacy builder keeps the build stage (3 GB) as an untagged image.
 docker image prune -f --filter label=bex.stage=build >/dev/null
 docker run --rm "$tag" ps-server --help | head -1 | grep -q '^usage: ps-server'

@@ -3,7 +3,7 @@
 #
 # Usage: scripts/fuzz.sh [--smoke | SECONDS_PER_TARGET] [TARGET...]
 #   SECONDS_PER_TARGET  libFuzzer's -max_total_time per target (default 60)
-#   --smoke             the CI run: 20 s per target, fixed libFuzzer seed
+#   --smoke             the CI run: 10 s per target, fixed libFuzzer seed
 #   TARGET              roce_packet transport_frame rpc_frame ps_wire ps_server config
 #                       (default: all)
 # Environment:
@@ -30,7 +30,7 @@ targets=()
 for a in "$@"; do
     case "$a" in
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        --smoke) smoke=1; secs=20 ;;
+        --smoke) smoke=1; secs=10 ;;
         ''|*[!0-9]*)
             if [[ " ${ALL[*]} " == *" $a "* ]]; then targets+=("$a")
             else echo "fuzz.sh: unknown target or option '$a' (see --help)" >&2; exit 2; fi ;;

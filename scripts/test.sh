@@ -76,7 +76,7 @@ step "PS fault matrix in simulation: 9 scenarios x 25 seeds, real shard/RPC/clie
 cargo build --locked --release -q -p bex-simcluster
 target/release/bex-simcluster --seeds 25 --chunk 25 --quiet --out target/simcluster
 
-step "fuzz smoke: every cargo-fuzz target for 20 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
+step "fuzz smoke: every cargo-fuzz target for 10 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
 FUZZ_NICE=0 scripts/fuzz.sh --smoke
 
 step "end-to-end: a 2x2 cluster replays inference traffic and trains; asserts on its report"
@@ -108,8 +108,8 @@ step "Kubernetes: every Kustomize tree renders offline and validates (schemas, p
 KUBERNETES_VALIDATE=target/py/bin/kubernetes-validate scripts/k8s-render.sh target/k8s
 
 if [ "$(id -u)" -eq 0 ] && docker info >/dev/null 2>&1; then
-    step "container image: Debian base by debootstrap + docker import, then the Dockerfile"
-    scripts/docker.sh bex:dev
+    step "container image: Debian base by debootstrap + docker import, then the Dockerfile's runtime stage around the binaries built above (scripts/docker.sh without --prebuilt compiles them in the image, as users build it)"
+    scripts/docker.sh --prebuilt target/release bex:dev
     step "2 x 2 cluster in containers by name: kill + restart, disconnect + reconnect; chaos invariants"
     scripts/compose-chaos.sh bex:dev target/compose
 else
