@@ -1,6 +1,6 @@
 //! The end-to-end check CI runs on a demo cluster's `report.json`.
 
-use bex_report::ClusterReport;
+use bex_report::{ClusterReport, RankerReport};
 use serde_json::Value;
 
 use crate::extract::num;
@@ -13,7 +13,7 @@ pub fn demo(report: &ClusterReport, min_auc: f64) -> Vec<String> {
     if !report.ok {
         failed.push(format!("launcher: ok is not true ({:?})", report.reasons));
     }
-    let rankers: Vec<&Value> = report.client_reports("ranker").collect();
+    let rankers: Vec<(&str, Result<RankerReport, String>)> = report.rankers().collect();
     let trainers: Vec<&Value> = report.client_reports("trainer").collect();
     if rankers.is_empty() {
         failed.push("no ranker report".into());
@@ -21,16 +21,19 @@ pub fn demo(report: &ClusterReport, min_auc: f64) -> Vec<String> {
     if trainers.is_empty() {
         failed.push("no trainer report".into());
     }
-    for (i, r) in rankers.iter().enumerate() {
-        let requests = num(r, "/requests").unwrap_or(0.0);
-        let ok = num(r, "/ok").unwrap_or(0.0);
-        let errors = num(r, "/errors").unwrap_or(f64::NAN);
-        let timeouts = num(r, "/timeouts").unwrap_or(f64::NAN);
-        if requests < 1.0 || ok < requests {
-            failed.push(format!("ranker {i}: {ok} of {requests} requests ok"));
+    for (name, r) in rankers {
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                failed.push(e);
+                continue;
+            }
+        };
+        if r.requests < 1 || r.ok < r.requests {
+            failed.push(format!("{name}: {} of {} requests ok", r.ok, r.requests));
         }
-        if errors != 0.0 || timeouts != 0.0 {
-            failed.push(format!("ranker {i}: errors {errors}, timeouts {timeouts}"));
+        if r.errors != 0 || r.timeouts != 0 {
+            failed.push(format!("{name}: errors {}, timeouts {}", r.errors, r.timeouts));
         }
     }
     for (i, t) in trainers.iter().enumerate() {
@@ -58,15 +61,14 @@ pub fn demo(report: &ClusterReport, min_auc: f64) -> Vec<String> {
 /// One line per client: what it did.
 pub fn describe(report: &ClusterReport) -> Vec<String> {
     let mut out = Vec::new();
-    for r in report.client_reports("ranker") {
-        out.push(format!(
-            "ranker ({}): {} requests, {} ok, p50 {:.0} µs, p99 {:.0} µs",
-            r.get("transport").and_then(Value::as_str).unwrap_or("?"),
-            num(r, "/requests").unwrap_or(0.0),
-            num(r, "/ok").unwrap_or(0.0),
-            num(r, "/latency/p50_us").unwrap_or(f64::NAN),
-            num(r, "/latency/p99_us").unwrap_or(f64::NAN),
-        ));
+    for (name, r) in report.rankers() {
+        out.push(match r {
+            Ok(r) => format!(
+                "ranker ({}): {} requests, {} ok, p50 {:.0} µs, p99 {:.0} µs",
+                r.transport, r.requests, r.ok, r.latency.p50_us, r.latency.p99_us,
+            ),
+            Err(e) => format!("{name}: {e}"),
+        });
     }
     for t in report.client_reports("trainer") {
         out.push(format!(
@@ -90,19 +92,21 @@ mod tests {
     use super::*;
 
     fn phase(kind: &str, report: Value) -> PhaseReport {
-        let client = ClientRecord { kind: kind.into(), report: Some(report), ..Default::default() };
+        let client = ClientRecord {
+            name: format!("{kind}-0"),
+            kind: kind.into(),
+            report: Some(report),
+            ..Default::default()
+        };
         PhaseReport { clients: vec![client], ..Default::default() }
     }
 
     fn good() -> ClusterReport {
+        let ranker = RankerReport { requests: 10, ok: 10, ..Default::default() };
         ClusterReport {
             ok: true,
             phases: vec![
-                phase(
-                    "ranker",
-                    json!({"kind": "ranker", "transport": "rdma", "requests": 10, "ok": 10,
-                        "errors": 0, "timeouts": 0}),
-                ),
+                phase("ranker", serde_json::to_value(ranker).unwrap()),
                 phase(
                     "trainer",
                     json!({"kind": "trainer", "transport": "rdma", "steps": 50, "errors": 0,
@@ -130,5 +134,10 @@ mod tests {
         assert_eq!(f.len(), 3, "{f:?}");
         assert_eq!(demo(&ClusterReport { ok: true, ..Default::default() }, 0.0).len(), 2);
         assert_eq!(describe(&good()).len(), 2);
+        // A ranker's report that is not one (another version's, a truncated file) is named.
+        let mut v = good();
+        report(&mut v, 0).as_object_mut().unwrap().remove("latency");
+        let f = demo(&v, 0.0);
+        assert!(f.len() == 1 && f[0].starts_with("ranker-0: not a ranker's report"), "{f:?}");
     }
 }

@@ -1,8 +1,9 @@
 //! Reading one launched run: the launcher's typed `report.json` ([`ClusterReport`]) with the
-//! clients' own reports inside, found by the client's kind (`ranker`, `trainer`); the fields
-//! of those are the clients' schema.
+//! clients' own reports inside: the rankers' typed ([`RankerReport`]), the trainers' and
+//! canaries' found by kind and read by their schema's field names.
 
-use bex_report::ClusterReport;
+use bex_process::{CpuTimes, SystemCpu};
+use bex_report::{ClusterReport, RankerReport};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -91,14 +92,15 @@ pub struct TrainingRun {
 /// The RNIC counter `name` summed over the clients' own counters and the launcher's
 /// per-phase server deltas (not the whole-run server totals, which repeat those deltas).
 fn rnic_sum(report: &ClusterReport, name: &str) -> f64 {
-    let clients: f64 = ["ranker", "trainer", "canary"]
+    let rankers: u64 = report.rankers().filter_map(|(_, r)| r.ok()).map(|r| r.rnic(name)).sum();
+    let others: f64 = ["trainer", "canary"]
         .iter()
         .flat_map(|k| report.client_reports(k))
         .filter_map(|r| num(r, &format!("/rnic/{name}")))
         .sum();
     let servers: u64 =
         report.phases.iter().flat_map(|p| &p.servers).filter_map(|s| s.rnic.get(name)).sum();
-    clients + servers as f64
+    rankers as f64 + others + servers as f64
 }
 
 /// Reads an inference run's `report.json`.
@@ -107,30 +109,31 @@ pub fn inference(
     transport: &str,
     rate: f64,
 ) -> Result<InferenceRun, String> {
-    let r: Vec<&Value> = report.client_reports("ranker").collect();
+    let r = report.rankers().map(|(_, r)| r).collect::<Result<Vec<RankerReport>, String>>()?;
     if r.is_empty() {
         return Err("no ranker report in report.json".into());
     }
-    let ok = sum(r.iter().map(|c| num(c, "/ok")));
+    let total = |f: fn(&RankerReport) -> f64| r.iter().map(f).sum::<f64>();
+    let worst = |f: fn(&RankerReport) -> f64| r.iter().map(f).fold(0.0, f64::max);
+    let ok = total(|c| c.ok as f64);
     // Shares of all the machine's CPU time over the run (user + system + irq + softirq +
     // idle covers every CPU), as in the paper's Table 5.
-    let pct = |p: &str| {
-        let share = |c: &Value| {
-            let total: f64 = ["user_s", "sys_s", "irq_s", "softirq_s", "idle_s"]
-                .iter()
-                .filter_map(|k| num(c, &format!("/cpu/machine/{k}")))
-                .sum();
-            let x = num(c, p)?;
-            (total > 0.0).then(|| 100.0 * x / total)
+    let pct = |part: fn(&SystemCpu) -> f64| {
+        let share = |c: &RankerReport| {
+            let m = &c.cpu.machine;
+            let all = m.user_s + m.sys_s + m.irq_s + m.softirq_s + m.idle_s;
+            if all > 0.0 {
+                100.0 * part(m) / all
+            } else {
+                0.0
+            }
         };
-        max(r.iter().map(|c| share(c)))
+        r.iter().map(share).fold(0.0, f64::max)
     };
-    let own = |field: &str| {
-        let clients = sum(r.iter().map(|c| num(c, &format!("/cpu/ranker/{field}"))));
-        let part = if field == "user_s" { CpuPart::User } else { CpuPart::Sys };
-        let servers = servers_cpu(report, part);
+    let own = |part: CpuPart| {
+        let clients: f64 = r.iter().map(|c| part.of(&c.cpu.ranker)).sum();
         if ok > 0.0 {
-            1e6 * (clients + servers) / ok
+            1e6 * (clients + servers_cpu(report, part)) / ok
         } else {
             0.0
         }
@@ -139,18 +142,17 @@ pub fn inference(
         transport: transport.into(),
         rate,
         ok,
-        errors: sum(r.iter().map(|c| num(c, "/errors")))
-            + sum(r.iter().map(|c| num(c, "/timeouts"))),
-        throughput_rps: sum(r.iter().map(|c| num(c, "/throughput_rps"))),
-        request_mean_us: max(r.iter().map(|c| num(c, "/latency/mean_us"))),
-        request_p99_us: max(r.iter().map(|c| num(c, "/latency/p99_us"))),
-        pull_mean_us: max(r.iter().map(|c| num(c, "/subrequest_latency/mean_us"))),
-        pull_p99_us: max(r.iter().map(|c| num(c, "/subrequest_latency/p99_us"))),
-        machine_user_pct: pct("/cpu/machine/user_s"),
-        machine_sys_pct: pct("/cpu/machine/sys_s"),
-        machine_softirq_pct: pct("/cpu/machine/softirq_s"),
-        cpu_user_us_per_req: own("user_s"),
-        cpu_sys_us_per_req: own("sys_s"),
+        errors: total(|c| (c.errors + c.timeouts) as f64),
+        throughput_rps: total(|c| c.throughput_rps),
+        request_mean_us: worst(|c| c.latency.mean_us),
+        request_p99_us: worst(|c| c.latency.p99_us),
+        pull_mean_us: worst(|c| c.subrequest_latency.mean_us),
+        pull_p99_us: worst(|c| c.subrequest_latency.p99_us),
+        machine_user_pct: pct(|m| m.user_s),
+        machine_sys_pct: pct(|m| m.sys_s),
+        machine_softirq_pct: pct(|m| m.softirq_s),
+        cpu_user_us_per_req: own(CpuPart::User),
+        cpu_sys_us_per_req: own(CpuPart::Sys),
     })
 }
 
@@ -163,10 +165,19 @@ pub enum CpuPart {
     Sys,
 }
 
+impl CpuPart {
+    /// This part of `t`.
+    pub fn of(self, t: &CpuTimes) -> f64 {
+        match self {
+            CpuPart::User => t.user_s,
+            CpuPart::Sys => t.sys_s,
+        }
+    }
+}
+
 /// The servers' CPU seconds the launcher measured over the phases.
 pub fn servers_cpu(report: &ClusterReport, part: CpuPart) -> f64 {
-    let cpu = report.phases.iter().flat_map(|p| &p.servers).map(|s| s.cpu);
-    cpu.map(|c| if part == CpuPart::User { c.user_s } else { c.sys_s }).sum()
+    report.phases.iter().flat_map(|p| &p.servers).map(|s| part.of(&s.cpu)).sum()
 }
 
 /// A TCP counter the launcher measured per phase, summed over the phases (NaN if none did).

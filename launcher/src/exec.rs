@@ -664,21 +664,27 @@ impl Executor {
         let bound_us = (rpc.call_deadline_ms(rpc.request_timeout_ms) + 100) * 1000;
         let (mut requests, mut worst, mut broken) = (0u64, 0f64, Vec::new());
         for c in phases.iter().flat_map(|p| &p.clients).filter(|c| c.kind == "ranker") {
-            // The ranker's own report (its schema).
-            let r = c.report.clone().unwrap_or(Value::Null);
-            let n = r["requests"].as_u64().unwrap_or(0);
-            let done = ["ok", "errors", "timeouts"]
-                .iter()
-                .map(|k| r[*k].as_u64().unwrap_or(0))
-                .sum::<u64>();
-            let max_us = r["latency"]["max_us"].as_f64().unwrap_or(f64::INFINITY);
-            requests += n;
-            worst = worst.max(max_us);
-            if r["abandoned"].as_u64().unwrap_or(0) > 0 || done < n {
-                broken.push(format!("{}: {n} requests, {done} answered or failed", c.name));
+            let r = match c.ranker_report() {
+                Ok(r) => r,
+                Err(e) => {
+                    broken.push(e);
+                    continue;
+                }
+            };
+            requests += r.requests;
+            worst = worst.max(r.latency.max_us);
+            let done = r.ok + r.errors + r.timeouts;
+            if r.abandoned > 0 || done < r.requests {
+                broken.push(format!(
+                    "{}: {} requests, {done} answered or failed",
+                    c.name, r.requests
+                ));
             }
-            if max_us > bound_us as f64 {
-                broken.push(format!("{}: a request took {max_us:.0} µs > {bound_us} µs", c.name));
+            if r.latency.max_us > bound_us as f64 {
+                broken.push(format!(
+                    "{}: a request took {:.0} µs > {bound_us} µs",
+                    c.name, r.latency.max_us
+                ));
             }
         }
         Invariant {

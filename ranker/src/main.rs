@@ -195,7 +195,7 @@ fn main() {
         let out = run(ranker.clone(), schedule, opts, snapshot, stop_rx).await;
         signals.abort();
         let info = RunInfo {
-            transport: kind.to_string(),
+            transport: kind,
             config: cli.config.display().to_string(),
             pod: cli.pod,
             client_id,
@@ -205,7 +205,7 @@ fn main() {
                 ranker.dense_refresh_failures.load(Ordering::Relaxed),
             ),
         };
-        let json = report::to_json(&settings, &info, &out);
+        let json = report::build(&settings, &info, &out);
         if let Some(path) = &cli.json {
             let text = serde_json::to_string_pretty(&json)
                 .unwrap_or_else(|e| exit::failure(TOOL, format!("report: {e}")));

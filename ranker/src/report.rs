@@ -2,9 +2,9 @@
 
 use std::fmt::Write as _;
 
-use serde_json::{json, Value};
-
+use bex_report::{counters, CandidateRange, DenseRefreshes, RankerCpu, RankerReport};
 use bex_traffic::LatencySummary;
+use bex_transport_kind::TransportKind;
 
 use crate::run::RunOutput;
 use crate::settings::Settings;
@@ -12,8 +12,8 @@ use crate::settings::Settings;
 /// What the report says about the run besides its measurements.
 #[derive(Debug, Clone)]
 pub struct RunInfo {
-    /// `rdma` or `tcp`.
-    pub transport: String,
+    /// The PS client's transport.
+    pub transport: TransportKind,
     /// The cluster config path.
     pub config: String,
     /// The client's mini-pod.
@@ -27,125 +27,107 @@ pub struct RunInfo {
 }
 
 /// The JSON report.
-pub fn to_json(s: &Settings, info: &RunInfo, out: &RunOutput) -> Value {
+pub fn build(s: &Settings, info: &RunInfo, out: &RunOutput) -> RankerReport {
     let report = out.collected.recorder.report(out.elapsed);
     let rpc = out.end.rpc.since(&out.start.rpc);
-    let cpu = out.end.cpu.since(&out.start.cpu);
-    let sys = out.end.system.since(&out.start.system);
-    json!({
-        "kind": "ranker",
-        "transport": info.transport,
-        "interrupted": out.interrupted,
-        "config": info.config,
-        "pod": info.pod,
-        "client_id": info.client_id,
-        "trace": info.trace,
-        "rate_rps": s.raw.rate,
-        "seconds": s.raw.seconds,
-        "warmup_seconds": s.raw.warmup_seconds,
-        "seed": s.raw.seed,
-        "models": s.raw.models,
-        "models_per_request": s.raw.models_per_request,
-        "candidates": { "min": s.raw.candidates_min, "max": s.raw.candidates_max },
-        "max_outstanding": s.raw.max_outstanding,
-        "elapsed_s": report.elapsed_s,
-        "issued": out.issued,
-        "requests": report.requests,
-        "ok": report.ok,
-        "errors": report.errors,
-        "timeouts": report.timeouts,
-        "dropped": out.collected.dropped,
-        "abandoned": out.abandoned,
-        "retries": rpc.retries,
-        "fallbacks": rpc.fallbacks,
-        "quarantines": rpc.quarantines,
-        "throughput_rps": report.throughput_rps,
-        "goodput_rps": report.goodput_rps,
-        "latency": report.latency,
-        "subrequest_latency": LatencySummary::of(&out.collected.sub),
-        "launch_lag": LatencySummary::of(&out.collected.launch_lag),
-        "bytes_sent": report.bytes_sent,
-        "bytes_received": report.bytes_received,
-        "cpu": {
-            "ranker": { "user_s": cpu.user_s, "sys_s": cpu.sys_s },
-            "machine": {
-                "user_s": sys.user_s,
-                "sys_s": sys.sys_s,
-                "softirq_s": sys.softirq_s,
-                "irq_s": sys.irq_s,
-                "idle_s": sys.idle_s,
-            },
+    RankerReport {
+        transport: info.transport,
+        interrupted: out.interrupted,
+        config: info.config.clone(),
+        pod: info.pod,
+        client_id: info.client_id,
+        trace: info.trace.clone(),
+        rate_rps: s.raw.rate,
+        seconds: s.raw.seconds,
+        warmup_seconds: s.raw.warmup_seconds,
+        seed: s.raw.seed,
+        models: s.raw.models,
+        models_per_request: s.raw.models_per_request,
+        candidates: CandidateRange { min: s.raw.candidates_min, max: s.raw.candidates_max },
+        max_outstanding: s.raw.max_outstanding,
+        elapsed_s: report.elapsed_s,
+        issued: out.issued,
+        requests: report.requests,
+        ok: report.ok,
+        errors: report.errors,
+        timeouts: report.timeouts,
+        dropped: out.collected.dropped,
+        abandoned: out.abandoned,
+        retries: rpc.retries,
+        fallbacks: rpc.fallbacks,
+        quarantines: rpc.quarantines,
+        throughput_rps: report.throughput_rps,
+        goodput_rps: report.goodput_rps,
+        latency: report.latency,
+        subrequest_latency: LatencySummary::of(&out.collected.sub),
+        launch_lag: LatencySummary::of(&out.collected.launch_lag),
+        bytes_sent: report.bytes_sent,
+        bytes_received: report.bytes_received,
+        cpu: RankerCpu {
+            ranker: out.end.cpu.since(&out.start.cpu),
+            machine: out.end.system.since(&out.start.system),
         },
-        "rnic": out.end.rnic.since(&out.start.rnic),
-        "rpc": rpc,
-        "dense": {
-            "params_per_model": s.models.first().map(|m| m.dense_len()),
-            "refreshes": info.dense_refreshes.0,
-            "refresh_failures": info.dense_refreshes.1,
+        rnic: counters(&out.end.rnic.since(&out.start.rnic)),
+        rpc: counters(&rpc),
+        dense: DenseRefreshes {
+            params_per_model: s.models.first().map(|m| m.dense_len()),
+            refreshes: info.dense_refreshes.0,
+            refresh_failures: info.dense_refreshes.1,
         },
-        "first_error": out.collected.first_error,
-        "series": report.series,
-    })
+        first_error: out.collected.first_error.clone(),
+        series: report.series,
+    }
 }
 
-/// A readable summary of [`to_json`]'s value.
-pub fn summary(v: &Value) -> String {
-    let f = |p: &str| v.pointer(p).and_then(Value::as_f64).unwrap_or(0.0);
-    let u = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+/// A readable summary of the report.
+pub fn summary(r: &RankerReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "ranker over {}: {} requests in {:.1} s ({:.0} req/s), ok {}, errors {} (dropped {}), \
          timeouts {}{}",
-        v["transport"].as_str().unwrap_or("?"),
-        u("/requests"),
-        f("/elapsed_s"),
-        f("/throughput_rps"),
-        u("/ok"),
-        u("/errors"),
-        u("/dropped"),
-        u("/timeouts"),
-        if v["interrupted"].as_bool() == Some(true) { " [interrupted]" } else { "" },
+        r.transport,
+        r.requests,
+        r.elapsed_s,
+        r.throughput_rps,
+        r.ok,
+        r.errors,
+        r.dropped,
+        r.timeouts,
+        if r.interrupted { " [interrupted]" } else { "" },
     );
-    for (name, key) in [("request", "latency"), ("per-model fetch", "subrequest_latency")] {
+    for (name, l) in [("request", &r.latency), ("per-model fetch", &r.subrequest_latency)] {
         let _ = writeln!(
             s,
             "  {name} latency µs: mean {:.0}  p50 {:.0}  p99 {:.0}  p99.9 {:.0}  max {:.0}",
-            f(&format!("/{key}/mean_us")),
-            f(&format!("/{key}/p50_us")),
-            f(&format!("/{key}/p99_us")),
-            f(&format!("/{key}/p999_us")),
-            f(&format!("/{key}/max_us")),
+            l.mean_us, l.p50_us, l.p99_us, l.p999_us, l.max_us,
         );
     }
     let _ = writeln!(
         s,
         "  bytes: {:.1} MB sent, {:.1} MB received; rpc retries {}, timeouts {}, fallbacks {}, \
          quarantines {}",
-        f("/bytes_sent") / 1e6,
-        f("/bytes_received") / 1e6,
-        u("/rpc/retries"),
-        u("/rpc/timeouts"),
-        u("/rpc/fallbacks"),
-        u("/rpc/quarantines"),
+        r.bytes_sent as f64 / 1e6,
+        r.bytes_received as f64 / 1e6,
+        r.rpc("retries"),
+        r.rpc("timeouts"),
+        r.rpc("fallbacks"),
+        r.rpc("quarantines"),
     );
+    let (own, machine) = (r.cpu.ranker, r.cpu.machine);
     let _ = writeln!(
         s,
         "  cpu: ranker user {:.2} s sys {:.2} s; machine user {:.2} s sys {:.2} s softirq {:.2} s",
-        f("/cpu/ranker/user_s"),
-        f("/cpu/ranker/sys_s"),
-        f("/cpu/machine/user_s"),
-        f("/cpu/machine/sys_s"),
-        f("/cpu/machine/softirq_s"),
+        own.user_s, own.sys_s, machine.user_s, machine.sys_s, machine.softirq_s,
     );
     let _ = write!(
         s,
         "  rnic: tx {} rx {} packets, retransmitted {}, rnr naks {}, ack timeouts {}",
-        u("/rnic/tx_packets"),
-        u("/rnic/rx_packets"),
-        u("/rnic/retransmitted_packets"),
-        u("/rnic/rnr_naks_received"),
-        u("/rnic/ack_timeouts"),
+        r.rnic("tx_packets"),
+        r.rnic("rx_packets"),
+        r.rnic("retransmitted_packets"),
+        r.rnic("rnr_naks_received"),
+        r.rnic("ack_timeouts"),
     );
     s
 }

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::Command;
 
 use bex_ps_proto::Config;
+use bex_report::RankerReport;
 use bex_testkit::LocalCluster;
+use bex_transport_kind::TransportKind;
 use serde_json::Value;
 
 /// Test `salt` gets ports `base + 10·salt ..` of this process's block.
@@ -84,43 +86,40 @@ fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
 
-fn check_report(v: &Value, transport: &str) {
-    assert_eq!(v["kind"], "ranker");
-    assert_eq!(v["transport"], transport);
-    assert_eq!(v["interrupted"], false);
-    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {v}"));
-    assert!(n("requests") > 0, "no requests: {v}");
-    assert_eq!(n("ok"), n("requests"), "first error: {}", v["first_error"]);
-    assert_eq!(n("errors"), 0);
-    assert_eq!(n("timeouts"), 0);
-    assert_eq!(n("dropped"), 0);
-    for key in ["latency", "subrequest_latency"] {
-        for f in ["mean_us", "p50_us", "p99_us", "p999_us"] {
-            let x = v[key][f].as_f64().unwrap_or_else(|| panic!("{key}.{f} missing"));
-            assert!(x > 0.0, "{key}.{f} = {x}");
+fn check_report(r: &RankerReport, transport: TransportKind) {
+    assert_eq!(r.transport, transport);
+    assert!(!r.interrupted);
+    assert!(r.requests > 0, "no requests: {r:?}");
+    assert_eq!(r.ok, r.requests, "first error: {:?}", r.first_error);
+    assert_eq!((r.errors, r.timeouts, r.dropped), (0, 0, 0));
+    for (key, l) in [("latency", &r.latency), ("subrequest_latency", &r.subrequest_latency)] {
+        for (f, x) in
+            [("mean", l.mean_us), ("p50", l.p50_us), ("p99", l.p99_us), ("p999", l.p999_us)]
+        {
+            assert!(x > 0.0, "{key}.{f}_us = {x}");
         }
-        assert!(v[key]["p50_us"].as_f64() <= v[key]["p99_us"].as_f64());
+        assert!(l.p50_us <= l.p99_us);
     }
     // Two models per request, each one sub-request latency.
-    assert_eq!(v["subrequest_latency"]["count"].as_u64(), Some(2 * n("requests")));
-    assert!(v["throughput_rps"].as_f64().is_some_and(|x| x > 0.0));
-    assert!(n("bytes_sent") > 0 && n("bytes_received") > n("bytes_sent"));
-    assert!(v["rpc"]["calls"].as_u64().is_some_and(|c| c > 0));
-    assert!(v["cpu"]["ranker"]["user_s"].is_number());
-    assert!(v["cpu"]["machine"]["softirq_s"].is_number());
-    assert!(v["series"].as_array().is_some_and(|s| !s.is_empty()));
-    let rnic_tx = v["rnic"]["tx_packets"].as_u64().unwrap_or(0);
-    if transport == "rdma" {
-        assert!(rnic_tx > 0, "rdma run sent no RNIC packets");
-        assert_eq!(v["rpc"]["tcp_calls"], 0, "rdma run fell back to tcp: {}", v["rpc"]);
+    assert_eq!(r.subrequest_latency.count, 2 * r.requests);
+    assert!(r.throughput_rps > 0.0);
+    assert!(r.bytes_sent > 0 && r.bytes_received > r.bytes_sent);
+    assert!(r.rpc("calls") > 0, "{:?}", r.rpc);
+    assert!(r.cpu.ranker.user_s >= 0.0 && r.cpu.machine.softirq_s >= 0.0);
+    assert!(!r.series.is_empty());
+    if transport == TransportKind::Rdma {
+        assert!(r.rnic("tx_packets") > 0, "rdma run sent no RNIC packets");
+        assert_eq!(r.rpc("tcp_calls"), 0, "rdma run fell back to tcp: {:?}", r.rpc);
     } else {
-        assert_eq!(rnic_tx, 0);
+        assert_eq!(r.rnic("tx_packets"), 0);
     }
     // dense_refresh_s = 0.5 over a 2 s run.
-    assert!(v["dense"]["refreshes"].as_u64().is_some_and(|r| r >= 1), "{}", v["dense"]);
+    assert!(r.dense.refreshes >= 1, "{:?}", r.dense);
 }
 
-fn run_json(c: &Cluster, name: &str, args: &[&str]) -> Value {
+/// Runs the ranker with `--json` and reads the report back, as the launcher does: typed,
+/// with its `"kind"` and the transport spelled as the config spells it.
+fn run_json(c: &Cluster, name: &str, args: &[&str]) -> RankerReport {
     let json = c.0.dir().join(format!("{name}.json"));
     let mut all = args.to_vec();
     all.extend(["--json", path(&json)]);
@@ -132,18 +131,21 @@ fn run_json(c: &Cluster, name: &str, args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&json).expect("report written");
-    serde_json::from_str(&text).expect("report is JSON")
+    let v: Value = serde_json::from_str(&text).expect("report is JSON");
+    assert_eq!(v["kind"], "ranker");
+    assert!(matches!(v["transport"].as_str(), Some("rdma" | "tcp")), "{}", v["transport"]);
+    serde_json::from_value(v).expect("a ranker report")
 }
 
 #[test]
 fn ranks_against_a_real_cluster_over_rdma_and_tcp() {
     let c = Cluster::new("both", 0, RANKER, true);
-    for transport in ["rdma", "tcp"] {
-        let v = run_json(&c, transport, &["--transport", transport]);
-        check_report(&v, transport);
+    for transport in TransportKind::ALL {
+        let r = run_json(&c, transport.name(), &["--transport", transport.name()]);
+        check_report(&r, transport);
         eprintln!(
             "{transport}: {} requests, p50 {} µs, p99 {} µs",
-            v["requests"], v["latency"]["p50_us"], v["latency"]["p99_us"]
+            r.requests, r.latency.p50_us, r.latency.p99_us
         );
     }
 
@@ -153,9 +155,8 @@ fn ranks_against_a_real_cluster_over_rdma_and_tcp() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lines = std::fs::read_to_string(&trace).expect("trace").lines().count() as u64;
     assert!(lines > 10, "{lines} trace lines");
-    let v = run_json(&c, "replay", &["--trace", path(&trace), "--transport", "tcp"]);
-    assert_eq!(v["requests"].as_u64(), Some(lines));
-    assert_eq!(v["ok"].as_u64(), Some(lines));
+    let r = run_json(&c, "replay", &["--trace", path(&trace), "--transport", "tcp"]);
+    assert_eq!((r.requests, r.ok), (lines, lines));
 }
 
 #[test]

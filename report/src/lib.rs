@@ -3,11 +3,16 @@
 //! experiments and the CI check read it back into the same types, so no reader depends on
 //! string keys of the launcher's output.
 //!
-//! A client's own report (`ranker --json`, `trainer --json`) stays a JSON value inside its
-//! [`ClientRecord`]: its schema is the client's, and [`ClusterReport::client_reports`] finds
-//! them by kind.
+//! A client's own report stays the JSON value it wrote inside its [`ClientRecord`] (a
+//! client of another version may add fields); the ranker's is typed here
+//! ([`RankerReport`], read through [`ClusterReport::rankers`]), the trainer's is still its
+//! own crate's and read by [`ClusterReport::client_reports`].
 
 #![forbid(unsafe_code)]
+
+mod ranker;
+
+pub use ranker::{counters, CandidateRange, Counters, DenseRefreshes, RankerCpu, RankerReport};
 
 use std::collections::BTreeMap;
 
@@ -47,6 +52,17 @@ pub struct ClientRecord {
     pub stdout: String,
     /// Its `--json` report (the client's own schema), if it wrote one.
     pub report: Option<Value>,
+}
+
+impl ClientRecord {
+    /// Its report read as a ranker's, or why it cannot be.
+    pub fn ranker_report(&self) -> Result<RankerReport, String> {
+        match &self.report {
+            Some(v) => RankerReport::deserialize(v)
+                .map_err(|e| format!("{}: not a ranker's report: {e}", self.name)),
+            None => Err(format!("{}: no report", self.name)),
+        }
+    }
 }
 
 /// A server's CPU time and RNIC counter changes over a phase (or the whole run).
@@ -251,5 +267,16 @@ impl ClusterReport {
             .flat_map(|p| &p.clients)
             .filter(move |c| c.kind == kind)
             .filter_map(|c| c.report.as_ref())
+    }
+
+    /// Every ranker's report over all phases, in phase order, with the client's name; a
+    /// report that is not a ranker's (a ranker of another version, a truncated file) as
+    /// the error saying why.
+    pub fn rankers(&self) -> impl Iterator<Item = (&str, Result<RankerReport, String>)> + '_ {
+        self.phases
+            .iter()
+            .flat_map(|p| &p.clients)
+            .filter(|c| c.kind == "ranker")
+            .map(|c| (c.name.as_str(), c.ranker_report()))
     }
 }

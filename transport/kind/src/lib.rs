@@ -9,12 +9,15 @@
 use serde::{Deserialize, Serialize};
 
 /// Which transport a path, a socket, a client or a measurement uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum TransportKind {
     /// ByteExpress over RC queue pairs (hardware or the software RNIC), falling back to TCP
-    /// per destination.
+    /// per destination: bex's default.
+    #[default]
     Rdma,
     /// TCP only (the fallback and the baseline).
     Tcp,

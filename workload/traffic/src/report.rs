@@ -53,7 +53,7 @@ impl Completion {
 }
 
 /// Latency percentiles in microseconds (histogram precision: 3 significant digits).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     /// Samples.
     pub count: u64,
