@@ -375,9 +375,11 @@ async fn a_call_fails_by_its_deadline_however_long_the_ladder() {
         .iter()
         .map(|r| Endpoint { rdma: hang.local_addr().unwrap(), ..r.ep.clone() })
         .collect();
+    // Tc and Tr such that the deadline falls inside a rung (the second replica's first
+    // connect, 300-450 ms), not on the boundary where a rung's own failure races it.
     let cfg = ClientConfig {
-        connect_timeout: Duration::from_millis(200),
-        request_timeout: Duration::from_millis(200),
+        connect_timeout: Duration::from_millis(150),
+        request_timeout: Duration::from_millis(250),
         max_retries: 0,
         retry_probability: 1.0,
         local_pod: 0,
@@ -388,7 +390,7 @@ async fn a_call_fails_by_its_deadline_however_long_the_ladder() {
     let c = client(eps, cfg).await;
     let t0 = tokio::time::Instant::now();
     // Without the deadline: 4 connect deadlines over RDMA, then TCP and a request deadline
-    // per replica, over 1.2 s.
+    // per replica, over 1.1 s.
     let e = c.call(&[0, 1], 2, b"x").await.unwrap_err();
     let took = t0.elapsed();
     assert!(matches!(e, RpcError::Timeout(d) if d == budget), "{e}");
