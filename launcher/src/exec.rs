@@ -663,8 +663,8 @@ impl Executor {
         let rpc = &self.plan.config.rpc;
         let bound_us = (rpc.call_deadline_ms(rpc.request_timeout_ms) + 100) * 1000;
         let (mut requests, mut worst, mut broken) = (0u64, 0f64, Vec::new());
-        for c in phases.iter().flat_map(|p| &p.clients).filter(|c| c.kind == "ranker") {
-            let r = match c.ranker_report() {
+        for (name, r) in bex_report::rankers(phases) {
+            let r = match r {
                 Ok(r) => r,
                 Err(e) => {
                     broken.push(e);
@@ -675,15 +675,12 @@ impl Executor {
             worst = worst.max(r.latency.max_us);
             let done = r.ok + r.errors + r.timeouts;
             if r.abandoned > 0 || done < r.requests {
-                broken.push(format!(
-                    "{}: {} requests, {done} answered or failed",
-                    c.name, r.requests
-                ));
+                broken.push(format!("{name}: {} requests, {done} answered or failed", r.requests));
             }
             if r.latency.max_us > bound_us as f64 {
                 broken.push(format!(
-                    "{}: a request took {:.0} µs > {bound_us} µs",
-                    c.name, r.latency.max_us
+                    "{name}: a request took {:.0} µs > {bound_us} µs",
+                    r.latency.max_us
                 ));
             }
         }

@@ -54,6 +54,18 @@ pub struct ClientRecord {
     pub report: Option<Value>,
 }
 
+/// Every ranker's report in `phases`, in order, with the client's name; a report that is not
+/// a ranker's as the error saying why.
+pub fn rankers(
+    phases: &[PhaseReport],
+) -> impl Iterator<Item = (&str, Result<RankerReport, String>)> + '_ {
+    phases
+        .iter()
+        .flat_map(|p| &p.clients)
+        .filter(|c| c.kind == "ranker")
+        .map(|c| (c.name.as_str(), c.ranker_report()))
+}
+
 impl ClientRecord {
     /// Its report read as a ranker's, or why it cannot be.
     pub fn ranker_report(&self) -> Result<RankerReport, String> {
@@ -273,10 +285,6 @@ impl ClusterReport {
     /// report that is not a ranker's (a ranker of another version, a truncated file) as
     /// the error saying why.
     pub fn rankers(&self) -> impl Iterator<Item = (&str, Result<RankerReport, String>)> + '_ {
-        self.phases
-            .iter()
-            .flat_map(|p| &p.clients)
-            .filter(|c| c.kind == "ranker")
-            .map(|c| (c.name.as_str(), c.ranker_report()))
+        rankers(&self.phases)
     }
 }

@@ -19,8 +19,8 @@
 //!   writer per row, a push whose effect reached a replica under another push's identity
 //!   was invisible; with two, its retry after a kill of the training shard is applied
 //!   again);
-//! - every request answered or failed by its deadline (the client's worst case, derived from
-//!   its attempts and deadlines);
+//! - every request answered or failed by its deadline (the one the RPC client enforces on a
+//!   call, `max_attempts × (Tc + Tr)`);
 //! - replicas converge: every pod's rows equal the training pod's, bit for bit;
 //! - and the scenario's own claim (fallback within 1 s, a hung host noticed by keepalive
 //!   expiry, quarantine engaged and released).
