@@ -1,9 +1,6 @@
 //! The end-to-end check CI runs on a demo cluster's `report.json`.
 
-use bex_report::{ClusterReport, RankerReport};
-use serde_json::Value;
-
-use crate::extract::num;
+use bex_report::{ClientReport, ClusterReport, RankerReport, TrainerReport};
 
 /// Every failed check, empty when the run is good: the launcher reported ok, at least one
 /// ranker and one trainer ran, every ranker completed requests with no errors or timeouts,
@@ -13,22 +10,7 @@ pub fn demo(report: &ClusterReport, min_auc: f64) -> Vec<String> {
     if !report.ok {
         failed.push(format!("launcher: ok is not true ({:?})", report.reasons));
     }
-    let rankers: Vec<(&str, Result<RankerReport, String>)> = report.rankers().collect();
-    let trainers: Vec<&Value> = report.client_reports("trainer").collect();
-    if rankers.is_empty() {
-        failed.push("no ranker report".into());
-    }
-    if trainers.is_empty() {
-        failed.push("no trainer report".into());
-    }
-    for (name, r) in rankers {
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                failed.push(e);
-                continue;
-            }
-        };
+    for (name, r) in parsed::<RankerReport>(report, &mut failed) {
         if r.requests < 1 || r.ok < r.requests {
             failed.push(format!("{name}: {} of {} requests ok", r.ok, r.requests));
         }
@@ -36,32 +18,49 @@ pub fn demo(report: &ClusterReport, min_auc: f64) -> Vec<String> {
             failed.push(format!("{name}: errors {}, timeouts {}", r.errors, r.timeouts));
         }
     }
-    for (i, t) in trainers.iter().enumerate() {
-        let steps = num(t, "/steps").unwrap_or(0.0);
-        let errors = num(t, "/errors").unwrap_or(f64::NAN);
-        let (a0, a1) = (num(t, "/auc_initial"), num(t, "/auc_final"));
-        let (l0, l1) = (num(t, "/log_loss_initial"), num(t, "/log_loss_final"));
-        if steps < 1.0 || errors != 0.0 {
-            failed.push(format!("trainer {i}: {steps} steps, {errors} errors"));
+    for (name, t) in parsed::<TrainerReport>(report, &mut failed) {
+        if t.steps < 1 || t.errors != 0 {
+            failed.push(format!("{name}: {} steps, {} errors", t.steps, t.errors));
         }
-        match (a0, a1) {
-            (Some(a0), Some(a1)) if a1 > a0 && a1 >= min_auc => {}
-            _ => failed.push(format!(
-                "trainer {i}: AUC {a0:?} → {a1:?} (must rise to at least {min_auc})"
-            )),
+        let (a0, a1) = (t.auc_initial, t.auc_final);
+        let rose = a1 > a0 && a1 >= min_auc;
+        if !rose {
+            failed.push(format!("{name}: AUC {a0} → {a1} (must rise to at least {min_auc})"));
         }
-        match (l0, l1) {
-            (Some(l0), Some(l1)) if l1 < l0 => {}
-            _ => failed.push(format!("trainer {i}: log-loss {l0:?} → {l1:?} (must fall)")),
+        let (l0, l1) = (t.log_loss_initial, t.log_loss_final);
+        let fell = l1 < l0;
+        if !fell {
+            failed.push(format!("{name}: log-loss {l0} → {l1} (must fall)"));
         }
     }
     failed
 }
 
+/// The reports of kind `T` that parse, with their clients' names; each that does not, and
+/// none at all, added to `failed`.
+fn parsed<'a, T: ClientReport>(
+    report: &'a ClusterReport,
+    failed: &mut Vec<String>,
+) -> Vec<(&'a str, T)> {
+    let mut found = 0;
+    let mut ok = Vec::new();
+    for (name, r) in report.reports::<T>() {
+        found += 1;
+        match r {
+            Ok(r) => ok.push((name, r)),
+            Err(e) => failed.push(e),
+        }
+    }
+    if found == 0 {
+        failed.push(format!("no {} report", T::KIND));
+    }
+    ok
+}
+
 /// One line per client: what it did.
 pub fn describe(report: &ClusterReport) -> Vec<String> {
     let mut out = Vec::new();
-    for (name, r) in report.rankers() {
+    for (name, r) in report.reports::<RankerReport>() {
         out.push(match r {
             Ok(r) => format!(
                 "ranker ({}): {} requests, {} ok, p50 {:.0} µs, p99 {:.0} µs",
@@ -70,16 +69,19 @@ pub fn describe(report: &ClusterReport) -> Vec<String> {
             Err(e) => format!("{name}: {e}"),
         });
     }
-    for t in report.client_reports("trainer") {
-        out.push(format!(
-            "trainer ({}): {} steps, AUC {:.3} → {:.3}, log-loss {:.3} → {:.3}",
-            t.get("transport").and_then(Value::as_str).unwrap_or("?"),
-            num(t, "/steps").unwrap_or(0.0),
-            num(t, "/auc_initial").unwrap_or(f64::NAN),
-            num(t, "/auc_final").unwrap_or(f64::NAN),
-            num(t, "/log_loss_initial").unwrap_or(f64::NAN),
-            num(t, "/log_loss_final").unwrap_or(f64::NAN),
-        ));
+    for (name, t) in report.reports::<TrainerReport>() {
+        out.push(match t {
+            Ok(t) => format!(
+                "trainer ({}): {} steps, AUC {:.3} → {:.3}, log-loss {:.3} → {:.3}",
+                t.transport,
+                t.steps,
+                t.auc_initial,
+                t.auc_final,
+                t.log_loss_initial,
+                t.log_loss_final,
+            ),
+            Err(e) => format!("{name}: {e}"),
+        });
     }
     out
 }
@@ -87,7 +89,7 @@ pub fn describe(report: &ClusterReport) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use bex_report::{ClientRecord, PhaseReport};
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
 
@@ -103,16 +105,19 @@ mod tests {
 
     fn good() -> ClusterReport {
         let ranker = RankerReport { requests: 10, ok: 10, ..Default::default() };
+        let trainer = TrainerReport {
+            steps: 50,
+            auc_initial: 0.5,
+            auc_final: 0.8,
+            log_loss_initial: 0.69,
+            log_loss_final: 0.5,
+            ..Default::default()
+        };
         ClusterReport {
             ok: true,
             phases: vec![
                 phase("ranker", serde_json::to_value(ranker).unwrap()),
-                phase(
-                    "trainer",
-                    json!({"kind": "trainer", "transport": "rdma", "steps": 50, "errors": 0,
-                        "auc_initial": 0.5, "auc_final": 0.8, "log_loss_initial": 0.69,
-                        "log_loss_final": 0.5}),
-                ),
+                phase("trainer", serde_json::to_value(trainer).unwrap()),
             ],
             ..Default::default()
         }
@@ -139,5 +144,9 @@ mod tests {
         report(&mut v, 0).as_object_mut().unwrap().remove("latency");
         let f = demo(&v, 0.0);
         assert!(f.len() == 1 && f[0].starts_with("ranker-0: not a ranker's report"), "{f:?}");
+        let mut v = good();
+        report(&mut v, 1).as_object_mut().unwrap().remove("auc_final");
+        let f = demo(&v, 0.0);
+        assert!(f.len() == 1 && f[0].starts_with("trainer-0: not a trainer's report"), "{f:?}");
     }
 }

@@ -1,24 +1,9 @@
 //! Reading one launched run: the launcher's typed `report.json` ([`ClusterReport`]) with the
-//! clients' own reports inside: the rankers' typed ([`RankerReport`]), the trainers' and
-//! canaries' found by kind and read by their schema's field names.
+//! clients' own reports inside, read as their types ([`RankerReport`], [`TrainerReport`]).
 
 use bex_process::{CpuTimes, SystemCpu};
-use bex_report::{ClusterReport, RankerReport};
+use bex_report::{ClusterReport, RankerReport, TrainerReport};
 use serde::Serialize;
-use serde_json::Value;
-
-/// A number at a JSON pointer.
-pub fn num(v: &Value, pointer: &str) -> Option<f64> {
-    v.pointer(pointer).and_then(Value::as_f64)
-}
-
-fn sum(vals: impl Iterator<Item = Option<f64>>) -> f64 {
-    vals.flatten().sum()
-}
-
-fn max(vals: impl Iterator<Item = Option<f64>>) -> f64 {
-    vals.flatten().fold(0.0, f64::max)
-}
 
 /// One inference run (all rankers of it).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -89,18 +74,17 @@ pub struct TrainingRun {
     pub tcp_out_segments: f64,
 }
 
-/// The RNIC counter `name` summed over the clients' own counters and the launcher's
-/// per-phase server deltas (not the whole-run server totals, which repeat those deltas).
+/// The RNIC counter `name` summed over the rankers' and trainers' own counters and the
+/// launcher's per-phase server deltas (not the whole-run server totals, which repeat those
+/// deltas). Canaries report no RNIC counters.
 fn rnic_sum(report: &ClusterReport, name: &str) -> f64 {
-    let rankers: u64 = report.rankers().filter_map(|(_, r)| r.ok()).map(|r| r.rnic(name)).sum();
-    let others: f64 = ["trainer", "canary"]
-        .iter()
-        .flat_map(|k| report.client_reports(k))
-        .filter_map(|r| num(r, &format!("/rnic/{name}")))
-        .sum();
+    let rankers: u64 =
+        report.reports::<RankerReport>().filter_map(|(_, r)| r.ok()).map(|r| r.rnic(name)).sum();
+    let trainers: u64 =
+        report.reports::<TrainerReport>().filter_map(|(_, r)| r.ok()).map(|r| r.rnic(name)).sum();
     let servers: u64 =
         report.phases.iter().flat_map(|p| &p.servers).filter_map(|s| s.rnic.get(name)).sum();
-    rankers as f64 + others + servers as f64
+    (rankers + trainers + servers) as f64
 }
 
 /// Reads an inference run's `report.json`.
@@ -109,7 +93,7 @@ pub fn inference(
     transport: &str,
     rate: f64,
 ) -> Result<InferenceRun, String> {
-    let r = report.rankers().map(|(_, r)| r).collect::<Result<Vec<RankerReport>, String>>()?;
+    let r = report.reports().map(|(_, r)| r).collect::<Result<Vec<RankerReport>, String>>()?;
     if r.is_empty() {
         return Err("no ranker report in report.json".into());
     }
@@ -192,20 +176,21 @@ fn tcp_sum(report: &ClusterReport, field: fn(&bex_report::TcpDelta) -> u64) -> f
 
 /// Reads a training run's `report.json`.
 pub fn training(report: &ClusterReport, variant: &str) -> Result<TrainingRun, String> {
-    let t: Vec<&Value> = report.client_reports("trainer").collect();
+    let t = report.reports().map(|(_, t)| t).collect::<Result<Vec<TrainerReport>, String>>()?;
     if t.is_empty() {
         return Err("no trainer report in report.json".into());
     }
+    let worst = |f: fn(&TrainerReport) -> f64| t.iter().map(f).fold(0.0, f64::max);
     Ok(TrainingRun {
         variant: variant.into(),
         trainers: t.len() as f64,
-        fetch_p99_us: max(t.iter().map(|c| num(c, "/fetch_latency/p99_us"))),
-        push_p99_us: max(t.iter().map(|c| num(c, "/push_latency/p99_us"))),
-        fetch_p50_us: max(t.iter().map(|c| num(c, "/fetch_latency/p50_us"))),
-        push_p50_us: max(t.iter().map(|c| num(c, "/push_latency/p50_us"))),
-        samples_per_s: sum(t.iter().map(|c| num(c, "/samples_per_s"))),
-        errors: sum(t.iter().map(|c| num(c, "/errors"))),
-        auc_final: t.iter().filter_map(|c| num(c, "/auc_final")).fold(f64::INFINITY, f64::min),
+        fetch_p99_us: worst(|c| c.fetch_latency.p99_us),
+        push_p99_us: worst(|c| c.push_latency.p99_us),
+        fetch_p50_us: worst(|c| c.fetch_latency.p50_us),
+        push_p50_us: worst(|c| c.push_latency.p50_us),
+        samples_per_s: t.iter().map(|c| c.samples_per_s).sum(),
+        errors: t.iter().map(|c| c.errors as f64).sum(),
+        auc_final: t.iter().map(|c| c.auc_final).fold(f64::INFINITY, f64::min),
         rnr_naks: rnic_sum(report, "rnr_naks_received"),
         seq_naks: rnic_sum(report, "seq_naks_received"),
         retransmits: rnic_sum(report, "retransmitted_packets"),
@@ -218,17 +203,18 @@ pub fn training(report: &ClusterReport, variant: &str) -> Result<TrainingRun, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use bex_traffic::LatencySummary;
 
     #[test]
     fn finds_client_reports_and_sums_counters_once() {
         use bex_report::{ClientRecord, PhaseReport, ServerDelta, ServerRecord};
-        let trainer = |name: &str, report: Value| ClientRecord {
+        let trainer = |name: &str, report: TrainerReport| ClientRecord {
             name: name.into(),
             kind: "trainer".into(),
-            report: Some(report),
+            report: Some(serde_json::to_value(report).unwrap()),
             ..ClientRecord::default()
         };
+        let lat = |p50_us, p99_us| LatencySummary { p50_us, p99_us, ..Default::default() };
         let delta = ServerDelta {
             name: "ps-p0-s0".into(),
             cpu: bex_process::CpuTimes { user_s: 1.0, sys_s: 0.5 },
@@ -239,19 +225,28 @@ mod tests {
                 clients: vec![
                     trainer(
                         "t0",
-                        json!({"kind": "trainer", "transport": "rdma",
-                        "fetch_latency": {"p99_us": 900.0, "p50_us": 100.0},
-                        "push_latency": {"p99_us": 1200.0, "p50_us": 150.0},
-                        "samples_per_s": 1000.0, "errors": 0, "auc_final": 0.8,
-                        "rnic": {"retransmitted_packets": 5, "seq_naks_received": 1}}),
+                        TrainerReport {
+                            fetch_latency: lat(100.0, 900.0),
+                            push_latency: lat(150.0, 1200.0),
+                            samples_per_s: 1000.0,
+                            auc_final: 0.8,
+                            rnic: [("retransmitted_packets", 5), ("seq_naks_received", 1)]
+                                .map(|(k, v)| (k.to_string(), v))
+                                .into(),
+                            ..Default::default()
+                        },
                     ),
                     trainer(
                         "t1",
-                        json!({"kind": "trainer", "transport": "rdma",
-                        "fetch_latency": {"p99_us": 1900.0, "p50_us": 90.0},
-                        "push_latency": {"p99_us": 800.0, "p50_us": 170.0},
-                        "samples_per_s": 500.0, "errors": 1, "auc_final": 0.77,
-                        "rnic": {"retransmitted_packets": 7}}),
+                        TrainerReport {
+                            fetch_latency: lat(90.0, 1900.0),
+                            push_latency: lat(170.0, 800.0),
+                            samples_per_s: 500.0,
+                            errors: 1,
+                            auc_final: 0.77,
+                            rnic: [("retransmitted_packets".to_string(), 7)].into(),
+                            ..Default::default()
+                        },
                     ),
                 ],
                 servers: vec![delta.clone()],

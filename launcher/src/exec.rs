@@ -663,7 +663,7 @@ impl Executor {
         let rpc = &self.plan.config.rpc;
         let bound_us = (rpc.call_deadline_ms(rpc.request_timeout_ms) + 100) * 1000;
         let (mut requests, mut worst, mut broken) = (0u64, 0f64, Vec::new());
-        for (name, r) in bex_report::rankers(phases) {
+        for (name, r) in bex_report::reports::<bex_report::RankerReport>(phases) {
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {

@@ -4,21 +4,38 @@
 //! string keys of the launcher's output.
 //!
 //! A client's own report stays the JSON value it wrote inside its [`ClientRecord`] (a
-//! client of another version may add fields); the ranker's is typed here
-//! ([`RankerReport`], read through [`ClusterReport::rankers`]), the trainer's is still its
-//! own crate's and read by [`ClusterReport::client_reports`].
+//! client of another version may add fields); readers take it as its typed report
+//! ([`RankerReport`], [`TrainerReport`]) through [`ClusterReport::reports`], and a report
+//! that does not parse is named as an error rather than read as zeros.
 
 #![forbid(unsafe_code)]
 
 mod ranker;
+mod trainer;
 
 pub use ranker::{counters, CandidateRange, Counters, DenseRefreshes, RankerCpu, RankerReport};
+pub use trainer::{EvalPoint, MessageSizesReport, SizeSummary, TrainerReport};
 
 use std::collections::BTreeMap;
 
 use bex_process::{CpuTimes, SystemCpu};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// A client's own report, filed in [`ClientRecord::kind`] under [`ClientReport::KIND`].
+pub trait ClientReport: DeserializeOwned {
+    /// The client kind that writes it (`ranker`, `trainer`).
+    const KIND: &'static str;
+}
+
+impl ClientReport for RankerReport {
+    const KIND: &'static str = "ranker";
+}
+
+impl ClientReport for TrainerReport {
+    const KIND: &'static str = "trainer";
+}
 
 /// How a process ended (both `None` while it ran, or when it could not be waited for).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,24 +71,24 @@ pub struct ClientRecord {
     pub report: Option<Value>,
 }
 
-/// Every ranker's report in `phases`, in order, with the client's name; a report that is not
-/// a ranker's as the error saying why.
-pub fn rankers(
+/// Every report of `T`'s kind in `phases`, in order, with the client's name; a report that
+/// is not a `T` (a client of another version, a truncated file) as the error saying why.
+pub fn reports<T: ClientReport>(
     phases: &[PhaseReport],
-) -> impl Iterator<Item = (&str, Result<RankerReport, String>)> + '_ {
+) -> impl Iterator<Item = (&str, Result<T, String>)> + '_ {
     phases
         .iter()
         .flat_map(|p| &p.clients)
-        .filter(|c| c.kind == "ranker")
-        .map(|c| (c.name.as_str(), c.ranker_report()))
+        .filter(|c| c.kind == T::KIND)
+        .map(|c| (c.name.as_str(), c.report_as::<T>()))
 }
 
 impl ClientRecord {
-    /// Its report read as a ranker's, or why it cannot be.
-    pub fn ranker_report(&self) -> Result<RankerReport, String> {
+    /// Its report read as a `T`, or why it cannot be.
+    pub fn report_as<T: ClientReport>(&self) -> Result<T, String> {
         match &self.report {
-            Some(v) => RankerReport::deserialize(v)
-                .map_err(|e| format!("{}: not a ranker's report: {e}", self.name)),
+            Some(v) => T::deserialize(v)
+                .map_err(|e| format!("{}: not a {}'s report: {e}", self.name, T::KIND)),
             None => Err(format!("{}: no report", self.name)),
         }
     }
@@ -271,20 +288,8 @@ impl ClusterReport {
         serde_json::from_str(text).map_err(|e| format!("not a bex-cluster report: {e}"))
     }
 
-    /// The reports of every client of `kind` (`ranker`, `trainer`, …) over all phases, in
-    /// phase order.
-    pub fn client_reports<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
-        self.phases
-            .iter()
-            .flat_map(|p| &p.clients)
-            .filter(move |c| c.kind == kind)
-            .filter_map(|c| c.report.as_ref())
-    }
-
-    /// Every ranker's report over all phases, in phase order, with the client's name; a
-    /// report that is not a ranker's (a ranker of another version, a truncated file) as
-    /// the error saying why.
-    pub fn rankers(&self) -> impl Iterator<Item = (&str, Result<RankerReport, String>)> + '_ {
-        rankers(&self.phases)
+    /// Every report of `T`'s kind over all phases ([`reports`]).
+    pub fn reports<T: ClientReport>(&self) -> impl Iterator<Item = (&str, Result<T, String>)> + '_ {
+        reports(&self.phases)
     }
 }

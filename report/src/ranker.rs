@@ -17,6 +17,11 @@ pub fn counters(x: &impl Serialize) -> Counters {
     serde_json::to_value(x).ok().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
 }
 
+/// `name` in `c`, 0 if absent.
+pub(crate) fn count(c: &Counters, name: &str) -> u64 {
+    c.get(name).copied().unwrap_or(0)
+}
+
 /// The candidates per request, log-uniform in `[min, max]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CandidateRange {
@@ -131,11 +136,11 @@ pub struct RankerReport {
 impl RankerReport {
     /// A counter of the RNIC's, 0 if absent.
     pub fn rnic(&self, name: &str) -> u64 {
-        self.rnic.get(name).copied().unwrap_or(0)
+        count(&self.rnic, name)
     }
 
     /// A counter of the RPC client's, 0 if absent.
     pub fn rpc(&self, name: &str) -> u64 {
-        self.rpc.get(name).copied().unwrap_or(0)
+        count(&self.rpc, name)
     }
 }

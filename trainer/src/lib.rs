@@ -7,12 +7,12 @@
 //! - [`sizes`]: per-shard message sizes from the wire format.
 //! - [`store`]: the [`store::ParamStore`] boundary: the real PS or in-process tables.
 //! - [`train`]: the loop (fetch → forward/backward → push) and held-out evaluation.
-//! - [`report`]: the JSON report and the readable summary.
+//!
+//! Its JSON report is [`bex_report::TrainerReport`], the type every reader takes it as.
 #![forbid(unsafe_code)]
 
 pub mod batch;
 pub mod clock;
-pub mod report;
 pub mod settings;
 pub mod sizes;
 pub mod store;

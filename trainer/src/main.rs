@@ -23,11 +23,11 @@ use bex_process::{exit_with_parent, CpuTimes};
 use bex_ps_proto::config::TransportKind;
 use bex_ps_proto::metrics::{Counter, Gauge, MetricsError, Registry};
 use bex_ps_proto::Config;
+use bex_report::{counters, EvalPoint, TrainerReport};
 use bex_trainer::clock;
-use bex_trainer::report::Report;
 use bex_trainer::settings::{Overrides, Settings};
 use bex_trainer::store::PsStore;
-use bex_trainer::train::{EvalPoint, Stats, Trainer};
+use bex_trainer::train::{Stats, Trainer};
 use clap::Parser;
 
 /// Trains a synthetic click model (embeddings + MLP) against a bex PS cluster.
@@ -228,7 +228,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             let f = t.stats.fetch.summary();
             let sps = if p.elapsed_s > 0.0 { p.samples as f64 / p.elapsed_s } else { 0.0 };
             eprintln!(
-                "trainer {}: step={} samples/s={:.0} loss={:.4} auc={:.4} fetch_p99={}us errors={}",
+                "trainer {}: step={} samples/s={:.0} loss={:.4} auc={:.4} fetch_p99={:.0}us errors={}",
                 args.id, p.step, sps, p.log_loss, p.auc, f.p99_us, t.stats.errors
             );
         }
@@ -283,11 +283,10 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     let last = eval.last().cloned().unwrap_or(eval[0].clone());
     let st = &trainer.stats;
     let ok_steps = st.steps - st.errors;
-    let report = Report {
-        kind: "trainer",
+    let report = TrainerReport {
         id: args.id,
         push_id: client.ps.push_id(),
-        transport: client.kind.to_string(),
+        transport: client.kind,
         table: trainer.settings().emb.name.clone(),
         dense_table: trainer.settings().dense.name.clone(),
         seed,
@@ -311,8 +310,8 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         push_retries: client.ps.push_retries(),
         last_error: st.last_error.clone(),
         eval_errors,
-        rpc: client.ps.rpc().stats().snapshot(),
-        rnic: client.stack.nic_stats(),
+        rpc: counters(&client.ps.rpc().stats().snapshot()),
+        rnic: counters(&client.stack.nic_stats()),
         cpu: CpuTimes::of_self().unwrap_or_default().since(&cpu0),
         interrupted: stop.load(Ordering::SeqCst),
     };

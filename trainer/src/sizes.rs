@@ -2,8 +2,8 @@
 //! push sends, from the wire format's lengths (what `PsClient` puts on the wire).
 
 use bex_ps_proto::{shard_of, wire};
+use bex_report::{MessageSizesReport, SizeSummary};
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
 /// Distinct keys per shard (index = shard), as `PsClient` splits them.
 pub fn keys_per_shard(unique: &[u64], shards: u32) -> Vec<usize> {
@@ -25,21 +25,6 @@ impl Default for SizeHist {
         // 1 B .. 1 GiB, 3 significant digits: the bounds are constants, valid by construction.
         SizeHist { h: Histogram::new_with_bounds(1, 1 << 30, 3).expect("valid histogram bounds") }
     }
-}
-
-/// A size summary (bytes).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct SizeSummary {
-    /// Messages counted.
-    pub count: u64,
-    /// Mean bytes.
-    pub mean: f64,
-    /// Median.
-    pub p50: u64,
-    /// 99th percentile.
-    pub p99: u64,
-    /// Largest.
-    pub max: u64,
 }
 
 impl SizeHist {
@@ -76,21 +61,6 @@ pub struct MessageSizes {
     pub dense_fetch_response: SizeHist,
     /// Dense push requests.
     pub dense_push_request: SizeHist,
-}
-
-/// [`MessageSizes`] summarized for the report.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct MessageSizesReport {
-    /// Embedding fetch requests per shard.
-    pub fetch_request: SizeSummary,
-    /// Embedding fetch responses per shard: the paper's ~20 KB mean / ~50 KB P99 target.
-    pub fetch_response: SizeSummary,
-    /// Embedding push requests per shard: same target.
-    pub push_request: SizeSummary,
-    /// Dense-weight fetch responses per shard.
-    pub dense_fetch_response: SizeSummary,
-    /// Dense-weight push requests per shard.
-    pub dense_push_request: SizeSummary,
 }
 
 impl MessageSizes {

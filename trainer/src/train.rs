@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use bex_model::{auc, dense_keys, dense_len, log_loss, Model, Sample, SyntheticClicks};
+use bex_traffic::LatencySummary;
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
 
 use crate::batch::{pad_to_rows, unpad, KeyIndex};
 use crate::clock;
@@ -17,69 +17,26 @@ use crate::settings::Settings;
 use crate::sizes::MessageSizes;
 use crate::store::{ParamStore, StoreError};
 
-/// One held-out evaluation.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct EvalPoint {
-    /// Steps done when evaluated.
-    pub step: u64,
-    /// Training samples done.
-    pub samples: u64,
-    /// Seconds since the run started.
-    pub elapsed_s: f64,
-    /// Held-out AUC (0.5 if undefined).
-    pub auc: f64,
-    /// Held-out mean log-loss.
-    pub log_loss: f64,
-}
-
-/// Latencies of whole operations, µs.
+/// Latencies of whole operations, ns.
 #[derive(Debug)]
 pub struct LatencyHist(pub Histogram<u64>);
 
 impl Default for LatencyHist {
     fn default() -> Self {
-        // 1 µs .. 1 h, 3 significant digits: constant bounds, valid by construction.
-        LatencyHist(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"))
+        // 1 ns .. 1 h, 3 significant digits: constant bounds, valid by construction.
+        LatencyHist(Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds"))
     }
-}
-
-/// A latency summary, µs.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct LatencySummary {
-    /// Operations.
-    pub count: u64,
-    /// Mean.
-    pub mean_us: f64,
-    /// Median.
-    pub p50_us: u64,
-    /// 99th percentile.
-    pub p99_us: u64,
-    /// 99.9th percentile.
-    pub p999_us: u64,
-    /// Largest.
-    pub max_us: u64,
 }
 
 impl LatencyHist {
     /// Counts one operation.
     pub fn record(&mut self, d: Duration) {
-        self.0.saturating_record((d.as_micros() as u64).max(1));
+        self.0.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
     }
 
-    /// The summary.
+    /// The summary, µs.
     pub fn summary(&self) -> LatencySummary {
-        let h = &self.0;
-        if h.is_empty() {
-            return LatencySummary::default();
-        }
-        LatencySummary {
-            count: h.len(),
-            mean_us: h.mean(),
-            p50_us: h.value_at_quantile(0.5),
-            p99_us: h.value_at_quantile(0.99),
-            p999_us: h.value_at_quantile(0.999),
-            max_us: h.max(),
-        }
+        LatencySummary::of(&self.0)
     }
 }
 

@@ -11,8 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bex_process::child::Guard;
+use bex_report::TrainerReport;
 use bex_testkit::LocalCluster;
-use serde_json::Value;
+use bex_transport_kind::TransportKind;
 
 fn trainer_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_trainer"))
@@ -50,13 +51,10 @@ fn trainer(config: &Path, id: u64, transport: &str, json: &Path, extra: &[&str])
     c
 }
 
-fn read_json(path: &Path) -> Value {
+/// The trainer's report, read as the type its readers use.
+fn read_report(path: &Path) -> TrainerReport {
     let text = std::fs::read_to_string(path).expect("the trainer wrote its report");
-    serde_json::from_str(&text).expect("the report is JSON")
-}
-
-fn f(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+    serde_json::from_str(&text).expect("the report is a trainer's")
 }
 
 #[test]
@@ -72,41 +70,30 @@ fn two_trainers_learn_one_model_then_sigterm_reports_and_exits_zero() {
     let (sa, sb) = (a.wait().expect("wait 1"), b.wait().expect("wait 2"));
     assert!(sa.success() && sb.success(), "trainers exited {sa} and {sb}");
 
-    for (path, transport) in jsons.iter().zip(["rdma", "tcp"]) {
-        let r = read_json(path);
+    for (path, transport) in jsons.iter().zip([TransportKind::Rdma, TransportKind::Tcp]) {
+        let r = read_report(path);
         eprintln!(
             "{transport}: AUC {:.4} -> {:.4}, log-loss {:.4} -> {:.4}, {:.0} samples/s",
-            f(&r, "auc_initial"),
-            f(&r, "auc_final"),
-            f(&r, "log_loss_initial"),
-            f(&r, "log_loss_final"),
-            f(&r, "samples_per_s")
+            r.auc_initial, r.auc_final, r.log_loss_initial, r.log_loss_final, r.samples_per_s
         );
-        assert_eq!(r["kind"], "trainer");
-        assert_eq!(r["transport"], transport);
-        assert_eq!(r["steps"], 80);
-        assert_eq!(r["errors"], 0);
-        assert!(f(&r, "samples") > 0.0);
-        assert!(f(&r, "auc_final") > f(&r, "auc_initial") + 0.05, "AUC did not rise: {r}");
-        assert!(f(&r, "log_loss_final") < f(&r, "log_loss_initial"), "log-loss did not fall");
+        assert_eq!(r.transport, transport);
+        assert_eq!((r.steps, r.errors), (80, 0));
+        assert!(r.samples > 0);
+        assert!(r.auc_final > r.auc_initial + 0.05, "AUC did not rise: {r:?}");
+        assert!(r.log_loss_final < r.log_loss_initial, "log-loss did not fall");
         // Start, every 20 steps, no extra final point (step 80 is one).
-        let steps: Vec<u64> = r["eval"]
-            .as_array()
-            .expect("eval list")
-            .iter()
-            .filter_map(|p| p["step"].as_u64())
-            .collect();
+        let steps: Vec<u64> = r.eval.iter().map(|p| p.step).collect();
         assert_eq!(steps, vec![0, 20, 40, 60, 80]);
-        assert_eq!(r["fetch_latency"]["count"], 80);
-        assert!(f(&r["fetch_latency"], "p99_us") >= f(&r["fetch_latency"], "p50_us"));
-        assert!(f(&r["message_bytes"]["fetch_response"], "mean") > 1000.0);
-        assert_eq!(r["interrupted"], false);
-        for key in ["push_latency", "rpc", "rnic", "cpu"] {
-            assert!(r[key].is_object(), "{key} missing");
-        }
+        assert_eq!((r.fetch_latency.count, r.push_latency.count), (80, 80));
+        assert!(r.fetch_latency.p99_us >= r.fetch_latency.p50_us && r.fetch_latency.p50_us > 0.0);
+        assert!(r.message_bytes.fetch_response.mean > 1000.0);
+        assert!(!r.interrupted);
+        assert!(r.rpc("calls") > 0, "the RPC counters are in the report: {:?}", r.rpc);
+        assert!(r.cpu.user_s + r.cpu.sys_s > 0.0);
     }
-    assert!(read_json(&jsons[0])["rnic"]["tx_packets"].as_u64() > Some(0), "RDMA sent packets");
-    assert_eq!(read_json(&jsons[1])["rpc"]["tcp_calls"], read_json(&jsons[1])["rpc"]["calls"]);
+    assert!(read_report(&jsons[0]).rnic("tx_packets") > 0, "RDMA sent packets");
+    let tcp = read_report(&jsons[1]);
+    assert_eq!(tcp.rpc("tcp_calls"), tcp.rpc("calls"));
 
     // SIGTERM during a long run: finish the step, evaluate, report, exit 0.
     let json = dir.join("t3.json");
@@ -127,10 +114,10 @@ fn two_trainers_learn_one_model_then_sigterm_reports_and_exits_zero() {
     // Killed after 60 s: a trainer that ignores SIGTERM fails the test, not hangs it.
     let status = t3.terminate(Duration::from_secs(60)).expect("trainer 3 reaped");
     assert!(status.success(), "SIGTERM exit: {status}");
-    let r = read_json(&json);
-    assert_eq!(r["interrupted"], true);
-    assert!(f(&r, "steps") >= 5.0 && f(&r, "steps") < 5000.0);
-    assert_eq!(r["errors"], 0);
+    let r = read_report(&json);
+    assert!(r.interrupted);
+    assert!(r.steps >= 5 && r.steps < 5000, "{} steps", r.steps);
+    assert_eq!(r.errors, 0);
 }
 
 #[test]

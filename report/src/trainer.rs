@@ -1,27 +1,69 @@
-//! The run's report: JSON (`--json`) and a readable summary.
+//! The trainer's own report (`trainer --json`): written by the trainer, read back by the CI
+//! check and the training experiments through this one type.
 
 use bex_process::CpuTimes;
-use bex_transport::NicStats as DeviceStats;
-use serde::Serialize;
+use bex_traffic::LatencySummary;
+use bex_transport_kind::TransportKind;
+use serde::{Deserialize, Serialize};
 
-use crate::sizes::MessageSizesReport;
-use crate::train::{EvalPoint, LatencySummary};
+use crate::ranker::{count, Counters};
 
-/// RPC counters of the trainer's client (`bex_rpc::ClientStats::snapshot`).
-pub type RpcCounters = bex_rpc::ClientCounts;
+/// One held-out evaluation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalPoint {
+    /// Steps done when evaluated.
+    pub step: u64,
+    /// Training samples done.
+    pub samples: u64,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+    /// Held-out AUC (0.5 if undefined).
+    pub auc: f64,
+    /// Held-out mean log-loss.
+    pub log_loss: f64,
+}
 
-/// The JSON report (`"kind": "trainer"`).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Report {
-    /// Always `"trainer"`.
-    pub kind: &'static str,
+/// A size summary, bytes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SizeSummary {
+    /// Messages counted.
+    pub count: u64,
+    /// Mean bytes.
+    pub mean: f64,
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+/// The per-shard sub-request sizes of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MessageSizesReport {
+    /// Embedding fetch requests per shard.
+    pub fetch_request: SizeSummary,
+    /// Embedding fetch responses per shard: the paper's ~20 KB mean / ~50 KB P99 target.
+    pub fetch_response: SizeSummary,
+    /// Embedding push requests per shard: same target.
+    pub push_request: SizeSummary,
+    /// Dense-weight fetch responses per shard.
+    pub dense_fetch_response: SizeSummary,
+    /// Dense-weight push requests per shard.
+    pub dense_push_request: SizeSummary,
+}
+
+/// `trainer --json`, with `"kind": "trainer"` (the launcher files clients' reports by it).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename = "trainer")]
+pub struct TrainerReport {
     /// Trainer id (`--id`).
     pub id: u64,
     /// This run's push identity (random per start; servers deduplicate pushes by it).
     pub push_id: u64,
-    /// `"rdma"` or `"tcp"`.
-    pub transport: String,
-    /// Embedding table name and the dense table name.
+    /// The transport the PS client used.
+    pub transport: TransportKind,
+    /// Embedding table name.
     pub table: String,
     /// Dense table name.
     pub dense_table: String,
@@ -69,25 +111,37 @@ pub struct Report {
     pub last_error: Option<String>,
     /// Evaluations that failed (not counted in `errors`).
     pub eval_errors: u64,
-    /// RPC counters.
-    pub rpc: RpcCounters,
-    /// Software RNIC counters.
-    pub rnic: DeviceStats,
+    /// The RPC client's counters over the run.
+    pub rpc: Counters,
+    /// The software RNIC's counters over the run (empty over TCP).
+    pub rnic: Counters,
     /// This process's CPU time over the run.
     pub cpu: CpuTimes,
     /// Stopped by SIGINT/SIGTERM.
     pub interrupted: bool,
 }
 
-impl Report {
+impl TrainerReport {
+    /// A counter of the RNIC's, 0 if absent.
+    pub fn rnic(&self, name: &str) -> u64 {
+        count(&self.rnic, name)
+    }
+
+    /// A counter of the RPC client's, 0 if absent.
+    pub fn rpc(&self, name: &str) -> u64 {
+        count(&self.rpc, name)
+    }
+
     /// A few readable lines.
     pub fn summary(&self) -> String {
         let m = &self.message_bytes;
+        let (f, p) = (&self.fetch_latency, &self.push_latency);
         format!(
             "trainer {id} over {t}: {steps} steps, {samples} samples in {el:.1} s \
              ({sps:.0} samples/s), {err} failed steps, {retried} push retries{int}\n\
              held-out AUC {a0:.4} -> {a1:.4}, log-loss {l0:.4} -> {l1:.4}\n\
-             fetch p50 {fp50} us p99 {fp99} us mean {fm:.0} us; push p50 {pp50} us p99 {pp99} us mean {pm:.0} us\n\
+             fetch p50 {fp50:.0} us p99 {fp99:.0} us mean {fm:.0} us; \
+             push p50 {pp50:.0} us p99 {pp99:.0} us mean {pm:.0} us\n\
              per-shard fetch response {fr:.0} B mean / {fr99} B p99; push request {pr:.0} B mean / {pr99} B p99\n\
              rpc: {calls} calls, {retries} retries, {timeouts} timeouts, {fb} fallbacks, {q} quarantines; \
              rnic: {rnr} rnr naks, {seq} seq naks, {rt} retransmits; cpu user {cu:.2} s sys {cs:.2} s",
@@ -104,24 +158,24 @@ impl Report {
             a1 = self.auc_final,
             l0 = self.log_loss_initial,
             l1 = self.log_loss_final,
-            fp50 = self.fetch_latency.p50_us,
-            fp99 = self.fetch_latency.p99_us,
-            fm = self.fetch_latency.mean_us,
-            pp50 = self.push_latency.p50_us,
-            pp99 = self.push_latency.p99_us,
-            pm = self.push_latency.mean_us,
+            fp50 = f.p50_us,
+            fp99 = f.p99_us,
+            fm = f.mean_us,
+            pp50 = p.p50_us,
+            pp99 = p.p99_us,
+            pm = p.mean_us,
             fr = m.fetch_response.mean,
             fr99 = m.fetch_response.p99,
             pr = m.push_request.mean,
             pr99 = m.push_request.p99,
-            calls = self.rpc.calls,
-            retries = self.rpc.retries,
-            timeouts = self.rpc.timeouts,
-            fb = self.rpc.fallbacks,
-            q = self.rpc.quarantines,
-            rnr = self.rnic.rnr_naks_received,
-            seq = self.rnic.seq_naks_received,
-            rt = self.rnic.retransmitted_packets,
+            calls = self.rpc("calls"),
+            retries = self.rpc("retries"),
+            timeouts = self.rpc("timeouts"),
+            fb = self.rpc("fallbacks"),
+            q = self.rpc("quarantines"),
+            rnr = self.rnic("rnr_naks_received"),
+            seq = self.rnic("seq_naks_received"),
+            rt = self.rnic("retransmitted_packets"),
             cu = self.cpu.user_s,
             cs = self.cpu.sys_s,
         )
