@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use bex_bench::cli::{parse_host_port, Output, ServeArgs};
+use bex_bench::cli::{parse_host_port, Output, ServeArgs, Tests};
 use bex_bench::pin::{pin_to, place, Pin, Placement};
 use bex_bench::report::Envelope;
 use bex_transport::NicSpec;
@@ -75,46 +75,20 @@ pub struct ServerArgs {
     pub serve: ServeArgs,
 }
 
-/// A test, or all of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-#[value(rename_all = "kebab-case")]
-pub enum TestSel {
-    /// Every test.
-    All,
-    /// Fig. 8.
-    Lat,
-    /// Fig. 9.
-    Tput,
-    /// Fig. 10.
-    Frag,
-    /// Fig. 10, simulated fabric.
-    FragSim,
-    /// Fig. 11.
-    Rate,
-    /// Fig. 13, loopback.
-    Hol,
-    /// Fig. 13 on the RPC path, loopback.
-    HolRpc,
-    /// Fig. 13, simulated fabric.
-    HolSim,
-    /// paper/002.
-    Eager,
-}
-
 /// What to measure and how; shared by `client` and `run`.
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
-    /// Tests to run, comma-separated (all, lat, tput, frag, frag-sim, rate, hol, hol-sim,
-    /// eager).
+    /// Tests to run, comma-separated.
     #[arg(
         long = "test",
         short = 't',
         alias = "tests",
         value_name = "TEST[,TEST...]",
         value_delimiter = ',',
-        default_value = "all"
+        default_value = "all",
+        value_parser = Tests::<Test>::parser()
     )]
-    pub tests: Vec<TestSel>,
+    pub tests: Vec<Tests<Test>>,
     /// Small run for CI (fewer points and iterations; well under 30 s in release mode).
     #[arg(long)]
     pub quick: bool,
@@ -183,24 +157,9 @@ pub fn parse_server(text: &str) -> Result<SocketAddr, String> {
 }
 
 impl BenchArgs {
-    /// The selected tests.
+    /// The selected tests, once each, in run order.
     pub fn tests(&self) -> Vec<Test> {
-        let mut out = Vec::new();
-        for s in &self.tests {
-            match s {
-                TestSel::All => out.extend(Test::ALL),
-                TestSel::Lat => out.push(Test::Lat),
-                TestSel::Tput => out.push(Test::Tput),
-                TestSel::Frag => out.push(Test::Frag),
-                TestSel::FragSim => out.push(Test::FragSim),
-                TestSel::Rate => out.push(Test::Rate),
-                TestSel::Hol => out.push(Test::Hol),
-                TestSel::HolRpc => out.push(Test::HolRpc),
-                TestSel::HolSim => out.push(Test::HolSim),
-                TestSel::Eager => out.push(Test::Eager),
-            }
-        }
-        out
+        Tests::resolve(&self.tests)
     }
 
     /// The validated plan these options describe.

@@ -62,6 +62,7 @@ impl Test {
         Test::Eager,
     ];
 
+
     /// The command-line name.
     pub fn name(self) -> &'static str {
         match self {
@@ -81,6 +82,10 @@ impl Test {
     pub fn needs_server(self) -> bool {
         !matches!(self, Test::FragSim | Test::HolSim)
     }
+}
+
+impl bex_bench::cli::TestSet for Test {
+    const ALL: &'static [Test] = &Test::ALL;
 }
 
 impl fmt::Display for Test {

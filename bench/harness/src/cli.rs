@@ -208,3 +208,49 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A tool's tests, for `--test`: each by its name, `all`, and the tool's named groups.
+pub trait TestSet: clap::ValueEnum + Copy + Ord + Send + Sync + 'static {
+    /// Every test; a run executes them in `Ord` order.
+    const ALL: &'static [Self];
+    /// Groups besides `all`: name, help, and the test of membership.
+    const GROUPS: &'static [(&'static str, &'static str, fn(Self) -> bool)] = &[];
+}
+
+/// One `--test` value: the tests it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tests<T>(pub Vec<T>);
+
+impl<T: TestSet> Tests<T> {
+    /// What `name` selects: a test, a group or `all`.
+    pub fn named(name: &str) -> Option<Tests<T>> {
+        let members = |keep: fn(T) -> bool| T::ALL.iter().copied().filter(|&t| keep(t)).collect();
+        if name == "all" {
+            return Some(Tests(T::ALL.to_vec()));
+        }
+        if let Some(&(_, _, keep)) = T::GROUPS.iter().find(|g| g.0 == name) {
+            return Some(Tests(members(keep)));
+        }
+        T::from_str(name, false).ok().map(|t| Tests(vec![t]))
+    }
+
+    /// The `--test` value parser: `--help` lists `all`, the groups and every test with its
+    /// help, and a wrong name gets clap's error naming them.
+    pub fn parser() -> impl clap::builder::TypedValueParser<Value = Tests<T>> {
+        use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+        let mut values = vec![PossibleValue::new("all").help("Every test")];
+        values.extend(T::GROUPS.iter().map(|&(name, help, _)| PossibleValue::new(name).help(help)));
+        values.extend(T::value_variants().iter().filter_map(clap::ValueEnum::to_possible_value));
+        PossibleValuesParser::new(values).try_map(|name: String| {
+            Tests::named(&name).ok_or_else(|| format!("`{name}` is not a test"))
+        })
+    }
+
+    /// Every test the values name, once each, in run order.
+    pub fn resolve(values: &[Tests<T>]) -> Vec<T> {
+        let mut tests: Vec<T> = values.iter().flat_map(|v| v.0.iter().copied()).collect();
+        tests.sort();
+        tests.dedup();
+        tests
+    }
+}

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use bex_transport::NicSpec;
 use clap::{Args, Parser};
 
-use bex_bench::cli::{parse_host_port, Output, ServeArgs};
+use bex_bench::cli::{parse_host_port, Output, ServeArgs, Tests};
 use bex_bench::pin::{pin_to, place, Pin, Placement};
 use bex_bench::report::Envelope;
 
@@ -15,7 +15,7 @@ use crate::error::{PerfError, Result};
 use crate::launch::{run_local, LocalRun, TOOL};
 use crate::report::{self, JobResult};
 use crate::server::{serve, ServerOptions};
-use crate::spec::{parse_mtu, parse_size_list, resolve_tests, Plan, SizeList, TestSel};
+use crate::spec::{parse_mtu, parse_size_list, resolve_tests, Plan, SizeList, TestKind};
 
 /// The default control port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
@@ -78,9 +78,10 @@ pub struct BenchArgs {
         alias = "tests",
         value_name = "TEST[,TEST...]",
         value_delimiter = ',',
-        default_value = "all"
+        default_value = "all",
+        value_parser = Tests::<TestKind>::parser()
     )]
-    pub tests: Vec<TestSel>,
+    pub tests: Vec<Tests<TestKind>>,
     /// Message sizes in bytes: comma-separated sizes (64, 4K, 1M) and/or power-of-two ranges
     /// (32..1M = 32, 64, ..., 1048576). At least 1 byte, at most 8 MiB.
     #[arg(long, short = 's', value_name = "SIZES", default_value = "32..1M", value_parser = parse_size_list)]

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PerfError, Result};
+use bex_bench::cli::Tests;
 use bex_bench::Failure;
 
 /// The largest message size accepted (the soft RNIC's and rxe's largest message).
@@ -120,53 +121,18 @@ impl std::fmt::Display for TestKind {
     }
 }
 
-/// What `--test` accepts: a test or a group of tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum TestSel {
-    /// Every test below.
-    All,
-    /// The four RNIC tests (send_lat, write_lat, send_bw, write_bw).
-    Rdma,
-    /// The three baselines (udp_lat, tcp_lat, tcp_bw).
-    Baselines,
-    /// UDP datagram ping-pong (sizes up to 65507 B; larger sizes are reported as n/a).
-    UdpLat,
-    /// TCP ping-pong over one connection with TCP_NODELAY.
-    TcpLat,
-    /// One TCP stream (TCP_NODELAY), acknowledged at the end of each repetition.
-    TcpBw,
-    /// RNIC SEND ping-pong; the server answers each receive completion with a SEND.
-    SendLat,
-    /// RNIC WRITE ping-pong; each side polls the last byte of its buffer for the new value.
-    WriteLat,
-    /// RNIC SEND stream: batches of posts, a window of outstanding WRs, every Nth signaled.
-    SendBw,
-    /// RNIC WRITE stream: batches of posts, a window of outstanding WRs, every Nth signaled.
-    WriteBw,
+impl bex_bench::cli::TestSet for TestKind {
+    const ALL: &'static [TestKind] = &TestKind::ALL;
+    const GROUPS: &'static [(&'static str, &'static str, fn(TestKind) -> bool)] = &[
+        ("rdma", "The four RNIC tests (send_lat, write_lat, send_bw, write_bw)", TestKind::is_rdma),
+        ("baselines", "The three baselines (udp_lat, tcp_lat, tcp_bw)", |t| !t.is_rdma()),
+    ];
 }
 
-impl TestSel {
-    fn expand(self) -> Vec<TestKind> {
-        match self {
-            TestSel::All => TestKind::ALL.to_vec(),
-            TestSel::Rdma => TestKind::ALL.into_iter().filter(|t| t.is_rdma()).collect(),
-            TestSel::Baselines => TestKind::ALL.into_iter().filter(|t| !t.is_rdma()).collect(),
-            TestSel::UdpLat => vec![TestKind::UdpLat],
-            TestSel::TcpLat => vec![TestKind::TcpLat],
-            TestSel::TcpBw => vec![TestKind::TcpBw],
-            TestSel::SendLat => vec![TestKind::SendLat],
-            TestSel::WriteLat => vec![TestKind::WriteLat],
-            TestSel::SendBw => vec![TestKind::SendBw],
-            TestSel::WriteBw => vec![TestKind::WriteBw],
-        }
-    }
-}
-
-/// The tests a selection names, deduplicated and in execution order; with `baselines`, each
-/// RNIC test brings the baseline it is compared with.
-pub fn resolve_tests(sel: &[TestSel], baselines: bool) -> Vec<TestKind> {
-    let mut tests: Vec<TestKind> = sel.iter().flat_map(|s| s.expand()).collect();
+/// The tests `--test` names, once each and in execution order; with `baselines`, each RNIC
+/// test brings the baseline it is compared with.
+pub fn resolve_tests(sel: &[Tests<TestKind>], baselines: bool) -> Vec<TestKind> {
+    let mut tests = Tests::resolve(sel);
     if baselines {
         let extra: Vec<TestKind> = tests.iter().filter_map(|t| t.baseline()).collect();
         tests.extend(extra);
@@ -411,14 +377,23 @@ mod tests {
 
     #[test]
     fn rdma_tests_bring_their_baselines_unless_told_not_to() {
-        let t = resolve_tests(&[TestSel::SendLat, TestSel::WriteBw], true);
+        let sel = |names: &[&str]| -> Vec<Tests<TestKind>> {
+            names.iter().map(|n| Tests::named(n).expect("a test name")).collect()
+        };
+        let t = resolve_tests(&sel(&["send_lat", "write_bw"]), true);
         assert_eq!(
             t,
             vec![TestKind::UdpLat, TestKind::TcpBw, TestKind::SendLat, TestKind::WriteBw]
         );
-        let t = resolve_tests(&[TestSel::SendLat, TestSel::WriteBw], false);
+        let t = resolve_tests(&sel(&["send_lat", "write_bw"]), false);
         assert_eq!(t, vec![TestKind::SendLat, TestKind::WriteBw]);
-        assert_eq!(resolve_tests(&[TestSel::All, TestSel::TcpLat], true).len(), 7);
+        assert_eq!(resolve_tests(&sel(&["all", "tcp_lat"]), true).len(), 7);
+        assert_eq!(resolve_tests(&sel(&["rdma"]), false).len(), 4);
+        assert_eq!(
+            resolve_tests(&sel(&["baselines"]), false),
+            vec![TestKind::UdpLat, TestKind::TcpLat, TestKind::TcpBw]
+        );
+        assert!(Tests::<TestKind>::named("send-lat").is_none(), "names are snake_case");
     }
 
     #[test]
