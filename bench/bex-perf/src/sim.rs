@@ -306,7 +306,7 @@ mod tests {
     fn alone_the_small_flow_sees_the_link_latency_only() {
         let r = hol_sim(&knobs(4096), 0, 1 << 20, 20, 25, 1).unwrap();
         let s = r.small.summary().unwrap();
-        assert_eq!(s.samples, 20);
+        assert_eq!(s.count, 20);
         // Two 2 µs hops plus serialization: a few µs, never more than 20.
         assert!(s.p50_us > 3.9 && s.p99_us < 20.0, "{s:?}");
         assert_eq!(r.large_gbps, 0.0);

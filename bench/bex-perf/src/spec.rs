@@ -62,7 +62,6 @@ impl Test {
         Test::Eager,
     ];
 
-
     /// The command-line name.
     pub fn name(self) -> &'static str {
         match self {

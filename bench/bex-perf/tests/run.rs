@@ -50,7 +50,7 @@ fn f(v: &Value, k: &str) -> f64 {
 fn check_latency_point(p: &Value, iters: u64) {
     assert_eq!(p["status"], "ok", "{p}");
     let lat = &p["latency"];
-    assert_eq!(lat["samples"].as_u64(), Some(iters), "{lat}");
+    assert_eq!(lat["count"].as_u64(), Some(iters), "{lat}");
     assert!(f(lat, "min_us") > 0.0, "{lat}");
     assert!(f(lat, "p50_us") >= f(lat, "min_us"), "{lat}");
     assert!(f(lat, "p99_us") >= f(lat, "p50_us"), "{lat}");

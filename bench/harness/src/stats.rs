@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// Largest recordable round trip (60 s); longer samples are clamped to it.
 const MAX_RTT_NS: u64 = 60_000_000_000;
@@ -53,22 +53,7 @@ impl LatencyRecorder {
 
     /// Percentiles and moments in microseconds; `None` when nothing was recorded.
     pub fn summary(&self) -> Option<LatencySummary> {
-        if self.hist.is_empty() {
-            return None;
-        }
-        let us = |ns: u64| ns as f64 / 1000.0;
-        let q = |quantile: f64| us(self.hist.value_at_quantile(quantile));
-        Some(LatencySummary {
-            samples: self.hist.len(),
-            min_us: us(self.hist.min()),
-            p50_us: q(0.50),
-            p90_us: q(0.90),
-            p99_us: q(0.99),
-            p999_us: q(0.999),
-            max_us: us(self.hist.max()),
-            mean_us: self.hist.mean() / 1000.0,
-            stdev_us: self.hist.stdev() / 1000.0,
-        })
+        (!self.hist.is_empty()).then(|| LatencySummary::of(&self.hist))
     }
 
     /// The raw distribution: `[rtt_ns, count]` for every non-empty bucket, ascending.
@@ -77,28 +62,9 @@ impl LatencyRecorder {
     }
 }
 
-/// Round-trip statistics of one latency job, in microseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LatencySummary {
-    /// Recorded round trips (warm-up excluded).
-    pub samples: u64,
-    /// Fastest round trip.
-    pub min_us: f64,
-    /// Median round trip.
-    pub p50_us: f64,
-    /// 90th percentile.
-    pub p90_us: f64,
-    /// 99th percentile.
-    pub p99_us: f64,
-    /// 99.9th percentile.
-    pub p999_us: f64,
-    /// Slowest round trip.
-    pub max_us: f64,
-    /// Mean round trip.
-    pub mean_us: f64,
-    /// Standard deviation.
-    pub stdev_us: f64,
-}
+/// Round-trip statistics of one latency job, in microseconds (`count`: recorded round trips,
+/// warm-up excluded): the same summary as the rankers' and trainers' reports.
+pub use bex_traffic::LatencySummary;
 
 /// One bandwidth repetition.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -214,7 +180,7 @@ mod tests {
             r.record(Duration::from_micros(us));
         }
         let s = r.summary().unwrap();
-        assert_eq!(s.samples, 1000);
+        assert_eq!(s.count, 1000);
         assert!(close(s.min_us, 1.0), "{s:?}");
         assert!(close(s.p50_us, 500.0), "{s:?}");
         assert!(close(s.p99_us, 990.0), "{s:?}");

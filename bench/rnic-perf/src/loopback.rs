@@ -417,7 +417,7 @@ mod tests {
                     assert!(
                         r.spec.test.is_rdma() && r.spec.test.baseline() == Some(TestKind::UdpLat)
                     );
-                    assert_eq!(summary.samples, 50, "{r:?}");
+                    assert_eq!(summary.count, 50, "{r:?}");
                     assert!(summary.p50_us > 0.0 && summary.p99_us >= summary.p50_us, "{r:?}");
                 }
                 Outcome::Bandwidth { summary, reps } => {

@@ -52,8 +52,9 @@ impl Completion {
     }
 }
 
-/// Latency percentiles in microseconds (histogram precision: 3 significant digits).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Latency percentiles and moments in microseconds, of a histogram of nanoseconds: the one
+/// latency summary of bex's reports (rankers, trainers and the benchmark tools).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     /// Samples.
     pub count: u64,
@@ -71,24 +72,18 @@ pub struct LatencySummary {
     pub p999_us: f64,
     /// Maximum.
     pub max_us: f64,
+    /// Standard deviation (absent from reports written before it was added: 0).
+    #[serde(default)]
+    pub stdev_us: f64,
 }
 
 impl LatencySummary {
-    /// The summary of a histogram of nanoseconds.
+    /// The summary of a histogram of nanoseconds (all zeros when it is empty).
     pub fn of(h: &Histogram<u64>) -> Self {
-        let us = |ns: u64| ns as f64 / 1e3;
         if h.is_empty() {
-            return Self {
-                count: 0,
-                mean_us: 0.0,
-                min_us: 0.0,
-                p50_us: 0.0,
-                p90_us: 0.0,
-                p99_us: 0.0,
-                p999_us: 0.0,
-                max_us: 0.0,
-            };
+            return Self::default();
         }
+        let us = |ns: u64| ns as f64 / 1e3;
         Self {
             count: h.len(),
             mean_us: h.mean() / 1e3,
@@ -98,6 +93,7 @@ impl LatencySummary {
             p99_us: us(h.value_at_quantile(0.99)),
             p999_us: us(h.value_at_quantile(0.999)),
             max_us: us(h.max()),
+            stdev_us: h.stdev() / 1e3,
         }
     }
 }
