@@ -213,8 +213,19 @@ mod tests {
 pub trait TestSet: clap::ValueEnum + Copy + Ord + Send + Sync + 'static {
     /// Every test; a run executes them in `Ord` order.
     const ALL: &'static [Self];
-    /// Groups besides `all`: name, help, and the test of membership.
-    const GROUPS: &'static [(&'static str, &'static str, fn(Self) -> bool)] = &[];
+    /// Named groups besides `all`.
+    const GROUPS: &'static [TestGroup<Self>] = &[];
+}
+
+/// A named group of a tool's tests, selectable by `--test NAME`.
+#[derive(Clone, Copy, Debug)]
+pub struct TestGroup<T: 'static> {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// Its line in `--help`.
+    pub help: &'static str,
+    /// Whether a test belongs.
+    pub member: fn(T) -> bool,
 }
 
 /// One `--test` value: the tests it names.
@@ -228,8 +239,8 @@ impl<T: TestSet> Tests<T> {
         if name == "all" {
             return Some(Tests(T::ALL.to_vec()));
         }
-        if let Some(&(_, _, keep)) = T::GROUPS.iter().find(|g| g.0 == name) {
-            return Some(Tests(members(keep)));
+        if let Some(g) = T::GROUPS.iter().find(|g| g.name == name) {
+            return Some(Tests(members(g.member)));
         }
         T::from_str(name, false).ok().map(|t| Tests(vec![t]))
     }
@@ -239,7 +250,7 @@ impl<T: TestSet> Tests<T> {
     pub fn parser() -> impl clap::builder::TypedValueParser<Value = Tests<T>> {
         use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
         let mut values = vec![PossibleValue::new("all").help("Every test")];
-        values.extend(T::GROUPS.iter().map(|&(name, help, _)| PossibleValue::new(name).help(help)));
+        values.extend(T::GROUPS.iter().map(|g| PossibleValue::new(g.name).help(g.help)));
         values.extend(T::value_variants().iter().filter_map(clap::ValueEnum::to_possible_value));
         PossibleValuesParser::new(values).try_map(|name: String| {
             Tests::named(&name).ok_or_else(|| format!("`{name}` is not a test"))

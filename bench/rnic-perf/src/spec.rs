@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PerfError, Result};
-use bex_bench::cli::Tests;
+use bex_bench::cli::{TestGroup, Tests};
 use bex_bench::Failure;
 
 /// The largest message size accepted (the soft RNIC's and rxe's largest message).
@@ -123,9 +123,17 @@ impl std::fmt::Display for TestKind {
 
 impl bex_bench::cli::TestSet for TestKind {
     const ALL: &'static [TestKind] = &TestKind::ALL;
-    const GROUPS: &'static [(&'static str, &'static str, fn(TestKind) -> bool)] = &[
-        ("rdma", "The four RNIC tests (send_lat, write_lat, send_bw, write_bw)", TestKind::is_rdma),
-        ("baselines", "The three baselines (udp_lat, tcp_lat, tcp_bw)", |t| !t.is_rdma()),
+    const GROUPS: &'static [TestGroup<TestKind>] = &[
+        TestGroup {
+            name: "rdma",
+            help: "The four RNIC tests (send_lat, write_lat, send_bw, write_bw)",
+            member: TestKind::is_rdma,
+        },
+        TestGroup {
+            name: "baselines",
+            help: "The three baselines (udp_lat, tcp_lat, tcp_bw)",
+            member: |t| !t.is_rdma(),
+        },
     ];
 }
 
