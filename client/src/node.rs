@@ -212,8 +212,31 @@ mod tests {
 
     #[test]
     fn every_rpc_setting_reaches_the_client() {
-        let mut r = RpcConfig { quarantine_s: 7, rdma_reprobe_s: 3, ..RpcConfig::default() };
+        // Every field off its default, so a setting that is dropped shows.
+        let d = RpcConfig::default();
+        let mut r = RpcConfig {
+            connect_timeout_ms: d.connect_timeout_ms + 11,
+            request_timeout_ms: d.request_timeout_ms + 13,
+            training_request_timeout_ms: d.training_request_timeout_ms + 17,
+            retry_probability: d.retry_probability / 2.0 + 0.01,
+            max_attempts: d.max_attempts + 2,
+            quarantine_connect_failures: d.quarantine_connect_failures + 1,
+            quarantine_request_failures: d.quarantine_request_failures + 2,
+            quarantine_window_s: d.quarantine_window_s + 5,
+            quarantine_s: 7,
+            rdma_reprobe_s: 3,
+            bulk_lane_bytes: d.bulk_lane_bytes + 4096,
+            ..d
+        };
+        assert_ne!((r.quarantine_s, r.rdma_reprobe_s), (d.quarantine_s, d.rdma_reprobe_s));
         let c = client_config(&r, 1, 9, ClientRole::Serving);
+        assert_eq!(c.connect_timeout, Duration::from_millis(r.connect_timeout_ms));
+        assert_eq!(c.retry_probability, r.retry_probability);
+        assert_eq!(c.max_retries, r.max_attempts - 1);
+        assert_eq!(c.quarantine_connection_failures, r.quarantine_connect_failures as usize);
+        assert_eq!(c.quarantine_request_failures, r.quarantine_request_failures as usize);
+        assert_eq!(c.quarantine_window, Duration::from_secs(r.quarantine_window_s));
+        assert_eq!(c.bulk_lane_bytes, r.bulk_lane_bytes);
         assert_eq!(c.request_timeout, Duration::from_millis(r.request_timeout_ms));
         let t = client_config(&r, 1, 9, ClientRole::Training);
         assert_eq!(t.request_timeout, Duration::from_millis(r.training_request_timeout_ms));
@@ -223,10 +246,8 @@ mod tests {
         }
         assert_eq!(c.quarantine_probe_interval, Duration::from_secs(7));
         assert_eq!(c.reprobe_interval, Duration::from_secs(3));
-        assert_eq!(
-            c.rdma_failures_before_fallback,
-            ClientConfig::default().rdma_failures_before_fallback
-        );
+        // With the fallback on, a destination moves to TCP after some RDMA failures.
+        assert!((1..u32::MAX).contains(&c.rdma_failures_before_fallback));
         assert_eq!((c.local_pod, c.seed), (1, 9));
         r.tcp_fallback = false;
         r.prefer_local_pod = false;

@@ -200,8 +200,12 @@ fn healthy_now(s: &ProcSpec) -> bool {
     matches!(http_get(http, "/health", s.netns.as_deref(), HTTP_TIMEOUT), Ok((200, _)))
 }
 
+/// `pid`'s CPU time; zero, with a warning, when it cannot be read (the process is gone).
 fn cpu_of(pid: u32) -> CpuTimes {
-    CpuTimes::of_pid(pid).unwrap_or_default()
+    CpuTimes::of_pid(pid).unwrap_or_else(|e| {
+        tracing::warn!(pid, error = %e, "cannot read a process's CPU time; reported as 0");
+        CpuTimes::default()
+    })
 }
 
 fn secs(d: Duration) -> f64 {

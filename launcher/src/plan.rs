@@ -631,9 +631,11 @@ mod tests {
     fn single_pod_serves_from_the_training_pod() {
         let p = Plan::build(&cfg(1, 2, 0), &launch(Mode::Loopback, 2, 1, &["inference"]), &input())
             .unwrap();
+        assert_eq!(p.phases[0].clients.len(), 2);
         assert!(p.phases[0].clients.iter().all(|c| matches!(c.role, Role::Ranker { pod: 0, .. })));
         let p = Plan::build(&cfg(2, 1, 1), &launch(Mode::Loopback, 2, 1, &["training"]), &input())
             .unwrap();
+        assert_eq!(p.phases[0].clients.len(), 1);
         assert!(p.phases[0].clients.iter().all(|c| matches!(c.role, Role::Trainer { pod: 1, .. })));
         assert_eq!(serving_pods(&cfg(2, 1, 1)), [0]);
     }
@@ -662,7 +664,8 @@ mod tests {
             let ns = proc.netns.as_deref().unwrap();
             assert_eq!(proc.argv()[..4], ["ip", "netns", "exec", ns]);
             assert!(net.hosts.iter().any(|h| h.ns == ns && IpAddr::V4(h.ip) == proc.ip));
-            if proc.http.is_none() {
+            // Clients are told their namespace's address (servers get theirs in the config).
+            if !matches!(proc.role, Role::Server { .. }) {
                 assert_eq!(arg(proc, "--bind"), proc.ip.to_string());
             }
         }

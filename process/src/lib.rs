@@ -257,10 +257,12 @@ mod tests {
         })
         .join()
         .unwrap();
-        let after = self_usage().unwrap();
+        // Burn CPU until the reading advances (a reader stuck at its first value fails here
+        // rather than passing); bounded by work, seconds of it, not by a clock.
+        let after = burn_until(|| self_usage().unwrap(), |after| after.cpu_s > before.cpu_s);
         // Each sleep of the ended thread was a voluntary switch, still counted.
         assert!(after.context_switches >= before.context_switches + 20, "{before:?} {after:?}");
-        assert!(after.cpu_s >= before.cpu_s);
+        assert!(after.cpu_s > before.cpu_s, "{before:?} {after:?}");
         assert!(resident_bytes().unwrap() > 1 << 20);
     }
 
@@ -293,16 +295,31 @@ mod tests {
         assert!(SystemCpu::parse("cpu  1 x 3").is_err());
     }
 
+    /// Reads `read` between rounds of busy work until `advanced` holds, or gives up after
+    /// about 10^10 operations (seconds of CPU), returning the last reading.
+    fn burn_until<T>(read: impl Fn() -> T, advanced: impl Fn(&T) -> bool) -> T {
+        let mut x = 0u64;
+        for _ in 0..100_000 {
+            let r = read();
+            if advanced(&r) {
+                return r;
+            }
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+        read()
+    }
+
     #[test]
     fn reads_this_process() {
         let a = CpuTimes::of_self().unwrap();
-        let mut x = 0u64;
-        for i in 0..2_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
-        }
-        std::hint::black_box(x);
-        let b = CpuTimes::of_self().unwrap();
-        assert!(b.user_s >= a.user_s);
+        // It counts clock ticks: burn CPU until it advances.
+        let b = burn_until(
+            || CpuTimes::of_self().unwrap(),
+            |b| b.user_s + b.sys_s > a.user_s + a.sys_s,
+        );
+        assert!(b.user_s + b.sys_s > a.user_s + a.sys_s, "{a:?} {b:?}");
         SystemCpu::read().unwrap();
     }
 }

@@ -11,7 +11,10 @@ use bex_ps_proto::fanout::FanoutPlan;
 use bex_ps_proto::wire::{self, flags, DataHeader, LeF32s, Limits, Op, Status};
 use bex_ps_proto::Config;
 
-/// A minimal single-threaded server of one (pod, shard), as ps-server would do it.
+/// A minimal single-threaded server of one (pod, shard), as ps-server would do it. The
+/// statuses it answers for roles and op decoding (NotTraining, UnknownOp, BadControl) are its
+/// own: what these tests check is that the core pieces fit; the real handler's answers are
+/// checked in `ps-server/src/server.rs`'s tests and its cluster tests.
 struct Server {
     tables: TableSet,
     dedupe: Dedupe,

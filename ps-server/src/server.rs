@@ -1469,16 +1469,21 @@ mod tests {
     use bex_rpc::Handler as _;
 
     fn server(max_frame_bytes: usize) -> Arc<PsServer> {
-        let cfg = Config::from_toml_str(
-            "[cluster]\npods = 1\nshards = 1\n[[tables]]\nname = \"t\"\ndim = 32\n",
-        )
+        server_of_pod(0, 1, max_frame_bytes)
+    }
+
+    /// Shard 0 of mini-pod `pod` of `pods` (pod 0 trains).
+    fn server_of_pod(pod: u32, pods: u32, max_frame_bytes: usize) -> Arc<PsServer> {
+        let cfg = Config::from_toml_str(&format!(
+            "[cluster]\npods = {pods}\nshards = 1\n[[tables]]\nname = \"t\"\ndim = 32\n"
+        ))
         .unwrap();
         let dev = Fabric::new(1, LinkModel::default()).add_device(NicConfig::default());
         let pd = dev.alloc_pd().unwrap();
         let pool = Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap().leak();
         PsServer::new(
             ServerParts {
-                pod: 0,
+                pod,
                 shard: 0,
                 tables: TableSet::new(cfg.table_specs()).unwrap(),
                 limits: Limits { max_frame_bytes, ..Limits::default() },
@@ -1529,6 +1534,22 @@ mod tests {
         assert_eq!(push_status(&s, 1, f32::NAN).await, Status::BadValue);
         assert_eq!(push_status(&s, 1, 0.5).await, Status::Ok);
         assert_eq!(push_status(&s, 1, 0.5).await, Status::Duplicate);
+    }
+
+    // The checks of the real handler (ps-core's protocol tests use a stand-in server): a
+    // serving pod's replica refuses a client's push, and an op nobody knows is named.
+    #[tokio::test]
+    async fn a_serving_replica_refuses_pushes_and_an_unknown_op_is_named() {
+        let s = server_of_pod(1, 2, 1 << 20);
+        assert_eq!(push_status(&s, 1, 0.5).await, Status::NotTraining);
+        assert_eq!(fetch_status(&s, 3).await.0, Status::Ok, "it still serves fetches");
+        let m = Msg::copy_from(s.pool, &[0u8; 32]).unwrap();
+        let r = Handler(s.clone()).handle(0xfff0, m).await.unwrap();
+        let body = &r.as_slice()[HEADER_LEN..];
+        let status = wire::decode_response(body, &Limits::default()).unwrap().header.status;
+        assert_eq!(status, Status::UnknownOp);
+        // The training pod's server takes the same push.
+        assert_eq!(push_status(&server_of_pod(0, 2, 1 << 20), 1, 0.5).await, Status::Ok);
     }
 
     // Found writing the ps_server fuzz target: a 360-byte Fetch made the server allocate and

@@ -444,7 +444,10 @@ async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() 
     assert!(get("bex_ps_table_bytes{table=\"emb\"}") > 0.0);
     assert!(get("bex_ps_replicated_requests_total") >= 1.0, "push_ack = replicated");
     assert_eq!(get("bex_ps_state{state=\"serving\"}"), 1.0);
-    assert!(get("bex_ps_checkpoint_age_seconds") >= 0.0);
+    // No checkpoint yet: the age is the time since start, within the process's uptime.
+    let up = bex_process::clock::unix_ms() as f64 / 1e3 - get("process_start_time_seconds");
+    let age = get("bex_ps_checkpoint_age_seconds");
+    assert!(age >= 0.0 && age <= up + 1.0, "checkpoint age {age} s, up {up} s");
     assert!(get("bex_bemalloc_registered_bytes") > 0.0);
     assert!(get("bex_transport_messages_received_total{transport=\"rdma\"}") > 0.0);
     assert!(get("bex_rnic_rx_packets_total") > 0.0);
@@ -466,7 +469,8 @@ async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() 
     let lag_rows = "bex_ps_replication_lag_rows{target_pod=\"1\"}";
     let lag_age = "bex_ps_replication_lag_seconds{target_pod=\"1\"}";
     // Answered Unavailable after push_ack_timeout_ms (no replica has it), applied anyway.
-    let _ = trainer.push(TABLE, DIM, &ks, &grads).await;
+    let r = trainer.push(TABLE, DIM, &ks, &grads).await;
+    assert!(matches!(r, Err(PsError::Server { status: Status::Unavailable, .. })), "{r:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let m = scrape().await;
     assert!(sample(&m, lag_rows).unwrap() > 0.0, "{m}");

@@ -81,6 +81,22 @@ fn poll_one(cq: &bex_rnic::soft::SoftCq) -> Option<WorkCompletion> {
     (cq.poll(&mut wc).unwrap() == 1).then_some(wc[0])
 }
 
+/// Runs the fabric until `cq` yields a completion (at most 1 s of virtual time), and asserts
+/// it succeeded: a request that ended in an error completion does not pass for recovered.
+fn completed(f: &Fabric, cq: &bex_rnic::soft::SoftCq) -> WorkCompletion {
+    let mut got = None;
+    assert!(f.run_until(
+        || {
+            got = got.or_else(|| poll_one(cq));
+            got.is_some()
+        },
+        Duration::from_secs(1)
+    ));
+    let wc = got.expect("a completion");
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    wc
+}
+
 fn sim_pair(seed: u64) -> (Fabric, SoftDevice, SoftDevice) {
     let f = Fabric::new(seed, LinkModel::default());
     let a = f.add_device(NicConfig::default());
@@ -101,7 +117,10 @@ fn a_lost_middle_packet_costs_one_sequence_nak_and_no_timeout() {
     b.recv(1, 8000);
     a.send(1, SendOp::Send, 8000);
     let t0 = f.now();
-    assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
+    completed(&f, &a.cq);
+    // The receiver got the whole message once, in one completion.
+    let r = completed(&f, &b.cq);
+    assert_eq!((r.wr_id, r.opcode, r.byte_len), (1, WcOpcode::Recv, 8000), "{r:?}");
     let (ca, cb) = (da.counters(), db.counters());
     assert_eq!(cb.seq_naks_sent, 1, "one NAK per gap: {cb:?}");
     assert_eq!(ca.seq_naks_received, 1);
@@ -129,7 +148,7 @@ fn a_lost_ack_is_recovered_by_exactly_one_timeout_and_the_duplicate_is_not_execu
     b.qp.post_recv(&recvs).unwrap();
     a.send(9, SendOp::Send, 100);
     let t0 = f.now();
-    assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
+    completed(&f, &a.cq);
     let waited = f.now() - t0;
     let timeout = timers::ack_timeout(10).unwrap();
     assert!(
@@ -410,7 +429,7 @@ fn one_request(seed: u64, op: SendOp, len: usize) -> (u64, Duration, bex_rnic::s
     };
     a.send(1, op, len);
     let t0 = f.now();
-    assert!(f.run_until(|| poll_one(&a.cq).is_some(), Duration::from_secs(1)));
+    completed(&f, &a.cq);
     (db.counters().acks_sent, f.now() - t0, da.counters())
 }
 

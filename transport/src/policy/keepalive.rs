@@ -76,6 +76,10 @@ mod tests {
         assert!(k.expired(t0 + ms(55)));
         k.on_peer(2, t0 + ms(50));
         assert!(!k.expired(t0 + ms(55)));
-        assert_eq!(k.next_deadline(), t0 + ms(30).max(ms(30)));
+        // The next send (30 ms) comes before the expiry (50 + 35 ms).
+        assert_eq!(k.next_deadline(), t0 + ms(30));
+        // Silence: the expiry comes first.
+        let k = Keepalive::new(t0, ms(100), ms(35));
+        assert_eq!(k.next_deadline(), t0 + ms(35));
     }
 }
