@@ -160,6 +160,14 @@ fn ranks_against_a_real_cluster_over_rdma_and_tcp() {
     assert!(lines > 10, "{lines} trace lines");
     let r = run_json(&c, "replay", &["--trace", path(&trace), "--transport", "tcp"]);
     assert_eq!((r.requests, r.ok), (lines, lines));
+    // The same requests, not just as many: a live run with the trace's seed and schedule
+    // sends the same bytes to the PS (another seed's run does not).
+    let live = run_json(&c, "live", &["--seconds", "1", "--rate", "50", "--transport", "tcp"]);
+    assert_eq!(
+        (live.issued, live.ok, live.bytes_sent),
+        (r.issued, r.ok, r.bytes_sent),
+        "live {live:?}\nreplay {r:?}"
+    );
 }
 
 #[test]
