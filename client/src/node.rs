@@ -246,8 +246,11 @@ mod tests {
         }
         assert_eq!(c.quarantine_probe_interval, Duration::from_secs(7));
         assert_eq!(c.reprobe_interval, Duration::from_secs(3));
-        // With the fallback on, a destination moves to TCP after some RDMA failures.
-        assert!((1..u32::MAX).contains(&c.rdma_failures_before_fallback));
+        // With the fallback on, a destination moves to TCP after the client's default number
+        // of RDMA failures.
+        let default = ClientConfig::default().rdma_failures_before_fallback;
+        assert!(default < u32::MAX);
+        assert_eq!(c.rdma_failures_before_fallback, default);
         assert_eq!((c.local_pod, c.seed), (1, 9));
         r.tcp_fallback = false;
         r.prefer_local_pod = false;

@@ -4,7 +4,7 @@
 
 use bex_report::{
     ChaosRecord, ClientRecord, ClusterReport, ExitRecord, HostRecord, Invariant, NetworkReport,
-    PhaseReport, ServerDelta, ServerRecord, TcpDelta, VerifyRecord, VerifyReport,
+    PhaseReport, ServerDelta, ServerRecord, TcpDelta, TrainerReport, VerifyRecord, VerifyReport,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use bex_process::{CpuTimes, SystemCpu};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::cleanup::{delete_namespace, Record};
@@ -858,11 +859,17 @@ impl Executor {
             }
             // Issue 13: a trainer restarted under its old id had its pushes answered
             // Duplicate or TooOld; now each start pushes under a fresh identity.
-            let failed_steps = report.as_ref().and_then(|r| r["errors"].as_u64()).unwrap_or(0);
-            if matches!(c.spec.role, Role::Trainer { .. })
-                && self.restarted_clients.contains(&c.spec.name)
-                && failed_steps > 0
-            {
+            let restarted_trainer = matches!(c.spec.role, Role::Trainer { .. })
+                && self.restarted_clients.contains(&c.spec.name);
+            let failed_steps = match report.as_ref().map(TrainerReport::deserialize) {
+                Some(Ok(t)) if restarted_trainer => t.errors,
+                Some(Err(e)) if restarted_trainer => {
+                    self.reasons.push(format!("{}: not a trainer's report: {e}", c.spec.name));
+                    0
+                }
+                _ => 0,
+            };
+            if failed_steps > 0 {
                 self.reasons.push(format!(
                     "{} (restarted with the same id) failed {failed_steps} steps",
                     c.spec.name

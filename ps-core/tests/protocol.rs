@@ -13,8 +13,8 @@ use bex_ps_proto::Config;
 
 /// A minimal single-threaded server of one (pod, shard), as ps-server would do it. The
 /// statuses it answers for roles and op decoding (NotTraining, UnknownOp, BadControl) are its
-/// own: what these tests check is that the core pieces fit; the real handler's answers are
-/// checked in `ps-server/src/server.rs`'s tests and its cluster tests.
+/// own: what these tests check is that the core pieces fit. The real handler's NotTraining,
+/// UnknownOp and BadValue are checked in `ps-server/src/server.rs`'s tests.
 struct Server {
     tables: TableSet,
     dedupe: Dedupe,

@@ -51,7 +51,7 @@ pub struct DenseRefreshes {
     pub refresh_failures: u64,
 }
 
-/// `ranker --json`, with `"kind": "ranker"` (the launcher files clients' reports by it).
+/// `ranker --json`, with `"kind": "ranker"` (what it is, for a reader of the file alone).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename = "ranker")]
 pub struct RankerReport {

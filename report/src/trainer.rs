@@ -4,9 +4,15 @@
 use bex_process::CpuTimes;
 use bex_traffic::LatencySummary;
 use bex_transport_kind::TransportKind;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::ranker::{count, Counters};
+
+/// A number that may be NaN (a diverged model's loss): serde_json writes NaN as `null`, read
+/// back here as NaN rather than refused.
+fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
 
 /// One held-out evaluation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -18,8 +24,10 @@ pub struct EvalPoint {
     /// Seconds since the run started.
     pub elapsed_s: f64,
     /// Held-out AUC (0.5 if undefined).
+    #[serde(deserialize_with = "nan_if_null")]
     pub auc: f64,
     /// Held-out mean log-loss.
+    #[serde(deserialize_with = "nan_if_null")]
     pub log_loss: f64,
 }
 
@@ -53,7 +61,7 @@ pub struct MessageSizesReport {
     pub dense_push_request: SizeSummary,
 }
 
-/// `trainer --json`, with `"kind": "trainer"` (the launcher files clients' reports by it).
+/// `trainer --json`, with `"kind": "trainer"` (what it is, for a reader of the file alone).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename = "trainer")]
 pub struct TrainerReport {
@@ -82,18 +90,23 @@ pub struct TrainerReport {
     /// Steps per second.
     pub steps_per_s: f64,
     /// Mean training loss over successful steps.
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_loss_mean: f64,
     /// The fetch phase of each step (embedding + dense fetches, concurrent).
     pub fetch_latency: LatencySummary,
     /// The push phase of each step (embedding + dense pushes, concurrent).
     pub push_latency: LatencySummary,
     /// Held-out AUC before training.
+    #[serde(deserialize_with = "nan_if_null")]
     pub auc_initial: f64,
     /// Held-out AUC at the end.
+    #[serde(deserialize_with = "nan_if_null")]
     pub auc_final: f64,
     /// Held-out log-loss before training.
+    #[serde(deserialize_with = "nan_if_null")]
     pub log_loss_initial: f64,
     /// Held-out log-loss at the end.
+    #[serde(deserialize_with = "nan_if_null")]
     pub log_loss_final: f64,
     /// Held-out samples.
     pub eval_samples: usize,
@@ -113,7 +126,7 @@ pub struct TrainerReport {
     pub eval_errors: u64,
     /// The RPC client's counters over the run.
     pub rpc: Counters,
-    /// The software RNIC's counters over the run (empty over TCP).
+    /// The software RNIC's counters over the run (zeros over TCP: the NIC is opened anyway).
     pub rnic: Counters,
     /// This process's CPU time over the run.
     pub cpu: CpuTimes,
@@ -179,5 +192,25 @@ impl TrainerReport {
             cu = self.cpu.user_s,
             cs = self.cpu.sys_s,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_diverged_run_reads_back_with_its_nans() {
+        let r = TrainerReport { log_loss_final: f64::NAN, ..Default::default() };
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains("\"log_loss_final\":null"), "{text}");
+        let back: TrainerReport = serde_json::from_str(&text).unwrap();
+        assert!(back.log_loss_final.is_nan());
+        assert_eq!(back.log_loss_initial, 0.0);
+        // A missing field is still an error, not a NaN.
+        let v = serde_json::to_value(&r).unwrap();
+        let mut o = v.as_object().unwrap().clone();
+        o.remove("auc_final");
+        assert!(TrainerReport::deserialize(&serde_json::Value::Object(o)).is_err());
     }
 }

@@ -51,10 +51,12 @@ fn trainer(config: &Path, id: u64, transport: &str, json: &Path, extra: &[&str])
     c
 }
 
-/// The trainer's report, read as the type its readers use.
+/// The trainer's report, read as the type its readers use (and saying what it is).
 fn read_report(path: &Path) -> TrainerReport {
     let text = std::fs::read_to_string(path).expect("the trainer wrote its report");
-    serde_json::from_str(&text).expect("the report is a trainer's")
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the report is JSON");
+    assert_eq!(v["kind"], "trainer");
+    serde_json::from_value(v).expect("the report is a trainer's")
 }
 
 #[test]

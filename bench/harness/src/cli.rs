@@ -170,45 +170,6 @@ pub fn assert_documented(cmd: clap::Command) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn server_addresses_take_a_default_port() {
-        let p = |t| parse_host_port(t, 18515);
-        assert_eq!(p("127.0.0.1:9000").unwrap(), "127.0.0.1:9000".parse().unwrap());
-        assert_eq!(p("127.0.0.1").unwrap().port(), 18515);
-        assert_eq!(p("localhost:9000").unwrap().port(), 9000);
-        assert_eq!(p("[::1]:7").unwrap().port(), 7);
-        assert!(p("no such host!").is_err());
-    }
-
-    #[test]
-    fn output_writes_what_was_asked_and_nothing_else() {
-        let dir = std::env::temp_dir().join(format!("bex-bench-out-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let out = Output { json: None, out: Some(dir.join("o")), quiet: true };
-        let figs = vec![("a.svg".to_string(), "<svg/>".to_string())];
-        out.write("tool", "table\n", "{}", &figs).unwrap();
-        let read = |n: &str| std::fs::read_to_string(dir.join("o").join(n)).unwrap();
-        assert_eq!(
-            (read("tables.txt"), read("tool.json"), read("a.svg")),
-            ("table\n".into(), "{}".into(), "<svg/>".into())
-        );
-        let json = Output { json: Some(dir.join("x.json")), out: None, quiet: true };
-        json.write::<&str>("tool", "t", "{\"a\":1}", &[]).unwrap();
-        assert_eq!(std::fs::read_to_string(dir.join("x.json")).unwrap(), "{\"a\":1}");
-        let bad = Output { json: Some(dir.join("missing/x.json")), out: None, quiet: true };
-        assert!(bad
-            .write::<&str>("tool", "", "", &[])
-            .unwrap_err()
-            .to_string()
-            .contains("missing"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
 /// A tool's tests, for `--test`: each by its name, `all`, and the tool's named groups.
 pub trait TestSet: clap::ValueEnum + Copy + Ord + Send + Sync + 'static {
     /// Every test; a run executes them in `Ord` order.
@@ -263,5 +224,44 @@ impl<T: TestSet> Tests<T> {
         tests.sort();
         tests.dedup();
         tests
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_addresses_take_a_default_port() {
+        let p = |t| parse_host_port(t, 18515);
+        assert_eq!(p("127.0.0.1:9000").unwrap(), "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(p("127.0.0.1").unwrap().port(), 18515);
+        assert_eq!(p("localhost:9000").unwrap().port(), 9000);
+        assert_eq!(p("[::1]:7").unwrap().port(), 7);
+        assert!(p("no such host!").is_err());
+    }
+
+    #[test]
+    fn output_writes_what_was_asked_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("bex-bench-out-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = Output { json: None, out: Some(dir.join("o")), quiet: true };
+        let figs = vec![("a.svg".to_string(), "<svg/>".to_string())];
+        out.write("tool", "table\n", "{}", &figs).unwrap();
+        let read = |n: &str| std::fs::read_to_string(dir.join("o").join(n)).unwrap();
+        assert_eq!(
+            (read("tables.txt"), read("tool.json"), read("a.svg")),
+            ("table\n".into(), "{}".into(), "<svg/>".into())
+        );
+        let json = Output { json: Some(dir.join("x.json")), out: None, quiet: true };
+        json.write::<&str>("tool", "t", "{\"a\":1}", &[]).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("x.json")).unwrap(), "{\"a\":1}");
+        let bad = Output { json: Some(dir.join("missing/x.json")), out: None, quiet: true };
+        assert!(bad
+            .write::<&str>("tool", "", "", &[])
+            .unwrap_err()
+            .to_string()
+            .contains("missing"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

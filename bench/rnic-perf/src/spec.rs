@@ -31,19 +31,19 @@ pub const MAX_UDP_PAYLOAD_BYTES: u32 = 65_535 - 20 - 8;
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum TestKind {
-    /// Baseline: UDP datagram ping-pong (sizes up to 65507 B).
+    /// Baseline: UDP datagram ping-pong (sizes up to 65507 B; larger sizes are reported as n/a).
     UdpLat,
     /// Baseline: TCP ping-pong with TCP_NODELAY.
     TcpLat,
-    /// Baseline: one TCP stream of back-to-back messages.
+    /// Baseline: one TCP stream (TCP_NODELAY), acknowledged at the end of each repetition.
     TcpBw,
     /// RNIC SEND ping-pong: each side waits for the receive completion, then sends.
     SendLat,
     /// RNIC WRITE ping-pong: each side polls the last byte of its buffer, then writes.
     WriteLat,
-    /// RNIC SEND streaming with a window of outstanding requests.
+    /// RNIC SEND stream: batches of posts, a window of outstanding WRs, every Nth signaled.
     SendBw,
-    /// RNIC WRITE streaming with a window of outstanding requests.
+    /// RNIC WRITE stream: batches of posts, a window of outstanding WRs, every Nth signaled.
     WriteBw,
 }
 

@@ -53,8 +53,11 @@ impl Completion {
 }
 
 /// Latency percentiles and moments in microseconds, of a histogram of nanoseconds: the one
-/// latency summary of bex's reports (rankers, trainers and the benchmark tools).
+/// latency summary of bex's reports (rankers, trainers and the benchmark tools). A field a
+/// report of an earlier version lacks (min, p90 and stdev in trainers' reports, stdev in all)
+/// reads as 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LatencySummary {
     /// Samples.
     pub count: u64,
@@ -72,8 +75,7 @@ pub struct LatencySummary {
     pub p999_us: f64,
     /// Maximum.
     pub max_us: f64,
-    /// Standard deviation (absent from reports written before it was added: 0).
-    #[serde(default)]
+    /// Standard deviation.
     pub stdev_us: f64,
 }
 
