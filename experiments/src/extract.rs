@@ -74,6 +74,11 @@ pub struct TrainingRun {
     pub tcp_out_segments: f64,
 }
 
+/// The largest `f` over `reports` (0 for none): the busiest client's figure.
+fn worst_of<T>(reports: &[T], f: fn(&T) -> f64) -> f64 {
+    reports.iter().map(f).fold(0.0, f64::max)
+}
+
 /// The RNIC counter `name` summed over the rankers' and trainers' own counters and the
 /// launcher's per-phase server deltas (not the whole-run server totals, which repeat those
 /// deltas). Canaries report no RNIC counters.
@@ -98,7 +103,7 @@ pub fn inference(
         return Err("no ranker report in report.json".into());
     }
     let total = |f: fn(&RankerReport) -> f64| r.iter().map(f).sum::<f64>();
-    let worst = |f: fn(&RankerReport) -> f64| r.iter().map(f).fold(0.0, f64::max);
+    let worst = |f: fn(&RankerReport) -> f64| worst_of(&r, f);
     let ok = total(|c| c.ok as f64);
     // Shares of all the machine's CPU time over the run (user + system + irq + softirq +
     // idle covers every CPU), as in the paper's Table 5.
@@ -180,7 +185,7 @@ pub fn training(report: &ClusterReport, variant: &str) -> Result<TrainingRun, St
     if t.is_empty() {
         return Err("no trainer report in report.json".into());
     }
-    let worst = |f: fn(&TrainerReport) -> f64| t.iter().map(f).fold(0.0, f64::max);
+    let worst = |f: fn(&TrainerReport) -> f64| worst_of(&t, f);
     Ok(TrainingRun {
         variant: variant.into(),
         trainers: t.len() as f64,

@@ -859,21 +859,19 @@ impl Executor {
             }
             // Issue 13: a trainer restarted under its old id had its pushes answered
             // Duplicate or TooOld; now each start pushes under a fresh identity.
-            let restarted_trainer = matches!(c.spec.role, Role::Trainer { .. })
-                && self.restarted_clients.contains(&c.spec.name);
-            let failed_steps = match report.as_ref().map(TrainerReport::deserialize) {
-                Some(Ok(t)) if restarted_trainer => t.errors,
-                Some(Err(e)) if restarted_trainer => {
-                    self.reasons.push(format!("{}: not a trainer's report: {e}", c.spec.name));
-                    0
+            if matches!(c.spec.role, Role::Trainer { .. })
+                && self.restarted_clients.contains(&c.spec.name)
+            {
+                match report.as_ref().map(TrainerReport::deserialize) {
+                    Some(Ok(t)) if t.errors > 0 => self.reasons.push(format!(
+                        "{} (restarted with the same id) failed {} steps",
+                        c.spec.name, t.errors
+                    )),
+                    Some(Err(e)) => {
+                        self.reasons.push(format!("{}: not a trainer's report: {e}", c.spec.name))
+                    }
+                    _ => {}
                 }
-                _ => 0,
-            };
-            if failed_steps > 0 {
-                self.reasons.push(format!(
-                    "{} (restarted with the same id) failed {failed_steps} steps",
-                    c.spec.name
-                ));
             }
             let (kind, pod, id) = match c.spec.role {
                 Role::Ranker { pod, id } => ("ranker", pod, id),

@@ -13,7 +13,7 @@
 mod ranker;
 mod trainer;
 
-pub use ranker::{counters, CandidateRange, Counters, DenseRefreshes, RankerCpu, RankerReport};
+pub use ranker::{CandidateRange, DenseRefreshes, RankerCpu, RankerReport};
 pub use trainer::{EvalPoint, MessageSizesReport, SizeSummary, TrainerReport};
 
 use std::collections::BTreeMap;
@@ -22,6 +22,20 @@ use bex_process::{CpuTimes, SystemCpu};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// Counters by name (an RNIC's, an RPC client's), as their owners serialize them.
+pub type Counters = BTreeMap<String, u64>;
+
+/// `x`'s unsigned fields by name: for counter structs of crates the report does not link
+/// (the RNIC's, the RPC client's); anything else gives an empty map.
+pub fn counters(x: &impl Serialize) -> Counters {
+    serde_json::to_value(x).ok().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
+}
+
+/// `name` in `c`, 0 if absent.
+fn count(c: &Counters, name: &str) -> u64 {
+    c.get(name).copied().unwrap_or(0)
+}
 
 /// A client's own report, filed in [`ClientRecord::kind`] under [`ClientReport::KIND`].
 pub trait ClientReport: DeserializeOwned {

@@ -1,26 +1,12 @@
 //! The ranker's own report (`ranker --json`): written by the ranker, read back by the
 //! launcher's deadline check, the CI check and the experiments through this one type.
 
-use std::collections::BTreeMap;
-
 use bex_process::{CpuTimes, SystemCpu};
 use bex_traffic::{LatencySummary, SecondBucket};
 use bex_transport_kind::TransportKind;
 use serde::{Deserialize, Serialize};
 
-/// Counters by name (an RNIC's, an RPC client's), as their owners serialize them.
-pub type Counters = BTreeMap<String, u64>;
-
-/// `x`'s unsigned fields by name: for counter structs of crates the report does not link
-/// (the RNIC's, the RPC client's); anything else gives an empty map.
-pub fn counters(x: &impl Serialize) -> Counters {
-    serde_json::to_value(x).ok().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
-}
-
-/// `name` in `c`, 0 if absent.
-pub(crate) fn count(c: &Counters, name: &str) -> u64 {
-    c.get(name).copied().unwrap_or(0)
-}
+use crate::{count, Counters};
 
 /// The candidates per request, log-uniform in `[min, max]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use bex_traffic::LatencySummary;
 use bex_transport_kind::TransportKind;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::ranker::{count, Counters};
+use crate::{count, Counters};
 
 /// A number that may be NaN (a diverged model's loss): serde_json writes NaN as `null`, read
 /// back here as NaN rather than refused.
