@@ -235,7 +235,10 @@ impl Stripe {
     /// chain (bucket, then row) in turn: a table larger than the caches misses on nearly
     /// every key. Rejected, both measured slower (`bench/table-scale`, medians of 3 at
     /// 100K-10M rows): warming a whole batch across all its stripes before serving any,
-    /// either re-locking per stripe per pass or holding every stripe's read lock at once.
+    /// either re-locking per stripe per pass or holding every stripe's read lock at once;
+    /// and (2026-12-04) a two-stage pipeline holding two read locks, the next stripe's
+    /// buckets loading while this one's rows did: equal at 1M and 10M rows, 1.07-1.36x
+    /// slower at 100M (fetch p50, alternating runs, `results/table-scale/runs/`).
     fn warm(&self, keys: impl Iterator<Item = u64>, words: usize) {
         // A slab this small stays in the caches: warming would only cost its own work.
         if self.data.len() * 4 < WARM_ABOVE_BYTES {
