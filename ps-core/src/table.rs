@@ -233,12 +233,12 @@ impl Stripe {
     /// before any key is served. Each pass's loads are independent of one another, so the
     /// CPU keeps the batch's misses in flight together instead of waiting out each key's
     /// chain (bucket, then row) in turn: a table larger than the caches misses on nearly
-    /// every key. Rejected, both measured slower (`bench/table-scale`, medians of 3 at
-    /// 100K-10M rows): warming a whole batch across all its stripes before serving any,
-    /// either re-locking per stripe per pass or holding every stripe's read lock at once;
-    /// and (2026-12-04) a two-stage pipeline holding two read locks, the next stripe's
-    /// buckets loading while this one's rows did: equal at 1M and 10M rows, 1.07-1.36x
-    /// slower at 100M (fetch p50, alternating runs, `results/table-scale/runs/`).
+    /// every key. Rejected, each measured slower (`bench/table-scale`): warming a whole
+    /// batch across all its stripes before serving any, either re-locking per stripe per
+    /// pass or holding every stripe's read lock at once (medians of 3 at 100K-10M rows); and
+    /// a two-stage pipeline holding two read locks, the next stripe's buckets loading while
+    /// this one's rows do (equal at 1M and 10M rows, fetch p50 1.07-1.36x at 100M;
+    /// `results/table-scale/runs/two-stage-warm-2026-12-04.txt`).
     fn warm(&self, keys: impl Iterator<Item = u64>, words: usize) {
         // A slab this small stays in the caches: warming would only cost its own work.
         if self.data.len() * 4 < WARM_ABOVE_BYTES {
