@@ -1094,15 +1094,30 @@ impl Executor {
             teardown_s,
             duration_s: secs(now() - t0),
         };
+        // Written aside and renamed: a reader never sees half a report, and a run whose report
+        // could not be written (a full disk) fails instead of leaving an older one behind.
         let path = self.out.join("report.json");
-        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
-        if let Err(e) = std::fs::write(&path, text + "\n") {
+        let (mut ok, mut exit_code) = (ok, exit_code);
+        if let Err(e) = write_atomically(&path, &report) {
             tracing::error!(path = %path.display(), error = %e, "writing the report failed");
+            eprintln!("bex-cluster: writing {} failed: {e}", path.display());
+            ok = false;
+            if exit_code == 0 {
+                exit_code = 1;
+            }
         }
         Outcome { report, ok, exit_code }
     }
 
     fn prepare(&mut self) -> Result<(), String> {
+        // An earlier run's report must not pass for this run's if this one cannot write its own.
+        let report = self.out.join("report.json");
+        match std::fs::remove_file(&report) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("{}: {e}", report.display()));
+            }
+            _ => {}
+        }
         if self.launch.fresh_data {
             // An earlier run into the same directory must not be restored from.
             let data = &self.plan.config.cluster.data_dir;
@@ -1125,5 +1140,44 @@ impl Executor {
             }
         }
         self.setup_network()
+    }
+}
+
+/// Writes `report` as pretty JSON to `path` through a temporary file, synced, then renamed.
+fn write_atomically(path: &std::path::Path, report: &impl serde::Serialize) -> std::io::Result<()> {
+    use std::io::Write;
+    let text = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("json.tmp");
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(text.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()
+    });
+    let result = written.and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_atomically;
+
+    #[test]
+    fn a_report_is_written_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("bex-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("report.json");
+        write_atomically(&path, &serde_json::json!({"ok": true})).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back["ok"], true);
+        // The name taken by a directory: an error, and no temporary file left behind.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(write_atomically(&path, &serde_json::json!({"ok": false})).is_err());
+        assert!(!path.with_extension("json.tmp").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

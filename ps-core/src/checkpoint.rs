@@ -229,7 +229,10 @@ pub fn write_checkpoint(
             return Err(e);
         }
     };
-    fs::rename(&tmp, path).map_err(io_err(path))?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(path)(e));
+    }
     // Make the rename durable.
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
     Ok(CheckpointInfo { path: path.to_owned(), bytes, rows, body_crc32 })

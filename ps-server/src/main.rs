@@ -181,21 +181,39 @@ async fn serve(args: Args, cfg: Config) {
     let tcfg = transport_config(&cfg.transport, &secret);
     let ckpt = cfg.checkpoint_path(args.pod, args.shard);
     let specs = cfg.table_specs();
-    let (tables, update_seq, dedupe_windows, restored) =
-        if cfg.server.restore_on_start && ckpt.exists() {
-            match checkpoint::read_checkpoint(&ckpt, &specs) {
-                Ok((t, meta, windows)) => (t, meta.update_seq, windows, true),
-                Err(e) => die(
-                    1,
-                    &format!(
-                        "checkpoint {} is unusable: {e} (move it away to start empty)",
-                        ckpt.display()
-                    ),
+    // `try_exists`, not `exists`: a checkpoint that cannot be looked at (permissions, I/O, a
+    // file where its directory should be) must stop the start, not read as "none" and let
+    // an empty shard serve and then overwrite it with its next checkpoint.
+    let restore = cfg.server.restore_on_start
+        && ckpt.try_exists().unwrap_or_else(|e| {
+            die(1, &format!("checkpoint {}: cannot tell whether it exists: {e}", ckpt.display()))
+        });
+    let (tables, update_seq, dedupe_windows, restored) = if restore {
+        match checkpoint::read_checkpoint(&ckpt, &specs) {
+            Ok((_, meta, _)) if (meta.shard, meta.shards) != (args.shard, topo.shards()) => die(
+                1,
+                &format!(
+                    "checkpoint {} was written by shard {} of {}, this is shard {} of {}: its \
+                     rows belong to another layout (move it away to start empty)",
+                    ckpt.display(),
+                    meta.shard,
+                    meta.shards,
+                    args.shard,
+                    topo.shards()
                 ),
-            }
-        } else {
-            (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
-        };
+            ),
+            Ok((t, meta, windows)) => (t, meta.update_seq, windows, true),
+            Err(e) => die(
+                1,
+                &format!(
+                    "checkpoint {} is unusable: {e} (move it away to start empty)",
+                    ckpt.display()
+                ),
+            ),
+        }
+    } else {
+        (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
+    };
     let incarnation = incarnation_id().unwrap_or_else(|e| die(1, &e));
     let nic = nic_spec(&cfg.transport).unwrap_or_else(|e| die(e.exit_code, &e.to_string()));
     let stack = bex_transport::Stack::open(&nic, addrs.rdma, addrs.tcp, tcfg)
@@ -282,12 +300,25 @@ async fn serve(args: Args, cfg: Config) {
              server's checkpoint; its next start queues them for the replicas that lack them)"
         );
     }
+    // A failed shutdown checkpoint exits 1: supervisors (the launcher, Kubernetes) read
+    // exit 0 as "stopped with its state on disk", and the next start would restore an
+    // older checkpoint.
+    let mut failed = None;
     if cfg.server.checkpoint_on_shutdown {
         match server.checkpoint().await {
             Ok(c) => tracing::info!(path = %c.path, rows = c.rows, "shutdown checkpoint"),
-            Err(e) => tracing::error!(error = %e, "shutdown checkpoint failed"),
+            Err(e) => {
+                tracing::error!(error = %e, "shutdown checkpoint failed");
+                failed = Some(format!(
+                    "shutdown checkpoint {} failed: {e} (the next start restores an older one)",
+                    ckpt.display()
+                ));
+            }
         }
     }
     Transport::Rdma(stack.rdma.clone()).shutdown();
+    if let Some(why) = failed {
+        die(1, &why);
+    }
     std::process::exit(0);
 }

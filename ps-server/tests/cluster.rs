@@ -911,6 +911,78 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
     assert!(!quiet.contains("drained"), "info is off by default: {quiet}");
 }
 
+// A checkpoint that cannot be written at shutdown (here its temp file's name is taken by a
+// directory, which stops root too) is an error exit: supervisors read exit 0 as "stopped
+// with its state on disk".
+#[test]
+fn a_server_whose_shutdown_checkpoint_fails_exits_1_naming_the_file() {
+    let dir = Scratch::new("ckpt-fail");
+    let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
+    cfg.cluster.data_dir = dir.join("data");
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let ckpt = cfg.checkpoint_path(0, 0);
+    std::fs::create_dir_all(ckpt.with_extension("ckpt.tmp")).unwrap();
+    let stderr = dir.join("ps.stderr");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
+    cmd.args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    let mut server = Guard::spawn(&mut cmd, "ps-server").unwrap();
+    server.wait_line("ready", bex_testkit::cluster::READY_WITHIN).unwrap();
+    let status = server.terminate(Duration::from_secs(20)).unwrap();
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("shutdown checkpoint") && err.contains("shard0.ckpt"), "{err}");
+    assert!(!ckpt.exists(), "no checkpoint was written");
+}
+
+// At start-up, a checkpoint of another shard layout (the cluster's shard count changed) and
+// a checkpoint path that cannot be examined both stop the server with exit 1 and the cause,
+// instead of serving rows that belong elsewhere or serving empty and then overwriting it.
+#[test]
+fn a_server_refuses_a_checkpoint_of_another_layout_and_an_unexaminable_path() {
+    let dir = Scratch::new("ckpt-restore");
+    let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
+    cfg.cluster.data_dir = dir.join("data");
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    // A server that wrongly starts is a failure at its ready line (the guard kills it).
+    let start = || {
+        let stderr = dir.join("ps.stderr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
+        cmd.args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        let mut server = Guard::spawn(&mut cmd, "ps-server").unwrap();
+        let code = match server.wait_line("ready", bex_testkit::cluster::READY_WITHIN) {
+            Err(bex_process::child::ChildError::Exited { status, .. }) => status.code(),
+            other => panic!("the server started: {other:?}"),
+        };
+        (code, std::fs::read_to_string(&stderr).unwrap())
+    };
+    // Written by shard 0 of 2; this cluster has one shard.
+    let ckpt = cfg.checkpoint_path(0, 0);
+    std::fs::create_dir_all(ckpt.parent().unwrap()).unwrap();
+    let tables = bex_ps_core::TableSet::new(cfg.table_specs()).unwrap();
+    let meta = bex_ps_core::checkpoint::CheckpointMeta {
+        shard: 0,
+        shards: 2,
+        update_seq: 7,
+        created_ms: 1,
+    };
+    bex_ps_core::checkpoint::write_checkpoint(&ckpt, &tables, &[], &meta).unwrap();
+    let (code, err) = start();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("written by shard 0 of 2, this is shard 0 of 1"), "{err}");
+    // The pod's directory is a file: whether a checkpoint exists cannot be told.
+    std::fs::remove_dir_all(ckpt.parent().unwrap()).unwrap();
+    std::fs::write(ckpt.parent().unwrap(), b"not a directory").unwrap();
+    let (code, err) = start();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot tell whether it exists"), "{err}");
+}
+
 // Issue 15, item 3: servers named by host (here `localhost`, from /etc/hosts), identity from
 // the environment (BEX_CONFIG, BEX_POD, BEX_SHARD=ordinal of the host name, as a StatefulSet
 // pod's), a client that resolves the names: pushes and fetches work end to end.
