@@ -32,9 +32,9 @@
 //! at the next new client.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 /// Sizes of the dedupe state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,17 +121,25 @@ impl Window {
 #[derive(Debug, Default)]
 struct Part {
     clients: HashMap<u64, Window, ahash::RandomState>,
-    clock: u64,
 }
 
 const PARTS: usize = 16;
 
 /// The dedupe table of one server (thread-safe; clients are spread over 16 locks).
+///
+/// The bound and the recency order are the whole table's, not a part's: a bound per part
+/// (`max_clients / 16` each) evicted a live client as soon as a few others hashed to its
+/// part, and its retried push was then applied twice. Eviction locks every part (in order),
+/// which only a new client arriving at a full table does.
 #[derive(Debug)]
 pub struct Dedupe {
     parts: Box<[Mutex<Part>]>,
     words: usize,
-    per_part: usize,
+    max_clients: usize,
+    /// Clients in all parts; changes only under a part's lock.
+    count: AtomicUsize,
+    /// Recency: every admission takes the next tick (merged-in windows have tick 0).
+    clock: AtomicU64,
     evictions: AtomicU64,
 }
 
@@ -142,7 +150,9 @@ impl Dedupe {
         Dedupe {
             parts: (0..PARTS).map(|_| Mutex::new(Part::default())).collect(),
             words,
-            per_part: config.max_clients.div_ceil(PARTS).max(1),
+            max_clients: config.max_clients.max(1),
+            count: AtomicUsize::new(0),
+            clock: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
         }
     }
@@ -154,15 +164,36 @@ impl Dedupe {
 
     /// Decides and records (client, seq); see the module docs.
     pub fn admit(&self, client: u64, seq: u64) -> Verdict {
-        let part = &self.parts[(bex_ps_proto::shard::mix64(client) % PARTS as u64) as usize];
-        let mut p = part.lock();
-        p.clock += 1;
-        let now = p.clock;
-        if let Some(w) = p.clients.get_mut(&client) {
+        let i = part_of(client);
+        {
+            let mut p = self.parts[i].lock();
+            let now = self.tick();
+            if let Some(w) = p.clients.get_mut(&client) {
+                w.last_used = now;
+                return w.admit(seq);
+            }
+            // A place is taken before the insert, so threads of different parts cannot
+            // together overshoot the bound.
+            if self.count.fetch_add(1, Ordering::AcqRel) < self.max_clients {
+                p.clients.insert(client, self.first_window(seq, now));
+                return Verdict::New;
+            }
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+        // Full: make room among all parts (another thread may add this client meanwhile).
+        let mut all = self.lock_all();
+        let now = self.tick();
+        if let Some(w) = all[i].clients.get_mut(&client) {
             w.last_used = now;
             return w.admit(seq);
         }
-        self.make_room(&mut p);
+        self.make_room(&mut all);
+        self.insert(&mut all[i], client, self.first_window(seq, now));
+        Verdict::New
+    }
+
+    /// A new client's window, holding `seq`.
+    fn first_window(&self, seq: u64, now: u64) -> Window {
         let mut w = Window {
             high: seq,
             bits: vec![0u64; self.words].into_boxed_slice(),
@@ -171,8 +202,23 @@ impl Dedupe {
         };
         let (word, mask) = w.bit(seq);
         w.bits[word] |= mask;
-        p.clients.insert(client, w);
-        Verdict::New
+        w
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Adds a client this part does not hold.
+    fn insert(&self, p: &mut Part, client: u64, w: Window) {
+        let fresh = p.clients.insert(client, w).is_none();
+        debug_assert!(fresh, "insert of a known client");
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Every part, locked in order (so two threads doing this cannot deadlock).
+    fn lock_all(&self) -> Vec<MutexGuard<'_, Part>> {
+        self.parts.iter().map(|p| p.lock()).collect()
     }
 
     /// Clients remembered.
@@ -187,9 +233,11 @@ impl Dedupe {
 
     /// Forgets every client.
     pub fn clear(&self) {
-        for p in self.parts.iter() {
-            p.lock().clients.clear();
+        let mut all = self.lock_all();
+        for p in all.iter_mut() {
+            p.clients.clear();
         }
+        self.count.store(0, Ordering::Release);
     }
 
     /// Every client's window, for a checkpoint (least recently seen first, so a restore
@@ -222,21 +270,28 @@ impl Dedupe {
 
     /// Adds `s` as a newly seen client's window (see [`Dedupe::import`]).
     fn import_one(&self, s: &WindowState) {
-        let part = &self.parts[(bex_ps_proto::shard::mix64(s.client) % PARTS as u64) as usize];
-        let mut p = part.lock();
-        p.clock += 1;
-        let now = p.clock;
-        self.make_room(&mut p);
+        let mut all = self.lock_all();
+        let now = self.tick();
+        let i = part_of(s.client);
+        if all[i].clients.remove(&s.client).is_some() {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.make_room(&mut all);
         let win = self.window_from(s, now);
-        p.clients.insert(s.client, win);
+        self.insert(&mut all[i], s.client, win);
     }
 
-    /// Evicts least recently seen clients until a new one fits the part's bound.
-    fn make_room(&self, p: &mut Part) {
-        while p.clients.len() >= self.per_part {
-            let oldest = p.clients.iter().min_by_key(|(_, w)| w.last_used).map(|(&c, _)| c);
-            let Some(c) = oldest else { return };
-            p.clients.remove(&c);
+    /// Evicts the least recently seen clients of the whole table until a new one fits.
+    fn make_room(&self, all: &mut [MutexGuard<'_, Part>]) {
+        while self.count.load(Ordering::Acquire) >= self.max_clients {
+            let oldest = all
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| p.clients.iter().map(move |(&c, w)| ((w.last_used, c), i)))
+                .min();
+            let Some(((_, c), i)) = oldest else { return };
+            all[i].clients.remove(&c);
+            self.count.fetch_sub(1, Ordering::AcqRel);
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -259,6 +314,11 @@ impl Dedupe {
         }
         win
     }
+}
+
+/// The part (lock) of `client`.
+fn part_of(client: u64) -> usize {
+    (bex_ps_proto::shard::mix64(client) % PARTS as u64) as usize
 }
 
 /// The sequence numbers `s` records as admitted, within the last `w` below its high.
@@ -288,15 +348,14 @@ impl Dedupe {
     pub fn merge(&self, windows: &[WindowState]) {
         let w = self.window();
         for s in windows {
-            let part = &self.parts[(bex_ps_proto::shard::mix64(s.client) % PARTS as u64) as usize];
-            let mut p = part.lock();
+            let mut p = self.parts[part_of(s.client)].lock();
             if !p.clients.contains_key(&s.client) {
-                if p.clients.len() >= 2 * self.per_part {
+                if self.count.load(Ordering::Acquire) >= 2 * self.max_clients {
                     self.evictions.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 let win = self.window_from(s, 0);
-                p.clients.insert(s.client, win);
+                self.insert(&mut p, s.client, win);
                 continue;
             }
             let win = p.clients.get_mut(&s.client).expect("checked above");
@@ -371,8 +430,8 @@ mod tests {
 
     #[test]
     fn merging_never_evicts_a_client_this_side_knows() {
-        // One client per part: the local trainer fills its part.
-        let (a, b) = (d(64, 16), d(64, 16));
+        // Room for one client: the local trainer fills the table.
+        let (a, b) = (d(64, 1), d(64, 1));
         let live = 1u64;
         let stale = same_part(live, 1)[0];
         a.admit(live, 5);
@@ -381,7 +440,7 @@ mod tests {
         assert_eq!(a.evictions(), 0);
         assert_eq!(a.admit(live, 5), Verdict::Duplicate, "the live trainer's window survived");
         assert_eq!(a.admit(stale, 9), Verdict::Duplicate, "and the peer's was added");
-        // Over the bound until the next new client, which brings the part back to it.
+        // Over the bound until the next new client, which brings the table back to it.
         let fresh = same_part(live, 2)[1];
         a.admit(fresh, 1);
         assert_eq!(a.clients(), 1);
@@ -390,13 +449,13 @@ mod tests {
 
     #[test]
     fn merged_in_clients_go_first_when_room_is_needed() {
-        let (a, b) = (d(64, 32), d(64, 32));
+        let (a, b) = (d(64, 2), d(64, 2));
         let live = 3u64;
         let others = same_part(live, 3);
         a.admit(live, 1);
         b.admit(others[0], 1);
         a.merge(&b.export());
-        // A new client in that part (bound 2): the merged-in, never-seen-since one goes.
+        // A new client (bound 2): the merged-in, never-seen-since one goes.
         a.admit(others[1], 1);
         assert_eq!(a.admit(live, 1), Verdict::Duplicate);
         assert_eq!(a.admit(others[1], 1), Verdict::Duplicate);
@@ -481,20 +540,58 @@ mod tests {
 
     #[test]
     fn least_recently_seen_client_is_evicted() {
-        // max 16 clients → one per part; a second client in the same part evicts the first.
-        let d = d(64, 16);
-        let part_of = |c: u64| bex_ps_proto::shard::mix64(c) % PARTS as u64;
-        let a = 1u64;
-        let b = (2..).find(|&c| part_of(c) == part_of(a)).unwrap();
+        // Room for two; `a` seen again after `b`, so the third client evicts `b`, whichever
+        // parts they fall in.
+        let d = d(64, 2);
+        let (a, b, c) = (1u64, 2u64, 3u64);
         assert_eq!(d.admit(a, 1), Verdict::New);
         assert_eq!(d.admit(b, 1), Verdict::New);
+        assert_eq!(d.admit(a, 2), Verdict::New);
+        assert_eq!(d.admit(c, 1), Verdict::New);
         assert_eq!(d.evictions(), 1);
-        // `a` was forgotten: its duplicate is (wrongly but by design) New again.
-        assert_eq!(d.admit(a, 1), Verdict::New);
+        assert_eq!(d.admit(a, 1), Verdict::Duplicate, "seen recently: kept");
+        assert_eq!(d.admit(c, 1), Verdict::Duplicate);
+        // `b` was forgotten: its duplicate is (wrongly but by design) New again.
+        assert_eq!(d.admit(b, 1), Verdict::New);
         assert_eq!(d.evictions(), 2);
-        assert_eq!(d.clients(), 1);
+        assert_eq!(d.clients(), 2);
         d.clear();
         assert_eq!(d.clients(), 0);
+    }
+
+    #[test]
+    fn clients_crowded_into_one_part_are_kept_below_the_bound() {
+        // 64 places; 9 clients that all hash to one of the 16 locks. A bound per lock (4)
+        // evicted the first and answered its retry New: applied twice.
+        let d = d(64, 64);
+        let first = 1u64;
+        assert_eq!(d.admit(first, 1), Verdict::New);
+        for c in same_part(first, 8) {
+            assert_eq!(d.admit(c, 1), Verdict::New);
+        }
+        assert_eq!(d.evictions(), 0);
+        assert_eq!(d.admit(first, 1), Verdict::Duplicate, "the retry is recognised");
+        assert_eq!(d.clients(), 9);
+    }
+
+    #[test]
+    fn concurrent_new_clients_end_at_the_bound_with_every_eviction_counted() {
+        let d = std::sync::Arc::new(d(64, 32));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for c in 0..500 {
+                        assert_eq!(d.admit(t * 1_000_000 + c, 1), Verdict::New);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(d.clients(), 32);
+        assert_eq!(d.evictions(), 4 * 500 - 32);
     }
 
     #[test]
