@@ -874,30 +874,54 @@ fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
     eprintln!("ps-server said: {err}");
 }
 
-// Issue 15, item 1: logs are `tracing` events filtered by RUST_LOG (default warn), as JSON
-// lines with BEX_LOG_FORMAT=json.
-#[test]
-fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_level() {
-    let dir = Scratch::new("logs");
-    let run = |env: &[(&str, &str)]| -> String {
+/// A 1 × 1 cluster file in a scratch directory, and `ps-server` processes run on it.
+struct Solo {
+    dir: Scratch,
+    cfg: Config,
+    config: std::path::PathBuf,
+}
+
+impl Solo {
+    fn new(name: &str) -> Solo {
+        let dir = Scratch::new(name);
         let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
         cfg.cluster.data_dir = dir.join("data");
         let config = dir.join("cluster.toml");
         std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-        let stderr = dir.join("ps.stderr");
+        Solo { dir, cfg, config }
+    }
+
+    /// The server, stdout piped (its ready line), stderr to [`Solo::stderr`], `RUST_LOG`
+    /// from `env` only.
+    fn spawn(&self, env: &[(&str, &str)]) -> Guard {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
-        cmd.args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
+        cmd.args(["--config", self.config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
             .env_remove("RUST_LOG")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap());
-        let mut server = Guard::spawn(&mut cmd, "ps-server").unwrap();
+            .stderr(std::fs::File::create(self.dir.join("ps.stderr")).unwrap());
+        Guard::spawn(&mut cmd, "ps-server").unwrap()
+    }
+
+    /// What the last server wrote on stderr.
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ps.stderr")).unwrap()
+    }
+}
+
+// Issue 15, item 1: logs are `tracing` events filtered by RUST_LOG (default warn), as JSON
+// lines with BEX_LOG_FORMAT=json.
+#[test]
+fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_level() {
+    let run = |name: &str, env: &[(&str, &str)]| -> String {
+        let solo = Solo::new(name);
+        let mut server = solo.spawn(env);
         server.wait_line("ready", bex_testkit::cluster::READY_WITHIN).unwrap();
         let status = server.terminate(Duration::from_secs(20)).unwrap();
         assert_eq!(status.code(), Some(0));
-        std::fs::read_to_string(&stderr).unwrap()
+        solo.stderr()
     };
-    let json = run(&[("RUST_LOG", "info"), ("BEX_LOG_FORMAT", "json")]);
+    let json = run("logs-json", &[("RUST_LOG", "info"), ("BEX_LOG_FORMAT", "json")]);
     let events: Vec<serde_json::Value> =
         json.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
     let drained = events
@@ -907,7 +931,7 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
     assert_eq!(drained["level"], "INFO");
     assert!(drained["fields"]["elapsed_ms"].is_u64(), "fields are fields: {drained}");
     assert!(events.iter().any(|e| e["fields"]["message"] == "shutdown checkpoint"), "{json}");
-    let quiet = run(&[]);
+    let quiet = run("logs-quiet", &[]);
     assert!(!quiet.contains("drained"), "info is off by default: {quiet}");
 }
 
@@ -916,22 +940,13 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
 // with its state on disk".
 #[test]
 fn a_server_whose_shutdown_checkpoint_fails_exits_1_naming_the_file() {
-    let dir = Scratch::new("ckpt-fail");
-    let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
-    cfg.cluster.data_dir = dir.join("data");
-    let config = dir.join("cluster.toml");
-    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-    let ckpt = cfg.checkpoint_path(0, 0);
+    let solo = Solo::new("ckpt-fail");
+    let ckpt = solo.cfg.checkpoint_path(0, 0);
     std::fs::create_dir_all(ckpt.with_extension("ckpt.tmp")).unwrap();
-    let stderr = dir.join("ps.stderr");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
-    cmd.args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap());
-    let mut server = Guard::spawn(&mut cmd, "ps-server").unwrap();
+    let mut server = solo.spawn(&[]);
     server.wait_line("ready", bex_testkit::cluster::READY_WITHIN).unwrap();
     let status = server.terminate(Duration::from_secs(20)).unwrap();
-    let err = std::fs::read_to_string(&stderr).unwrap();
+    let err = solo.stderr();
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("shutdown checkpoint") && err.contains("shard0.ckpt"), "{err}");
     assert!(!ckpt.exists(), "no checkpoint was written");
@@ -942,24 +957,15 @@ fn a_server_whose_shutdown_checkpoint_fails_exits_1_naming_the_file() {
 // instead of serving rows that belong elsewhere or serving empty and then overwriting it.
 #[test]
 fn a_server_refuses_a_checkpoint_of_another_layout_and_an_unexaminable_path() {
-    let dir = Scratch::new("ckpt-restore");
-    let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
-    cfg.cluster.data_dir = dir.join("data");
-    let config = dir.join("cluster.toml");
-    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let solo = Solo::new("ckpt-restore");
+    let cfg = &solo.cfg;
     // A server that wrongly starts is a failure at its ready line (the guard kills it).
     let start = || {
-        let stderr = dir.join("ps.stderr");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
-        cmd.args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap());
-        let mut server = Guard::spawn(&mut cmd, "ps-server").unwrap();
-        let code = match server.wait_line("ready", bex_testkit::cluster::READY_WITHIN) {
+        let code = match solo.spawn(&[]).wait_line("ready", bex_testkit::cluster::READY_WITHIN) {
             Err(bex_process::child::ChildError::Exited { status, .. }) => status.code(),
             other => panic!("the server started: {other:?}"),
         };
-        (code, std::fs::read_to_string(&stderr).unwrap())
+        (code, solo.stderr())
     };
     // Written by shard 0 of 2; this cluster has one shard.
     let ckpt = cfg.checkpoint_path(0, 0);
