@@ -135,7 +135,8 @@ pub enum AdminRequest {
     Ping,
     /// Refuse (true) or accept (false) Push and Replicate.
     SetReadOnly(bool),
-    /// Forget every client's dedupe window.
+    /// Refused (answered BadControl; kept so the later variants keep their wire codes):
+    /// forgetting the dedupe windows would apply retried pushes twice.
     ResetDedupe,
     /// Begin a clean shutdown.
     Shutdown,

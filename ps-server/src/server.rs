@@ -1009,7 +1009,11 @@ impl PsServer {
             Op::Tables => self.control(op, seq, &TablesInfo { tables: self.tables.infos() }),
             Op::Health => self.control(op, seq, &self.health()),
             Op::Checkpoint => {
-                let _req: CheckpointRequest = v.control().unwrap_or_default();
+                // The body is checked like every control body; `wait` changes nothing (the
+                // answer always comes once the checkpoint is durable).
+                if let Err(e) = v.control::<CheckpointRequest>() {
+                    return self.error(Some(op), Status::BadControl, seq, &e.to_string());
+                }
                 match self.checkpoint().await {
                     Ok(s) => self.control(op, seq, &s),
                     Err(e) => self.error(Some(op), Status::Internal, seq, &e),
@@ -1262,8 +1266,15 @@ impl PsServer {
                 format!("read-only {on}")
             }
             AdminRequest::ResetDedupe => {
-                self.dedupe.clear();
-                "dedupe state cleared".into()
+                // Forgetting the windows answers the retry of an applied push New: applied
+                // twice. A client that wants a clean slate takes a fresh identity instead.
+                return self.error(
+                    Some(op),
+                    Status::BadControl,
+                    seq,
+                    "refused: forgetting the dedupe windows would apply retried pushes twice \
+                     (restart the client: it takes a fresh identity)",
+                );
             }
             AdminRequest::SetRdma(on) => match self.rdma.lock().as_ref() {
                 Some(t) => {
@@ -1550,6 +1561,29 @@ mod tests {
         assert_eq!(status, Status::UnknownOp);
         // The training pod's server takes the same push.
         assert_eq!(push_status(&server_of_pod(0, 2, 1 << 20), 1, 0.5).await, Status::Ok);
+    }
+
+    async fn control_status<T: serde::Serialize>(s: &Arc<PsServer>, op: Op, body: &T) -> Status {
+        let f = wire::control_request_vec(op, 0, 5, 9, body).unwrap();
+        let m = Msg::copy_from(s.pool, &f).unwrap();
+        let r = Handler(s.clone()).handle(op as u16, m).await.unwrap();
+        let body = &r.as_slice()[HEADER_LEN..];
+        wire::decode_response(body, &Limits::default()).unwrap().header.status
+    }
+
+    // Control bodies are checked for every op, and an Admin request that would break
+    // exactly-once pushes is refused: after it, an applied push's retry is still Duplicate.
+    #[tokio::test]
+    async fn a_bad_checkpoint_body_and_a_dedupe_reset_are_refused() {
+        let s = server(1 << 20);
+        let garbage = [0xffu8; 3];
+        assert_eq!(control_status(&s, Op::Checkpoint, &garbage).await, Status::BadControl);
+        assert_eq!(push_status(&s, 1, 0.5).await, Status::Ok);
+        let reset = bex_ps_proto::control::AdminRequest::ResetDedupe;
+        assert_eq!(control_status(&s, Op::Admin, &reset).await, Status::BadControl);
+        assert_eq!(push_status(&s, 1, 0.5).await, Status::Duplicate);
+        let ping = bex_ps_proto::control::AdminRequest::Ping;
+        assert_eq!(control_status(&s, Op::Admin, &ping).await, Status::Ok);
     }
 
     // Found writing the ps_server fuzz target: a 360-byte Fetch made the server allocate and

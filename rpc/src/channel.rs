@@ -22,6 +22,20 @@ struct Shared {
     broken: Mutex<Option<RpcError>>,
 }
 
+/// A call's entry among the waiting ones, removed however the call ends: with its reply
+/// (the reader took it already), an error, its deadline, or dropped by the caller's own
+/// deadline (left behind, the entry would wait for a reply that may never come).
+struct ReplySlot<'a> {
+    pending: &'a Pending,
+    id: u64,
+}
+
+impl Drop for ReplySlot<'_> {
+    fn drop(&mut self) {
+        self.pending.lock().remove(&self.id);
+    }
+}
+
 /// One RPC channel over one socket.
 pub struct Channel {
     socket: Arc<Socket>,
@@ -169,6 +183,7 @@ impl Channel {
         }
         let (tx, rx) = oneshot::channel();
         self.shared.pending.lock().insert(id, tx);
+        let _slot = ReplySlot { pending: &self.shared.pending, id };
         // The reply says the request arrived: waiting for the send's own completion too
         // would cost a wake-up per call.
         let exchange = async {
@@ -176,16 +191,14 @@ impl Channel {
             rx.await.map_err(|_| RpcError::Protocol("channel closed".into()))?
         };
         match tokio::time::timeout(deadline, exchange).await {
-            Ok(Err(RpcError::Transport(e))) => {
-                self.shared.pending.lock().remove(&id);
-                Err(RpcError::Transport(e))
-            }
             Ok(r) => r,
-            Err(_) => {
-                self.shared.pending.lock().remove(&id);
-                Err(RpcError::Timeout(deadline))
-            }
+            Err(_) => Err(RpcError::Timeout(deadline)),
         }
+    }
+
+    /// Calls waiting for their replies.
+    pub fn calls_waiting(&self) -> usize {
+        self.shared.pending.lock().len()
     }
 
     /// Copies `body` into a frame and calls.
@@ -198,5 +211,32 @@ impl Channel {
         let mut req = alloc_frame(self.pool, body.len())?;
         req.as_mut_slice()[HEADER_LEN..].copy_from_slice(body);
         self.call_frame(method, req, deadline).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bex_transport::tcp::TcpTransport;
+    use bex_transport::{Config, Transport};
+
+    // A call abandoned by its caller's own deadline (an outer timeout drops it mid-wait)
+    // leaves nothing waiting on the channel; nor does one that times out by itself.
+    #[tokio::test]
+    async fn an_abandoned_call_leaves_no_reply_slot_behind() {
+        let pool = Pool::unregistered(Default::default()).unwrap().leak();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let server =
+            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let client =
+            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let (socket, accepted) = tokio::join!(client.connect(server.local_addr()), server.accept());
+        let (ch, _silent_peer) = (Channel::new(socket.unwrap(), pool), accepted.unwrap());
+        let call = ch.call(1, b"hello", Duration::from_secs(60));
+        assert!(tokio::time::timeout(Duration::from_millis(50), call).await.is_err());
+        assert_eq!(ch.calls_waiting(), 0, "the dropped call's slot is gone");
+        let r = ch.call(1, b"hello", Duration::from_millis(20)).await;
+        assert!(matches!(r, Err(RpcError::Timeout(_))), "{r:?}");
+        assert_eq!(ch.calls_waiting(), 0);
     }
 }

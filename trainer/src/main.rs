@@ -203,7 +203,11 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no answer".to_string(),
         };
-        if clock::now() >= deadline || stop.load(Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) {
+            // Nothing trained, nothing to report: say so, not "unreachable".
+            exit::failure(TOOL, format!("interrupted before the cluster answered ({err})"));
+        }
+        if clock::now() >= deadline {
             exit::failure(
                 TOOL,
                 format!(
