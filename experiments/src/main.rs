@@ -122,7 +122,9 @@ fn default_cluster_bin() -> PathBuf {
 fn launch(bin: &Path, config: &Path, dir: &Path, args: &[String]) -> Result<ClusterReport, String> {
     let _ = std::fs::remove_dir_all(dir);
     let mut cmd = Command::new(bin);
-    cmd.arg("run").arg("--config").arg(config).arg("--out").arg(dir).args(args);
+    // The cluster goes with this process, however it ends (even SIGKILL).
+    cmd.arg("run").arg("--die-with-parent").arg("--config").arg(config).arg("--out").arg(dir);
+    cmd.args(args);
     eprintln!("bex-exp: {cmd:?}");
     let status = cmd.status().map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
     let path = dir.join("report.json");

@@ -93,6 +93,11 @@ struct RunArgs {
     /// --mode/--transport.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
+    /// Tear the cluster down (as on SIGTERM) when the process that started this one dies,
+    /// even by SIGKILL: for programs that run clusters as their children (bex-exp passes
+    /// it). Off by default, so that a cluster started with nohup outlives its shell.
+    #[arg(long)]
+    die_with_parent: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -212,6 +217,10 @@ fn usage(msg: &str) -> i32 {
 }
 
 fn run(args: RunArgs, stop: Stop) -> i32 {
+    if args.die_with_parent {
+        // SIGTERM on the parent's death: `stop` (installed first) turns it into a teardown.
+        bex_process::exit_with_parent();
+    }
     let pid = std::process::id();
     let mut sets = Vec::new();
     if let Some(m) = &args.mode {

@@ -69,7 +69,7 @@ fn setup(name: &str, pods: u32, shards: u32) -> Run {
 
 /// Test `salt` gets ports `base + 6·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 6, 10)
+    bex_testkit::ports::base_port(salt, 6, 11)
 }
 
 impl Run {
@@ -322,6 +322,49 @@ fn sigterm_mid_run_tears_everything_down() {
         assert_eq!(c["report"]["stopped"], true, "{c:#}");
     }
     assert!(!std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids")).exists());
+}
+
+// `--die-with-parent` (what bex-exp passes): the launcher's parent killed by SIGKILL, the
+// launcher gets SIGTERM and tears the whole cluster down, as on a SIGTERM of its own.
+#[test]
+fn a_launcher_told_to_die_with_its_parent_tears_down_when_the_parent_is_sigkilled() {
+    let r = setup("orphan", 1, 1);
+    let launch = r.cmd(10, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"]);
+    // The parent: a shell that starts the launcher in the background, prints its pid, waits.
+    let mut parent = Command::new("sh")
+        .arg("-c")
+        .arg("\"$@\" --die-with-parent >/dev/null 2>&1 & echo $!; wait")
+        .arg("sh")
+        .arg(launch.get_program())
+        .args(launch.get_args())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let launcher: u32 = line.trim().parse().unwrap();
+    let pids = wait_recorded(launcher, 2);
+    assert_eq!(pids.len(), 2, "the server and the ranker started");
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    for _ in 0..600 {
+        if !alive(launcher.into()) {
+            break;
+        }
+        pause(50);
+    }
+    assert!(!alive(launcher.into()), "the launcher outlived its parent by 30 s");
+    for p in &pids {
+        assert!(!alive(*p), "pid {p} survived the launcher");
+    }
+    let rep: Value =
+        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
+            .unwrap();
+    assert!(rep["reasons"].to_string().contains("interrupted by SIGTERM"), "{rep:#}");
 }
 
 fn netns_available() -> bool {

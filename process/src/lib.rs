@@ -17,7 +17,9 @@ pub mod logging;
 
 /// Asks the kernel to send this process SIGTERM when its parent dies (Linux
 /// `PR_SET_PDEATHSIG`), and exits at once if the parent is already gone. Every bex binary
-/// calls this first, so a killed launcher or benchmark leaves no process behind.
+/// that a launcher or benchmark starts calls this first, so a killed parent leaves no process
+/// behind; `bex-cluster` only with `--die-with-parent` (a cluster started with nohup outlives
+/// its shell).
 pub fn exit_with_parent() {
     let parent = nix::unistd::getppid();
     if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
