@@ -151,15 +151,46 @@ fn main() {
     rt.block_on(serve(args, cfg));
 }
 
+/// What a started server's shutdown needs.
+struct Started {
+    server: Arc<PsServer>,
+    stack: Arc<bex_transport::Stack>,
+    ckpt: PathBuf,
+}
+
 async fn serve(args: Args, cfg: Config) {
-    // First, so that a signal arriving during start-up or right after `ready` is a drain,
-    // not the default action (death without a checkpoint).
+    // First, so that a signal arriving during start-up or right after `ready` is never the
+    // default action (death without a checkpoint).
     let signal = |kind| {
         tokio::signal::unix::signal(kind)
             .unwrap_or_else(|e| die(1, &format!("signal handler: {e}")))
     };
     let mut term = signal(tokio::signal::unix::SignalKind::terminate());
     let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
+    // A signal during start-up (which can wait a minute for DNS or a bootstrap) stops it at
+    // once: nothing was acknowledged before `ready`, and the checkpoint on disk is untouched.
+    // Kubernetes' grace period is shorter than those waits.
+    let Started { server, stack, ckpt } = tokio::select! {
+        s = start(&args, &cfg) => s,
+        _ = term.recv() => stopped_while_starting("SIGTERM"),
+        _ = interrupt.recv() => stopped_while_starting("SIGINT"),
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = interrupt.recv() => {}
+        _ = server.shutdown.notified() => {}
+    }
+    drain_and_stop(&cfg, &server, &stack, &ckpt).await
+}
+
+fn stopped_while_starting(signal: &str) -> ! {
+    tracing::info!(signal, "stopped during start-up, before serving");
+    std::process::exit(0);
+}
+
+/// Everything up to `ready`: addresses, the restored or empty tables, the NIC, the shard's
+/// bootstrap or catch-up, HTTP, the periodic tasks.
+async fn start(args: &Args, cfg: &Config) -> Started {
     let mut topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
     for name in topo.resolve_with(bex_rpc::resolve_host) {
         tracing::info!(host = %name, "a server's name does not resolve yet; resolved on connect");
@@ -177,7 +208,7 @@ async fn serve(args: Args, cfg: Config) {
             ),
         )
     };
-    let secret = cluster_secret(&cfg, addrs.rdma.ip()).unwrap_or_else(|e| die(2, &e));
+    let secret = cluster_secret(cfg, addrs.rdma.ip()).unwrap_or_else(|e| die(2, &e));
     let tcfg = transport_config(&cfg.transport, &secret);
     let ckpt = cfg.checkpoint_path(args.pod, args.shard);
     let specs = cfg.table_specs();
@@ -221,7 +252,7 @@ async fn serve(args: Args, cfg: Config) {
         .unwrap_or_else(|e| die(e.exit_code(), &e.to_string()));
     let stack = Arc::new(stack);
     let running = start_shard(
-        &cfg,
+        cfg,
         &topo,
         ShardStart {
             pod: args.pod,
@@ -278,11 +309,16 @@ async fn serve(args: Args, cfg: Config) {
         stack.rdma.local_addr(),
         stack.tcp.local_addr()
     );
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = interrupt.recv() => {}
-        _ = server.shutdown.notified() => {}
-    }
+    Started { server, stack, ckpt }
+}
+
+/// After a signal or an Admin Shutdown: drain, checkpoint, exit (1 if the checkpoint failed).
+async fn drain_and_stop(
+    cfg: &Config,
+    server: &Arc<PsServer>,
+    stack: &bex_transport::Stack,
+    ckpt: &std::path::Path,
+) -> ! {
     // Refuse updates (clients retry them elsewhere or later), finish those being applied,
     // flush replication, then checkpoint: nothing acknowledged is lost by a restart.
     let d = server.drain(Duration::from_millis(cfg.server.drain_timeout_ms)).await;

@@ -883,9 +883,14 @@ struct Solo {
 
 impl Solo {
     fn new(name: &str) -> Solo {
+        Solo::with(name, |_| {})
+    }
+
+    fn with(name: &str, tweak: impl FnOnce(&mut Config)) -> Solo {
         let dir = Scratch::new(name);
         let mut cfg = Config::local(1, 1, bex_process::free_local_ports(3).unwrap());
         cfg.cluster.data_dir = dir.join("data");
+        tweak(&mut cfg);
         let config = dir.join("cluster.toml");
         std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
         Solo { dir, cfg, config }
@@ -907,6 +912,31 @@ impl Solo {
     fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("ps.stderr")).unwrap()
     }
+
+    /// Waits until the server's stderr holds `needle`.
+    #[allow(clippy::disallowed_methods)] // polling a real process's log
+    fn wait_for_stderr(&self, needle: &str) {
+        for _ in 0..400 {
+            if self.stderr().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no {needle:?} within 20 s: {}", self.stderr());
+    }
+}
+
+// A signal during start-up stops the server at once, exit 0 (here it waits for its own
+// host name, which never resolves: up to a minute, longer than Kubernetes' grace period).
+#[test]
+fn a_server_stops_at_once_on_sigterm_while_still_starting() {
+    let solo = Solo::with("start-term", |cfg| {
+        cfg.cluster.server_host = "bex-no-such-host-{pod}-{shard}.invalid".into();
+    });
+    let server = solo.spawn(&[]);
+    solo.wait_for_stderr("does not resolve yet");
+    let status = server.terminate(Duration::from_secs(5)).unwrap();
+    assert_eq!(status.code(), Some(0), "stopped by SIGTERM, not killed after 5 s: {status}");
 }
 
 // Issue 15, item 1: logs are `tracing` events filtered by RUST_LOG (default warn), as JSON
