@@ -238,6 +238,7 @@ pub struct Metrics {
     replicated_requests: Counter,
     push_not_replicated: Counter,
     replication_overflow: Counter,
+    checkpoint_failures: Counter,
 }
 
 impl Metrics {
@@ -319,6 +320,14 @@ impl Metrics {
                     "bex_ps_push_not_replicated_total",
                     "Pushes applied but answered Unavailable: no replica acknowledged them in \
                      push_ack_timeout_ms (push_ack = replicated)",
+                    &[],
+                )
+                .expect("static metric"),
+            checkpoint_failures: registry
+                .counter(
+                    "bex_ps_checkpoint_failures_total",
+                    "Checkpoints that could not be written (periodic, requested or at \
+                     shutdown); the previous one stays on disk",
                     &[],
                 )
                 .expect("static metric"),
@@ -796,7 +805,10 @@ impl PsServer {
             let windows = me.dedupe.export();
             let info =
                 checkpoint::write_checkpoint(&me.checkpoint_path, &me.tables, &windows, &meta)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| {
+                        me.metrics.checkpoint_failures.inc();
+                        e.to_string()
+                    })?;
             let summary = CheckpointSummary {
                 path: me.checkpoint_path.display().to_string(),
                 rows: info.rows,

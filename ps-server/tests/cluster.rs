@@ -448,6 +448,7 @@ async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() 
     let up = bex_process::clock::unix_ms() as f64 / 1e3 - get("process_start_time_seconds");
     let age = get("bex_ps_checkpoint_age_seconds");
     assert!(age >= 0.0 && age <= up + 1.0, "checkpoint age {age} s, up {up} s");
+    assert_eq!(get("bex_ps_checkpoint_failures_total"), 0.0);
     assert!(get("bex_bemalloc_registered_bytes") > 0.0);
     assert!(get("bex_transport_messages_received_total{transport=\"rdma\"}") > 0.0);
     assert!(get("bex_rnic_rx_packets_total") > 0.0);
@@ -965,16 +966,32 @@ fn a_server_logs_its_drain_as_json_lines_at_info_and_nothing_at_the_default_leve
     assert!(!quiet.contains("drained"), "info is off by default: {quiet}");
 }
 
-// A checkpoint that cannot be written at shutdown (here its temp file's name is taken by a
-// directory, which stops root too) is an error exit: supervisors read exit 0 as "stopped
-// with its state on disk".
-#[test]
-fn a_server_whose_shutdown_checkpoint_fails_exits_1_naming_the_file() {
-    let solo = Solo::new("ckpt-fail");
+// A checkpoint that cannot be written (here its temp file's name is taken by a directory,
+// which stops root too) is counted while the server runs, and at shutdown it is an error
+// exit: supervisors read exit 0 as "stopped with its state on disk".
+#[tokio::test]
+async fn a_server_whose_checkpoints_fail_counts_them_and_exits_1_naming_the_file() {
+    let solo = Solo::with("ckpt-fail", |cfg| cfg.server.checkpoint_interval_s = 1);
     let ckpt = solo.cfg.checkpoint_path(0, 0);
     std::fs::create_dir_all(ckpt.with_extension("ckpt.tmp")).unwrap();
     let mut server = solo.spawn(&[]);
     server.wait_line("ready", bex_testkit::cluster::READY_WITHIN).unwrap();
+    let http = solo.cfg.topology().unwrap().server(0, 0).unwrap().http;
+    let failures = || async {
+        let (_, text) = bex_process::http::get(http, "/metrics").await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("bex_ps_checkpoint_failures_total "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+    };
+    let mut counted = None;
+    for _ in 0..100 {
+        counted = failures().await.filter(|&n| n >= 1.0);
+        if counted.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(counted.is_some(), "a periodic checkpoint failed within 10 s and was counted");
     let status = server.terminate(Duration::from_secs(20)).unwrap();
     let err = solo.stderr();
     assert_eq!(status.code(), Some(1), "{err}");
