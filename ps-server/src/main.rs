@@ -353,7 +353,7 @@ async fn drain_and_stop(
         }
     }
     Transport::Rdma(stack.rdma.clone()).shutdown();
-    if let Some(why) = failed {
+    if let Some(why) = server.failed().or(failed) {
         die(1, &why);
     }
     std::process::exit(0);

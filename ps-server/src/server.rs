@@ -393,8 +393,11 @@ pub struct PsServer {
     last_checkpoint: Mutex<Option<CheckpointSummary>>,
     /// Counters.
     pub metrics: Arc<Metrics>,
-    /// Notified by an admin Shutdown request.
+    /// Notified by an admin Shutdown request, or when the server can no longer serve
+    /// ([`PsServer::failed`]).
     pub shutdown: Arc<Notify>,
+    /// Why the server cannot go on serving, if it cannot.
+    failure: Mutex<Option<String>>,
     /// The RDMA transport, for the SetRdma admin drill.
     rdma: Mutex<Option<bex_transport::RdmaTransport>>,
 }
@@ -571,6 +574,7 @@ impl PsServer {
             repl_lag,
             checkpoint_path: parts.checkpoint_path,
             last_checkpoint: Mutex::new(None),
+            failure: Mutex::new(None),
             metrics,
             shutdown: Arc::new(Notify::new()),
             rdma: Mutex::new(None),
@@ -726,6 +730,24 @@ impl PsServer {
 
     fn state(&self) -> ServingState {
         state_of(self.state.load(Ordering::Acquire))
+    }
+
+    /// The server cannot serve any more (an RPC service stopped accepting): it stops as on
+    /// an admin Shutdown (drain, checkpoint), and the process then exits 1 with `why`, so
+    /// its supervisor restarts it instead of leaving a live process that answers nothing.
+    /// Ignored while draining: the transports shut down at the end of every stop.
+    pub fn fail(&self, why: String) {
+        if self.state() == ServingState::Draining {
+            return;
+        }
+        tracing::error!(%why, "the server cannot serve any more; stopping");
+        self.failure.lock().get_or_insert(why);
+        self.shutdown.notify_one();
+    }
+
+    /// Why the server stopped serving, if [`PsServer::fail`] stopped it.
+    pub fn failed(&self) -> Option<String> {
+        self.failure.lock().clone()
     }
 
     /// Stops taking updates and waits for what was taken to be safe: sets `Draining` (Push
@@ -1596,6 +1618,22 @@ mod tests {
         assert_eq!(push_status(&s, 1, 0.5).await, Status::Duplicate);
         let ping = bex_ps_proto::control::AdminRequest::Ping;
         assert_eq!(control_status(&s, Op::Admin, &ping).await, Status::Ok);
+    }
+
+    // A server that can no longer serve asks its process to stop (and says why); the end of
+    // its services during a drain is the normal stop, not a failure.
+    #[tokio::test]
+    async fn a_failed_service_stops_the_server_unless_it_is_draining() {
+        let s = server(1 << 20);
+        s.set_state(ServingState::Serving);
+        s.fail("the RDMA RPC service stopped accepting".into());
+        let woke = tokio::time::timeout(Duration::from_secs(5), s.shutdown.notified()).await;
+        assert!(woke.is_ok(), "the process is told to stop");
+        assert_eq!(s.failed().as_deref(), Some("the RDMA RPC service stopped accepting"));
+        let d = server(1 << 20);
+        d.set_state(ServingState::Draining);
+        d.fail("the TCP RPC service stopped accepting".into());
+        assert_eq!(d.failed(), None);
     }
 
     // Found writing the ps_server fuzz target: a 360-byte Fetch made the server allocate and

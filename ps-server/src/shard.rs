@@ -242,11 +242,18 @@ pub async fn start_shard(
     bex_client::telemetry::register_rpc_server(&server.metrics.registry, stats.clone())
         .expect("static metric");
     let handler = Arc::new(Handler(server.clone()));
-    let serve_both = || {
-        vec![
-            tokio::spawn(serve(rdma.clone(), handler.clone(), stats.clone())),
-            tokio::spawn(serve(tcp.clone(), handler.clone(), stats.clone())),
-        ]
+    // A service that ends while the server is not stopping (its transport failed) leaves it
+    // unable to answer on that transport: the server stops, so it is restarted.
+    let serve_both = || -> Vec<JoinHandle<()>> {
+        [(rdma.clone(), "RDMA"), (tcp.clone(), "TCP")]
+            .map(|(t, kind)| {
+                let (h, st, s) = (handler.clone(), stats.clone(), server.clone());
+                tokio::spawn(async move {
+                    serve(t, h, st).await;
+                    s.fail(format!("the {kind} RPC service stopped accepting"));
+                })
+            })
+            .into()
     };
     // Copies take longer than a serving request's `Tr`: a 1 MiB chunk from a busy server.
     let copy_cfg = ClientConfig {
