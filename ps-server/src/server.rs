@@ -398,6 +398,8 @@ pub struct PsServer {
     pub shutdown: Arc<Notify>,
     /// Why the server cannot go on serving, if it cannot.
     failure: Mutex<Option<String>>,
+    /// A replica serving without the copy of its shard from the training pod.
+    bootstrap_missing: AtomicBool,
     /// The RDMA transport, for the SetRdma admin drill.
     rdma: Mutex<Option<bex_transport::RdmaTransport>>,
 }
@@ -575,6 +577,7 @@ impl PsServer {
             checkpoint_path: parts.checkpoint_path,
             last_checkpoint: Mutex::new(None),
             failure: Mutex::new(None),
+            bootstrap_missing: AtomicBool::new(false),
             metrics,
             shutdown: Arc::new(Notify::new()),
             rdma: Mutex::new(None),
@@ -671,6 +674,19 @@ impl PsServer {
             move || me.upgrade().map_or(f64::NAN, |s| s.checkpoint_age().as_secs_f64()),
         )
         .expect("static metric");
+        let me = Arc::downgrade(self);
+        reg.gauge_fn(
+            "bex_ps_bootstrap_missing",
+            "1 if this replica serves without having copied its shard from the training pod \
+             (it could not in time): its rows are its checkpoint's or initial values",
+            &[],
+            move || {
+                me.upgrade().map_or(f64::NAN, |s| {
+                    f64::from(u8::from(s.bootstrap_missing.load(Ordering::Acquire)))
+                })
+            },
+        )
+        .expect("static metric");
         for code in 0..=4u8 {
             let me = Arc::downgrade(self);
             let name = format!("{:?}", state_of(code)).to_lowercase();
@@ -743,6 +759,12 @@ impl PsServer {
         tracing::error!(%why, "the server cannot serve any more; stopping");
         self.failure.lock().get_or_insert(why);
         self.shutdown.notify_one();
+    }
+
+    /// This replica serves without the training pod's copy of its shard
+    /// (`bex_ps_bootstrap_missing`).
+    pub fn set_bootstrap_missing(&self) {
+        self.bootstrap_missing.store(true, Ordering::Release);
     }
 
     /// Why the server stopped serving, if [`PsServer::fail`] stopped it.

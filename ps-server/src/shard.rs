@@ -32,9 +32,11 @@ pub fn version_floor() -> u64 {
     crate::clock::unix_ms().saturating_mul(1000).max(1)
 }
 
-/// How long a fresh replica keeps trying to copy its shard from the training pod before it
-/// serves without it (its rows would then be initial values until pushes replace them, so
-/// it tries hard).
+/// How long a fresh replica keeps starting attempts to copy its shard from the training pod
+/// before it serves without it (its rows would then be initial values until pushes replace
+/// them, so it tries hard; `bex_ps_bootstrap_missing` says so). An attempt under way always
+/// runs to its end: a large shard copies for longer, and a copy cut short would serve part
+/// of the rows as if they were all.
 pub const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(60);
 /// The deadline of one snapshot chunk: a 1 MiB chunk from a busy training server takes far
 /// longer than a serving request's `Tr` (a 40 ms deadline made restarted replicas start
@@ -115,25 +117,24 @@ async fn copy_with_retries(
     mut versions: Option<&mut RowVersions>,
     (deadline, what): (Option<Duration>, &str),
 ) -> Option<Copied> {
-    let attempts = async {
-        let mut backoff = Duration::from_millis(100);
-        let mut attempt = 1u32;
-        loop {
-            if let Some(v) = versions.as_deref_mut() {
-                v.clear();
-            }
-            match copy_shard(client, peer, tables, chunk_bytes, versions.as_deref_mut()).await {
-                Ok(c) => return c,
-                Err(e) => tracing::warn!(attempt, error = %e, "{what} failed; retrying"),
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-            attempt += 1;
+    // The deadline stops new attempts, never one under way (see BOOTSTRAP_DEADLINE).
+    let give_up_at = deadline.map(|d| crate::clock::now() + d);
+    let mut backoff = Duration::from_millis(100);
+    let mut attempt = 1u32;
+    loop {
+        if let Some(v) = versions.as_deref_mut() {
+            v.clear();
         }
-    };
-    match deadline {
-        Some(d) => tokio::time::timeout(d, attempts).await.ok(),
-        None => Some(attempts.await),
+        match copy_shard(client, peer, tables, chunk_bytes, versions.as_deref_mut()).await {
+            Ok(c) => return Some(c),
+            Err(e) => tracing::warn!(attempt, error = %e, "{what} failed; retrying"),
+        }
+        if give_up_at.is_some_and(|t| crate::clock::now() + backoff >= t) {
+            return None;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+        attempt += 1;
     }
 }
 
@@ -308,10 +309,14 @@ pub async fn start_shard(
                     server.merge_dedupe(&c.windows);
                     tracing::info!(rows = c.rows, restored, "bootstrapped from the training pod");
                 }
-                None => tracing::warn!(
-                    deadline = ?BOOTSTRAP_DEADLINE,
-                    "no bootstrap from the training pod in time; serving without it"
-                ),
+                None => {
+                    tracing::warn!(
+                        deadline = ?BOOTSTRAP_DEADLINE,
+                        restored,
+                        "no bootstrap from the training pod in time; serving without it"
+                    );
+                    server.set_bootstrap_missing();
+                }
             }
         }
         server.set_state(ServingState::Serving);

@@ -449,6 +449,7 @@ async fn metrics_show_latency_sizes_rows_replication_lag_memory_and_transport() 
     let age = get("bex_ps_checkpoint_age_seconds");
     assert!(age >= 0.0 && age <= up + 1.0, "checkpoint age {age} s, up {up} s");
     assert_eq!(get("bex_ps_checkpoint_failures_total"), 0.0);
+    assert_eq!(get("bex_ps_bootstrap_missing"), 0.0);
     assert!(get("bex_bemalloc_registered_bytes") > 0.0);
     assert!(get("bex_transport_messages_received_total{transport=\"rdma\"}") > 0.0);
     assert!(get("bex_rnic_rx_packets_total") > 0.0);
