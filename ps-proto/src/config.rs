@@ -267,7 +267,8 @@ pub enum PushAck {
     /// With one pod there is no other: it acts as `applied`.
     Replicated,
     /// Once applied on the training pod: faster, but a SIGKILL of a training server loses
-    /// what it acknowledged and had not yet replicated (its replication lag).
+    /// what it acknowledged and had not yet replicated (its replication lag), and the retry
+    /// of a push whose answer the kill cut off can be applied twice (see ARCHITECTURE.md).
     Applied,
 }
 
