@@ -242,6 +242,8 @@ fn main() -> ExitCode {
         }
     };
     if let Some(Cmd::Probe { params }) = &cli.cmd {
+        // A probe is this tool's child: it goes when its parent does.
+        bex_process::exit_with_parent();
         let p: Params = match serde_json::from_str(params) {
             Ok(p) => p,
             Err(e) => {

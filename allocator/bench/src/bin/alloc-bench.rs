@@ -102,6 +102,10 @@ fn child_cell(args: &[String]) {
 fn main() -> ExitCode {
     bex_process::logging::init();
     let cli = Cli::parse();
+    if cli.cell.is_some() || cli.footprint.is_some() {
+        // A cell or footprint run is this tool's child: it goes when its parent does.
+        bex_process::exit_with_parent();
+    }
     if let Some(args) = &cli.cell {
         child_cell(args);
         return ExitCode::SUCCESS;
