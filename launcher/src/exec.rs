@@ -271,6 +271,10 @@ impl Executor {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
+        // A process group of its own: a terminal's Ctrl-C reaches the launcher alone, which
+        // stops clients before servers (the whole group signalled at once, servers drained
+        // while trainers still pushed). Its death still reaches them (PR_SET_PDEATHSIG).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd
             .args(&argv[1..])
             .stdin(Stdio::null())

@@ -304,6 +304,15 @@ fn sigterm_mid_run_tears_everything_down() {
     assert_eq!(pids.len(), 6, "servers and clients started");
     pause(300);
     assert!(pids.iter().all(|p| alive(*p)));
+    // Each in a process group of its own: a terminal's Ctrl-C reaches the launcher alone.
+    let group = |pid: u64| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        after_name.split(' ').nth(2).unwrap().parse::<u64>().unwrap()
+    };
+    for p in &pids {
+        assert_eq!(group(*p), *p, "pid {p} leads its own process group");
+    }
     Command::new("kill").args(["-TERM", &launcher.to_string()]).status().unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(143), "128 + SIGTERM");
