@@ -161,7 +161,7 @@ async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
 type Expected = HashMap<(u32, u64), Option<Vec<u8>>>;
 
 /// For a training-pod and a replica server (fresh, tables of `configs/local.toml`): canary
-/// rows replicated and read back, then every frame of `data` (see [`split_frames`];
+/// rows created by a fetch (training pod) or replicated (replica) and read back, then every frame of `data` (see [`split_frames`];
 /// [`repair`]ed if its method has [`REPAIR`]) handed to the handler. Every frame must get a ps-core response that decodes; a frame that does not
 /// decode, or whose op differs from the method, must get the decoder's error status; a Fetch
 /// reply must fit the server's frame limit; the canaries must read the same rows during and
@@ -180,6 +180,17 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
     for table in [0u32, 2] {
         let keys = canary_keys(table);
         let dim = dim_of(table);
+        if pod == 0 {
+            // The training pod takes no Replicate: its canaries are the rows a first fetch
+            // creates (initial values), read back the same.
+            let created = fetch_canaries(&h, table).await;
+            let again = fetch_canaries(&h, table).await;
+            assert_eq!(created, again, "a created row reads back");
+            for (k, row) in keys.iter().zip(created) {
+                expected.insert((table, *k), Some(row));
+            }
+            continue;
+        }
         let rows: Vec<f32> =
             (0..keys.len() * dim as usize).map(|i| 0.5 - i as f32 * 0.01).collect();
         let dh = DataHeader { table, dim, client: SETUP_CLIENT, seq: table.into(), flags: 0 };
@@ -249,6 +260,7 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
                 }
             }
             (Op::Replicate, Status::Ok) => {
+                assert_eq!(pod, 1, "only replicas take Replicate");
                 let keys = req.keys.to_vec();
                 let row = 4 * hd.dim as usize;
                 // A whole row (STATE) applies only over an older version: the model does

@@ -174,7 +174,9 @@ pub enum Status {
     TooLarge = 6,
     /// The op code is not known to this server.
     UnknownOp = 7,
-    /// A Push reached a pod that does not train (only the training pod applies gradients).
+    /// The op is the other role's: a Push reached a pod that does not train (only the
+    /// training pod applies gradients), or a Replicate reached the training pod (rows flow
+    /// from it, never to it).
     NotTraining = 8,
     /// The server cannot serve this now (starting, restoring, bootstrapping, shutting down).
     Unavailable = 9,

@@ -1143,6 +1143,17 @@ impl PsServer {
                 "only the training pod applies pushes",
             );
         }
+        // Rows flow from the training pod only: a Replicate to it could overwrite its rows
+        // (values-only, no version check) or plant a push identity in its dedupe window, so
+        // that push, when it came, would be answered Duplicate and never applied.
+        if op == Op::Replicate && self.role == Role::Training {
+            return self.error(
+                Some(op),
+                Status::NotTraining,
+                seq,
+                "the training pod takes no Replicate: rows flow from it to the other pods",
+            );
+        }
         if self.read_only.load(Ordering::Acquire) {
             return self.error(Some(op), Status::Unavailable, seq, "read-only");
         }
@@ -1615,8 +1626,18 @@ mod tests {
         let body = &r.as_slice()[HEADER_LEN..];
         let status = wire::decode_response(body, &Limits::default()).unwrap().header.status;
         assert_eq!(status, Status::UnknownOp);
-        // The training pod's server takes the same push.
-        assert_eq!(push_status(&server_of_pod(0, 2, 1 << 20), 1, 0.5).await, Status::Ok);
+        // The training pod's server takes the same push, and refuses what only replicas take.
+        let training = server_of_pod(0, 2, 1 << 20);
+        assert_eq!(push_status(&training, 1, 0.5).await, Status::Ok);
+        let mut f = vec![0u8; wire::push_request_len(1, 32)];
+        let h = DataHeader { table: 0, dim: 32, client: 5, seq: 2, flags: 0 };
+        wire::encode_replicate_into(&mut f, &h, &[7], &[0.25; 32]).unwrap();
+        let m = Msg::copy_from(training.pool, &f).unwrap();
+        let r = Handler(training.clone()).handle(Op::Replicate as u16, m).await.unwrap();
+        let body = &r.as_slice()[HEADER_LEN..];
+        let status = wire::decode_response(body, &Limits::default()).unwrap().header.status;
+        assert_eq!(status, Status::NotTraining, "a Replicate to the training pod");
+        assert_eq!(push_status(&training, 2, 0.5).await, Status::Ok, "seq 2 was not planted");
     }
 
     async fn control_status<T: serde::Serialize>(s: &Arc<PsServer>, op: Op, body: &T) -> Status {
