@@ -1114,14 +1114,6 @@ impl Executor {
     }
 
     fn prepare(&mut self) -> Result<(), String> {
-        // An earlier run's report must not pass for this run's if this one cannot write its own.
-        let report = self.out.join("report.json");
-        match std::fs::remove_file(&report) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(format!("{}: {e}", report.display()));
-            }
-            _ => {}
-        }
         if self.launch.fresh_data {
             // An earlier run into the same directory must not be restored from.
             let data = &self.plan.config.cluster.data_dir;

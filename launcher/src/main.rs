@@ -266,6 +266,14 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
     }
     // Absolute, so children and the report name the same files whatever their cwd.
     let out = std::fs::canonicalize(&out).unwrap_or(out);
+    // An earlier run's report must not pass for this one's, however this one ends.
+    let report = out.join("report.json");
+    match std::fs::remove_file(&report) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return usage(&format!("{}: {e}", report.display()));
+        }
+        _ => {}
+    }
     // The host first: a NIC, GID or limit that cannot work fails here, not in every process.
     let input = doctor::Input {
         cfg: &cfg,

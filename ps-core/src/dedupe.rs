@@ -281,15 +281,26 @@ impl Dedupe {
         self.insert(&mut all[i], s.client, win);
     }
 
-    /// Evicts the least recently seen clients of the whole table until a new one fits.
+    /// Evicts the least recently seen clients of the whole table until a new one fits: one
+    /// pass that picks them all (after a merge the table may hold twice its bound, and a
+    /// scan per eviction made that thousands of scans with every push of the shard waiting).
     fn make_room(&self, all: &mut [MutexGuard<'_, Part>]) {
-        while self.count.load(Ordering::Acquire) >= self.max_clients {
-            let oldest = all
-                .iter()
-                .enumerate()
-                .flat_map(|(i, p)| p.clients.iter().map(move |(&c, w)| ((w.last_used, c), i)))
-                .min();
-            let Some(((_, c), i)) = oldest else { return };
+        let excess = (self.count.load(Ordering::Acquire) + 1).saturating_sub(self.max_clients);
+        if excess == 0 {
+            return;
+        }
+        let mut ages: Vec<(u64, u64, usize)> = all
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| p.clients.iter().map(move |(&c, w)| (w.last_used, c, i)))
+            .collect();
+        let excess = excess.min(ages.len());
+        if excess == 0 {
+            return;
+        }
+        // The `excess` oldest (ties by client id: the same choice in every run) come first.
+        ages.select_nth_unstable(excess - 1);
+        for &(_, c, i) in &ages[..excess] {
             all[i].clients.remove(&c);
             self.count.fetch_sub(1, Ordering::AcqRel);
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -572,6 +583,26 @@ mod tests {
         assert_eq!(d.evictions(), 0);
         assert_eq!(d.admit(first, 1), Verdict::Duplicate, "the retry is recognised");
         assert_eq!(d.clients(), 9);
+    }
+
+    #[test]
+    fn a_table_over_its_bound_after_a_merge_sheds_the_oldest_at_once() {
+        let (a, b) = (d(64, 4), d(64, 4));
+        for c in 1..=4u64 {
+            a.admit(c, 1);
+        }
+        for c in 11..=14u64 {
+            b.admit(c, 1);
+        }
+        a.merge(&b.export());
+        assert_eq!(a.clients(), 8, "a merge may hold up to twice the bound");
+        // The next new client: the 4 merged-in ones and the oldest local one go.
+        assert_eq!(a.admit(20, 1), Verdict::New);
+        assert_eq!((a.clients(), a.evictions()), (4, 5));
+        for c in [2u64, 3, 4, 20] {
+            assert_eq!(a.admit(c, 1), Verdict::Duplicate, "client {c} kept");
+        }
+        assert_eq!(a.admit(11, 1), Verdict::New, "a merged-in one went first");
     }
 
     #[test]

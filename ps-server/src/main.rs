@@ -167,14 +167,16 @@ async fn serve(args: Args, cfg: Config) {
     };
     let mut term = signal(tokio::signal::unix::SignalKind::terminate());
     let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
-    // A signal during start-up (which can wait a minute for DNS or a bootstrap) stops it at
-    // once: nothing was acknowledged before `ready`, and the checkpoint on disk is untouched.
-    // Kubernetes' grace period is shorter than those waits.
-    let Started { server, stack, ckpt } = tokio::select! {
-        s = start(&args, &cfg) => s,
+    // A signal while the shard starts (DNS and a replica's bootstrap can each wait a minute,
+    // longer than Kubernetes' grace period) stops it without waiting: it has answered no
+    // request yet, and the checkpoint on disk is untouched. (A checkpoint being read is
+    // read to its end first.) From the moment its services run, a signal is a drain.
+    let booted = tokio::select! {
+        b = boot(&args, &cfg) => b,
         _ = term.recv() => stopped_while_starting("SIGTERM"),
         _ = interrupt.recv() => stopped_while_starting("SIGINT"),
     };
+    let Started { server, stack, ckpt } = announce(&cfg, &args, booted).await;
     tokio::select! {
         _ = term.recv() => {}
         _ = interrupt.recv() => {}
@@ -188,9 +190,17 @@ fn stopped_while_starting(signal: &str) -> ! {
     std::process::exit(0);
 }
 
-/// Everything up to `ready`: addresses, the restored or empty tables, the NIC, the shard's
-/// bootstrap or catch-up, HTTP, the periodic tasks.
-async fn start(args: &Args, cfg: &Config) -> Started {
+/// A shard whose RPC services have just started.
+struct Booted {
+    running: bex_ps_server::shard::RunningShard,
+    stack: Arc<bex_transport::Stack>,
+    http: std::net::SocketAddr,
+    ckpt: PathBuf,
+}
+
+/// Addresses, the restored or empty tables, the NIC, the shard's bootstrap or catch-up;
+/// it returns as its services start (no await after them: a signal cannot slip in between).
+async fn boot(args: &Args, cfg: &Config) -> Booted {
     let mut topo = cfg.topology().unwrap_or_else(|e| die(2, &e.to_string()));
     for name in topo.resolve_with(bex_rpc::resolve_host) {
         tracing::info!(host = %name, "a server's name does not resolve yet; resolved on connect");
@@ -267,15 +277,21 @@ async fn start(args: &Args, cfg: &Config) -> Started {
         stack.transports(),
     )
     .await;
+    Booted { running, stack, http: addrs.http, ckpt }
+}
+
+/// Metrics, HTTP, the periodic tasks, then `ready`.
+async fn announce(cfg: &Config, args: &Args, booted: Booted) -> Started {
+    let Booted { running, stack, http: http_at, ckpt } = booted;
     let server = running.server.clone();
     server.set_rdma(stack.rdma.clone());
     let registry = &server.metrics.registry;
     telemetry::register_stack(registry, &stack)
         .and_then(|()| telemetry::register_process(registry))
         .unwrap_or_else(|e| die(1, &format!("metrics: {e}")));
-    let (http_addr, _http) = http::serve(addrs.http, Arc::new(Endpoints(server.clone())))
+    let (http_addr, _http) = http::serve(http_at, Arc::new(Endpoints(server.clone())))
         .await
-        .unwrap_or_else(|e| die(1, &format!("HTTP on {}: {e}", addrs.http)));
+        .unwrap_or_else(|e| die(1, &format!("HTTP on {http_at}: {e}")));
     if server.has_ttl() {
         let s = server.clone();
         tokio::spawn(async move {
