@@ -311,11 +311,25 @@ mod tests {
     }
 
     /// Random inserts and removals against a HashMap, many times over the same few keys, so
-    /// overflow marks pile up and rebuilds in place happen.
+    /// overflow marks pile up and rebuilds in place happen; for fixed hasher seeds (the
+    /// process's random one made the marks' peak vary from run to run: 30-66 %).
     #[test]
     fn churn_matches_a_hashmap() {
+        let peaks: Vec<usize> = (0..16).map(churn_with_seed).collect();
+        // A rebuild comes once marks pass both a quarter of the buckets and twice what the
+        // last rebuild left (up to a third here, near the load bound): about two thirds at
+        // most, plus one insert's probe.
+        let worst = peaks.iter().max().copied().unwrap_or(0);
+        assert!(worst < 72, "up to {worst}% of buckets marked: {peaks:?}");
+    }
+
+    /// One churn run; returns the most buckets marked at once, in percent.
+    fn churn_with_seed(seed: u64) -> usize {
         let mut keys: Vec<u64> = Vec::new();
-        let mut ix = RowIndex::default();
+        let mut ix = RowIndex {
+            hasher: ahash::RandomState::with_seeds(seed, !seed, seed << 1, seed >> 1),
+            ..RowIndex::default()
+        };
         let mut model: HashMap<u64, u32> = HashMap::new();
         let mut free: Vec<u32> = Vec::new();
         let mut x = 1u64;
@@ -347,11 +361,11 @@ mod tests {
             assert!(ix.overflowed < ix.buckets.len(), "every bucket marked: lookups would not end");
             max_marks = max_marks.max(ix.overflowed * 100 / ix.buckets.len());
         }
-        assert!(max_marks < 60, "up to {max_marks}% of buckets marked");
         assert_eq!(ix.len(), model.len());
         for k in 0..4096u64 {
             assert_eq!(ix.get(k, key_of(&keys)), model.get(&k).copied(), "key {k}");
         }
+        max_marks
     }
 
     #[test]
