@@ -1104,7 +1104,6 @@ impl Executor {
         let (mut ok, mut exit_code) = (ok, exit_code);
         if let Err(e) = write_atomically(&path, &report) {
             tracing::error!(path = %path.display(), error = %e, "writing the report failed");
-            eprintln!("bex-cluster: writing {} failed: {e}", path.display());
             ok = false;
             if exit_code == 0 {
                 exit_code = 1;

@@ -22,17 +22,21 @@ struct Shared {
     broken: Mutex<Option<RpcError>>,
 }
 
-/// A call's entry among the waiting ones, removed however the call ends: with its reply
-/// (the reader took it already), an error, its deadline, or dropped by the caller's own
-/// deadline (left behind, the entry would wait for a reply that may never come).
+/// A call's entry among the waiting ones, removed however the call ends: by an error, its
+/// deadline, or the caller's own deadline dropping it (left behind, the entry would wait for
+/// a reply that may never come). Once the reply or the channel's end arrived, the reader
+/// took it already: no second look-up on the fast path.
 struct ReplySlot<'a> {
     pending: &'a Pending,
     id: u64,
+    taken: bool,
 }
 
 impl Drop for ReplySlot<'_> {
     fn drop(&mut self) {
-        self.pending.lock().remove(&self.id);
+        if !self.taken {
+            self.pending.lock().remove(&self.id);
+        }
     }
 }
 
@@ -183,12 +187,15 @@ impl Channel {
         }
         let (tx, rx) = oneshot::channel();
         self.shared.pending.lock().insert(id, tx);
-        let _slot = ReplySlot { pending: &self.shared.pending, id };
+        let mut slot = ReplySlot { pending: &self.shared.pending, id, taken: false };
         // The reply says the request arrived: waiting for the send's own completion too
         // would cost a wake-up per call.
         let exchange = async {
             self.socket.send_detached(request).await.map_err(RpcError::Transport)?;
-            rx.await.map_err(|_| RpcError::Protocol("channel closed".into()))?
+            let reply = rx.await;
+            // Resolved either way only after the reader removed the entry.
+            slot.taken = true;
+            reply.map_err(|_| RpcError::Protocol("channel closed".into()))?
         };
         match tokio::time::timeout(deadline, exchange).await {
             Ok(r) => r,
