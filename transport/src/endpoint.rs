@@ -219,6 +219,16 @@ impl<D: Device> Endpoint<D> {
         }
     }
 
+    /// Ends engine `qpn`, hosted by a bootstrap that then failed or was cancelled before
+    /// the peer confirmed (no socket can be on it yet): not counted as a failure.
+    pub fn abandon_engine(&mut self, qpn: u32) {
+        if let Some(h) = self.engines.get_mut(&qpn) {
+            tracing::debug!(qpn, "engine abandoned: its bootstrap did not complete");
+            h.engine.shut_down();
+            self.settle(qpn);
+        }
+    }
+
     /// Fails every engine (RDMA taken out of service, shutdown).
     pub fn fail_all(&mut self, why: &str) {
         self.end_all(|e| e.fail(why.to_string()));

@@ -167,3 +167,49 @@ async fn detached_sends_arrive_in_order_and_free_their_queue_slots() {
     }
     let _b = tokio::time::timeout(Duration::from_secs(30), server).await.unwrap().unwrap();
 }
+
+/// A bootstrap cut after the proofs (the ready bytes lost, as when a caller's connect
+/// deadline cancels it) ends the engines both sides hosted: left on, they lived unseen by any
+/// connection table, and when one died its CQ place was given back a second time, the count
+/// wrapped, and the server refused every later peer with "every endpoint's CQ is full".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
+    use tokio::io::AsyncReadExt;
+    let quick = Config {
+        keepalive_interval: Duration::from_millis(20),
+        keepalive_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (server, _ds) = rdma(quick.clone()).await;
+    let (client, _dc) = rdma(quick.clone()).await;
+    // Forwards the hellos and proofs each way (58 + 32 bytes), then closes both sides.
+    const HELLO_AND_PROOF: u64 = 8 + 16 + bex_rnic::bootstrap::ENDPOINT_LEN as u64 + 26 + 32;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap();
+    let target = server.local_addr();
+    let cut = tokio::spawn(async move {
+        let (a, _) = proxy.accept().await.unwrap();
+        let b = tokio::net::TcpStream::connect(target).await.unwrap();
+        let ((mut ar, mut aw), (mut br, mut bw)) = (a.into_split(), b.into_split());
+        let up = async { tokio::io::copy(&mut (&mut ar).take(HELLO_AND_PROOF), &mut bw).await };
+        let down = async { tokio::io::copy(&mut (&mut br).take(HELLO_AND_PROOF), &mut aw).await };
+        let (u, d) = tokio::join!(up, down);
+        assert_eq!((u.unwrap(), d.unwrap()), (HELLO_AND_PROOF, HELLO_AND_PROOF));
+    });
+    let attempt = tokio::time::timeout(Duration::from_secs(10), client.connect(proxy_addr)).await;
+    assert!(attempt.expect("the cut bootstrap ends").is_err(), "no ready byte: no connection");
+    cut.await.unwrap();
+    // The client goes away, so an engine either side kept would lose its peer's keepalives.
+    drop(client);
+    #[allow(clippy::disallowed_methods)] // a wait past the keepalive timeout, on purpose
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (fresh, _df) = rdma(quick).await;
+    let s = tokio::time::timeout(Duration::from_secs(10), fresh.connect(target))
+        .await
+        .expect("connect ends")
+        .expect("the server still takes engines");
+    let accepted = tokio::time::timeout(Duration::from_secs(10), server.accept()).await;
+    s.send(pattern(fresh.pool(), 100, 7)).await.unwrap();
+    check(&accepted.unwrap().unwrap().recv().await.unwrap(), 100, 7);
+    assert_eq!(server.counters().engines_failed, 0, "{:?}", server.counters());
+}

@@ -145,11 +145,39 @@ impl<D: Device + 'static> FactoryImpl<D> {
         // so no completion of this QP can reach an endpoint that does not know it.
         let qpn = engine.qpn;
         driven.ep.lock().add_engine(engine, qp, peer);
+        // The endpoint now owns the engine and its place (given back as it ends). Until the
+        // peer's ready byte, a failed or cancelled bootstrap ends the engine: left hosted, it
+        // would live on, known to no connection table, and give its place back a second time
+        // when it died (the count wrapping, every later bootstrap refused as "CQ full").
+        placed.keep();
+        let hosted = Unconfirmed { driven, qpn, confirmed: false };
         stream.write_all(&[1]).await?;
         let mut ready = [0u8; 1];
         stream.read_exact(&mut ready).await?;
-        placed.keep();
+        hosted.confirm();
         Counters::add(&self.counters.engines_up, 1);
         Ok((peer, EngineRef { endpoint, qpn }))
+    }
+}
+
+/// An engine hosted by a bootstrap that has not yet read the peer's ready byte: ended on drop
+/// unless confirmed.
+struct Unconfirmed<'a, D: Device> {
+    driven: &'a Driven<D>,
+    qpn: u32,
+    confirmed: bool,
+}
+
+impl<D: Device> Unconfirmed<'_, D> {
+    fn confirm(mut self) {
+        self.confirmed = true;
+    }
+}
+
+impl<D: Device> Drop for Unconfirmed<'_, D> {
+    fn drop(&mut self) {
+        if !self.confirmed {
+            self.driven.ep.lock().abandon_engine(self.qpn);
+        }
     }
 }
