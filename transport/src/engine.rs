@@ -642,14 +642,16 @@ impl<T> Engine<T> {
                 }
             }
             Kind::Close => {
+                // The peer writes nothing after its Close (RC keeps order): every buffer it
+                // could still write into for this socket is free again — its unused grant,
+                // RTS buffers it was sent a CTS for, buffers exposed for it. Also when this
+                // side closed first (the socket is gone): otherwise they stayed until the
+                // engine ended, a leak of registered memory per timed-out call.
+                self.large_in.retain(|_, l| l.socket != h.dst_socket);
                 if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
                     if s.state != SockState::PeerClosed {
                         s.state = SockState::PeerClosed;
-                        // The peer writes nothing after its Close (RC keeps order): the
-                        // grant it did not use is free again.
-                        if let Some(slot) = s.granted.take() {
-                            self.large_in.remove(&slot);
-                        }
+                        s.granted = None;
                         s.grant = None;
                         let queued = std::mem::take(&mut s.sendq);
                         for m in queued {

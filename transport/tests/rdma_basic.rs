@@ -213,3 +213,38 @@ async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
     check(&accepted.unwrap().unwrap().recv().await.unwrap(), 100, 7);
     assert_eq!(server.counters().engines_failed, 0, "{:?}", server.counters());
 }
+
+/// Buffers the peer may write into for a socket (here one exposed for a reply, as the RPC
+/// client does) are freed once both ends have closed it: before, they stayed allocated until
+/// the engine ended — with keepalives, the process — one per call given up on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_socket_gives_back_the_buffers_the_peer_could_write() {
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(Config::default()).await;
+    let s = a.connect(b.local_addr()).await.unwrap();
+    let peer = tokio::time::timeout(Duration::from_secs(10), b.accept()).await.unwrap().unwrap();
+    // Settled: the engine's receive ring and headers are allocated.
+    s.send(pattern(a.pool(), 10, 1)).await.unwrap();
+    check(&peer.recv().await.unwrap(), 10, 1);
+    let before = a.pool().stats().live_bytes;
+    let reply = bex_transport::Msg::alloc(a.pool(), 4 << 20).unwrap();
+    let _target = s.expose(reply).await.unwrap();
+    assert!(a.pool().stats().live_bytes >= before + (4 << 20));
+    // The caller gives up: its socket closes, then the peer's.
+    drop(s);
+    assert!(matches!(
+        tokio::time::timeout(Duration::from_secs(10), peer.recv()).await.unwrap(),
+        Err(TransportError::Closed)
+    ));
+    drop(peer);
+    let mut live = 0;
+    for _ in 0..100 {
+        live = a.pool().stats().live_bytes;
+        if live <= before {
+            break;
+        }
+        #[allow(clippy::disallowed_methods)] // polling for the peer's Close to arrive
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(live <= before, "{live} bytes live, {before} before the exposed buffer");
+}
