@@ -240,7 +240,10 @@ pub struct ServerConfig {
     pub checkpoint_on_shutdown: bool,
     /// Load the checkpoint at start if one exists.
     pub restore_on_start: bool,
-    /// With no checkpoint, copy the shard from a peer pod at start.
+    /// A serving replica copies its shard from the training pod at start (over a restored
+    /// checkpoint too: only newer rows are taken). The training pod catches up from its
+    /// replicas at start whatever this says (off, it would lose the pushes they
+    /// acknowledged).
     pub bootstrap_from_peer: bool,
     /// Most keys per round of replication to one replica (training pod).
     pub replication_batch_keys: u32,

@@ -268,7 +268,10 @@ pub async fn start_shard(
         // Serving at once (Snapshot and Health; data ops are Unavailable until caught up,
         // in the background), so replicas bootstrapping from this shard meanwhile, and a
         // cluster whose replicas start after it, are not stuck waiting for each other.
-        let catching_up = cfg.server.bootstrap_from_peer && n_targets > 0;
+        // Whatever `bootstrap_from_peer` says: without the catch-up, a training server
+        // restarted from a checkpoint would lose the pushes its replicas acknowledged since,
+        // and overwrite their newer rows with its next pushes.
+        let catching_up = n_targets > 0;
         // Before serving: a push must not land ahead of the catch-up.
         server.set_state(if catching_up { ServingState::Restoring } else { ServingState::Serving });
         let mut tasks = serve_both();

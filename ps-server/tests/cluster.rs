@@ -754,6 +754,10 @@ async fn restart_under_pushes(name: &str, salt: u16, how: Stop) {
             admission: Default::default(),
             capacity: Default::default(),
         });
+        // The training pod's catch-up does not hang on the replicas' start-up copy: with it
+        // off (as one restoring from checkpoints might set it), a killed training server
+        // once served its checkpoint at once and lost the pushes its replica acknowledged.
+        cfg.server.bootstrap_from_peer = how == Stop::Term;
     })
     .await;
     const COUNT: u32 = 1;

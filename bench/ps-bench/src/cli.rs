@@ -316,8 +316,12 @@ impl Clients {
         let (rdma, tcp) = stack.transports();
         let topo = cfg.topology().map_err(|e| e.to_string())?;
         let ccfg = client_config(&cfg.rpc, 0, 7, ClientRole::Serving);
-        let rdma_client = PsClient::new(Some(rdma), tcp.clone(), topo.clone(), ccfg.clone(), 1);
-        let tcp_client = PsClient::new(None, tcp, topo, ccfg, 2);
+        // Push identities fresh per run, as every client process takes them: with fixed ones a
+        // second run against a shared `--cluster` had its pushes answered Duplicate (never
+        // applied) or TooOld by the windows the first run left.
+        let id = || bex_process::incarnation_id().map_err(|e| format!("push identity: {e}"));
+        let rdma_client = PsClient::new(Some(rdma), tcp.clone(), topo.clone(), ccfg.clone(), id()?);
+        let tcp_client = PsClient::new(None, tcp, topo, ccfg, id()?);
         Ok(Clients { stack, rdma: Arc::new(rdma_client), tcp: Arc::new(tcp_client) })
     }
 
