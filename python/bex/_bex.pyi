@@ -35,10 +35,11 @@ class Client:
     ) -> None:
         """Connects to the cluster the cluster TOML file ``config`` describes.
 
-        ``pod``: the mini-pod served first (default 1 when there are several, else 0).
-        ``transport``: "rdma" (TCP fallback per destination) or "tcp". ``client_id``: names
-        the client in logs, seeds replica choice. ``bind``: the IP this client binds
-        (default: the file's ``[cluster] host``). ``training``: longer deadlines and push
+        ``pod``: the mini-pod served first (default: the training pod for a training
+        client, else the first other pod). ``transport``: "rdma" (TCP fallback per
+        destination) or "tcp". ``client_id``: names the client in logs, seeds replica choice.
+        ``bind``: the IP this client binds (default: ``BEX_BIND_IP`` if set, else the file's
+        ``[cluster] host``). ``training``: longer deadlines and push
         retries. ``threads``: runtime threads running the calls and their I/O (1 costs the
         fewest wake-ups per call; callers' threads are the concurrency). Raises
         ``ConfigError`` or ``RpcError``.

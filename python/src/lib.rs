@@ -114,13 +114,42 @@ impl Table {
 /// A client of a running bex cluster.
 #[pyclass(frozen, module = "bex")]
 struct Client {
-    ps: Arc<PsClient>,
+    ps: ForkGuarded<Arc<PsClient>>,
     tables: Vec<Table>,
     transport: TransportKind,
     /// The process that built the runtime (a forked child has none of its threads).
     pid: u32,
     // Dropped last: the client's transports run on it.
-    runtime: tokio::runtime::Runtime,
+    runtime: ForkGuarded<tokio::runtime::Runtime>,
+}
+
+/// A part of the client that is dropped only in the process that made it. In a forked child
+/// the runtime's threads do not exist: dropping the runtime waits for them for ever (a
+/// DataLoader worker replacing its inherited client hung), so there it is leaked instead.
+struct ForkGuarded<T> {
+    value: Option<T>,
+    pid: u32,
+}
+
+impl<T> ForkGuarded<T> {
+    fn new(value: T) -> ForkGuarded<T> {
+        ForkGuarded { value: Some(value), pid: std::process::id() }
+    }
+}
+
+impl<T> std::ops::Deref for ForkGuarded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value.as_ref().expect("present until dropped")
+    }
+}
+
+impl<T> Drop for ForkGuarded<T> {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            std::mem::forget(self.value.take());
+        }
+    }
 }
 
 /// How long a waiting call keeps the GIL released before checking for signals.
@@ -205,8 +234,8 @@ impl Client {
 impl Client {
     /// Connects to the cluster that `config` (a cluster TOML file) describes.
     ///
-    /// `pod`: the mini-pod served first (default: the first serving pod: 1 when there are
-    /// several, else 0). `transport`: "rdma" (falls back to TCP per destination when RDMA
+    /// `pod`: the mini-pod served first (default: the training pod for a training client,
+    /// else the first other pod; `BEX_BIND_IP` sets `bind`'s default). `transport`: "rdma" (falls back to TCP per destination when RDMA
     /// fails) or "tcp". `client_id`: names this client in logs and seeds its replica choice
     /// (default: this process id above a hash of the host name). `bind`: the address this
     /// client's transports bind (default: the cluster file's host). `training`: a training
@@ -240,9 +269,19 @@ impl Client {
             Some(b) => b
                 .parse()
                 .map_err(|_| ConfigError::new_err(format!("bind {b:?}: not an IP address")))?,
-            None => cfg.cluster.host,
+            // As the Rust clients: the pod's own address in a container, where the file's
+            // host is loopback (bound there, RDMA to other hosts fails).
+            None => match std::env::var("BEX_BIND_IP") {
+                Ok(v) if !v.is_empty() => bex_process::identity::parse_ip(&v)
+                    .map_err(|e| ConfigError::new_err(format!("BEX_BIND_IP: {e}")))?,
+                _ => cfg.cluster.host,
+            },
         };
-        let pod = pod.unwrap_or(if cfg.cluster.pods > 1 { 1 } else { 0 });
+        // A training client reads the training pod, which applies its pushes first (a
+        // serving copy may not have them yet); a serving client the first other pod.
+        let training_pod = cfg.cluster.training_pod;
+        let first_serving = (0..cfg.cluster.pods).find(|&p| p != training_pod).unwrap_or(0);
+        let pod = pod.unwrap_or(if training { training_pod } else { first_serving });
         let client_id = client_id.unwrap_or_else(bex_process::identity::default_client_id);
         let role = if training { ClientRole::Training } else { ClientRole::Serving };
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -255,14 +294,28 @@ impl Client {
             .detach(|| {
                 runtime.block_on(connect_client(&cfg, pod, bind, transport, client_id, role))
             })
-            .map_err(|e| RpcError::new_err(e.to_string()))?;
+            .map_err(|e| {
+                // The exit status a binary would take says which: 2 is the configuration
+                // (a pod out of range, a missing secret, a bad NIC), the rest the cluster.
+                if e.exit_code == 2 {
+                    ConfigError::new_err(e.to_string())
+                } else {
+                    RpcError::new_err(e.to_string())
+                }
+            })?;
         let tables = cfg
             .tables
             .iter()
             .enumerate()
             .map(|(i, t)| Table { id: i as u32, name: t.name.clone(), dim: t.dim })
             .collect();
-        Ok(Client { ps: node.ps, tables, transport, pid: std::process::id(), runtime })
+        Ok(Client {
+            ps: ForkGuarded::new(node.ps),
+            tables,
+            transport,
+            pid: std::process::id(),
+            runtime: ForkGuarded::new(runtime),
+        })
     }
 
     /// The cluster's tables, by name.
