@@ -109,7 +109,10 @@ pub async fn connect_client(
     let mut ps =
         PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id)
             .with_metrics(&registry)
-            .map_err(metrics)?;
+            .map_err(metrics)?
+            .with_tables(
+                cfg.tables.iter().zip(0u32..).map(|(t, id)| (id, t.name.clone(), t.dim)).collect(),
+            );
     if role == ClientRole::Training {
         ps = ps.with_push_retry(Duration::from_millis(cfg.rpc.push_retry_ms));
     }

@@ -30,7 +30,14 @@ pub enum PsError {
     /// A malformed reply or request.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The client's cluster file names tables the servers do not have under those ids (a
+    /// stale or reordered file): its calls would read and update the wrong rows.
+    #[error("cluster file does not match the servers: {0}")]
+    Layout(String),
 }
+
+/// A table as a client's cluster file has it: (id, name, dim).
+pub type ExpectedTable = (u32, String, u32);
 
 /// A client of the whole sharded, replicated PS.
 pub struct PsClient {
@@ -43,6 +50,10 @@ pub struct PsClient {
     push_retry: std::time::Duration,
     push_retries: Counter,
     metrics: Option<CallMetrics>,
+    /// The tables this client's cluster file names ([`PsClient::with_tables`]), checked
+    /// against the servers' before the first data call.
+    expected: Option<Vec<ExpectedTable>>,
+    layout_checked: tokio::sync::OnceCell<()>,
 }
 
 /// Whole fan-out calls, as the application sees them ([`PsClient::with_metrics`]).
@@ -66,6 +77,22 @@ impl std::fmt::Debug for PsClient {
 /// Endpoint index of (pod, shard) in the client's list.
 fn index(topo: &Topology, pod: u32, shard: u32) -> usize {
     (pod * topo.shards() + shard) as usize
+}
+
+/// What differs between the tables a client expects and those a server has, each as
+/// (id, name, dim); `None` when every expected table is there as expected (the servers may
+/// have more).
+fn layout_mismatch(want: &[ExpectedTable], have: &[ExpectedTable]) -> Option<String> {
+    let wrong: Vec<String> = want
+        .iter()
+        .filter(|w| !have.contains(w))
+        .map(|(id, name, dim)| {
+            let theirs = have.iter().find(|h| h.0 == *id);
+            let theirs = theirs.map_or("no such id".into(), |h| format!("{:?} dim {}", h.1, h.2));
+            format!("table {id} is {name:?} dim {dim} here, {theirs} on the servers")
+        })
+        .collect();
+    (!wrong.is_empty()).then(|| wrong.join("; "))
 }
 
 /// Every server as an RPC endpoint, in (pod, shard) order.
@@ -101,7 +128,42 @@ impl PsClient {
             push_retry: std::time::Duration::ZERO,
             push_retries: Counter::default(),
             metrics: None,
+            expected: None,
+            layout_checked: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Checks, before the first fetch or push, that the servers have these tables under
+    /// these ids, names and dims. The servers check only a request's id and dim: a file
+    /// whose tables of one dim stand in another order read and pushed the wrong table.
+    pub fn with_tables(mut self, tables: Vec<ExpectedTable>) -> PsClient {
+        self.expected = Some(tables);
+        self
+    }
+
+    /// The check of [`with_tables`](Self::with_tables): asked of shard 0 in any pod, once it
+    /// succeeds (a mismatch is an error on every call; an unreachable cluster is retried).
+    async fn check_layout(&self) -> Result<(), PsError> {
+        let Some(want) = &self.expected else { return Ok(()) };
+        self.layout_checked
+            .get_or_try_init(|| async {
+                let frame = wire::control_request_vec(Op::Tables, 0, self.push_id, 0, &())
+                    .map_err(|e| PsError::Protocol(e.to_string()))?;
+                let mut m = self.frame(frame.len())?;
+                m.as_mut_slice()[HEADER_LEN..].copy_from_slice(&frame);
+                let shard0: Vec<usize> =
+                    (0..self.topo.pods()).map(|p| index(&self.topo, p, 0)).collect();
+                let reply = self.call_frame(&shard0, Op::Tables, m, None).await?;
+                let info: bex_ps_proto::control::TablesInfo =
+                    wire::decode_response(reply.as_slice(), &self.limits)
+                        .and_then(|r| r.control())
+                        .map_err(|e| PsError::Protocol(e.to_string()))?;
+                let have: Vec<ExpectedTable> =
+                    info.tables.iter().map(|t| (t.id, t.spec.name.clone(), t.spec.dim)).collect();
+                layout_mismatch(want, &have).map_or(Ok(()), |why| Err(PsError::Layout(why)))
+            })
+            .await
+            .map(|_| ())
     }
 
     /// Records every fetch and push in `reg`: `bex_client_request_duration_seconds{op}` (a
@@ -229,7 +291,10 @@ impl PsClient {
         out: &mut [f32],
     ) -> Result<(), PsError> {
         let started = crate::clock::now();
-        let r = self.fetch_fanout(table, dim, keys, out).await;
+        let r = match self.check_layout().await {
+            Ok(()) => self.fetch_fanout(table, dim, keys, out).await,
+            Err(e) => Err(e),
+        };
         self.observe(Op::Fetch, started, r.is_ok());
         r
     }
@@ -283,7 +348,10 @@ impl PsClient {
         grads: &[f32],
     ) -> Result<(), PsError> {
         let started = crate::clock::now();
-        let r = self.push_fanout(table, dim, keys, grads).await;
+        let r = match self.check_layout().await {
+            Ok(()) => self.push_fanout(table, dim, keys, grads).await,
+            Err(e) => Err(e),
+        };
         self.observe(Op::Push, started, r.is_ok());
         r
     }

@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 14)
+    bex_testkit::ports::base_port(salt, 12, 15)
 }
 
 impl Cluster {
@@ -1105,4 +1105,39 @@ fn a_cluster_addressed_by_host_name_with_identity_from_the_environment_serves() 
         node.ps.push(TABLE, DIM, &ks, &vec![1.0; ks.len() * DIM as usize]).await.unwrap();
         assert_ne!(node.ps.fetch(TABLE, DIM, &ks).await.unwrap(), before);
     });
+}
+
+/// Servers check a request's table id and dim only, so a client whose cluster file has two
+/// tables of one dim in the other order read and pushed the wrong table without an error.
+/// The client now asks the servers for their tables before its first call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_file_orders_the_tables_otherwise_is_refused_before_any_call() {
+    use bex_client::{connect_client, PsError};
+    use bex_ps_proto::config::TransportKind;
+    let c = Cluster::with("layout", 14, |cfg| {
+        let mut item = cfg.tables[0].clone();
+        item.name = "item".into();
+        cfg.tables.push(item);
+    })
+    .await;
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    let connect = |cfg: Config| async move {
+        connect_client(&cfg, 0, local, TransportKind::Tcp, 5, ClientRole::Training).await.unwrap()
+    };
+    let mut swapped = c.cfg.clone();
+    swapped.tables.swap(0, 1);
+    let stale = connect(swapped).await;
+    let ks = keys(4);
+    let grads = vec![1.0f32; ks.len() * DIM as usize];
+    for r in
+        [stale.ps.fetch(0, DIM, &ks).await.map(|_| ()), stale.ps.push(0, DIM, &ks, &grads).await]
+    {
+        match r {
+            Err(PsError::Layout(why)) => assert!(why.contains("\"item\""), "{why}"),
+            other => panic!("a reordered file must be refused: {other:?}"),
+        }
+    }
+    let fresh = connect(c.cfg.clone()).await;
+    fresh.ps.fetch(0, DIM, &ks).await.expect("the servers' own layout is served");
+    fresh.ps.push(1, DIM, &ks, &grads).await.expect("and pushed to");
 }

@@ -42,7 +42,8 @@ class Client:
         ``[cluster] host``). ``training``: longer deadlines and push
         retries. ``threads``: runtime threads running the calls and their I/O (1 costs the
         fewest wake-ups per call; callers' threads are the concurrency). Raises
-        ``ConfigError`` or ``RpcError``.
+        ``ConfigError`` or ``RpcError``. The first fetch or push checks the file's tables
+        against the servers' (ids, names, dims) and raises ``ConfigError`` when they differ.
 
         A client's NIC and registered memory pool stay until the process exits: make one
         per process and share it between threads; after ``fork``, make a new one in the

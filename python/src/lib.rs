@@ -88,6 +88,7 @@ fn to_py(e: PsError) -> PyErr {
     match e {
         PsError::Rpc(_) => RpcError::new_err(text),
         PsError::Protocol(_) => ProtocolError::new_err(text),
+        PsError::Layout(_) => ConfigError::new_err(text),
         PsError::Server { status, .. } => status_error(status, text),
     }
 }

@@ -100,6 +100,22 @@ def test_a_stale_cluster_file_gets_the_servers_status(cluster, tmp_path):
         c.fetch("emb", np.array([1, 2], dtype=np.uint64))
 
 
+def test_a_cluster_file_naming_other_tables_is_refused_before_any_call(cluster, tmp_path):
+    """Servers check a request's table id and dim only: a file whose tables stand in another
+    order, or under other names, read and pushed the wrong table. The client asks the servers
+    for their tables before its first call."""
+    text = cluster.read_text()
+    renamed = tmp_path / "renamed.toml"
+    renamed.write_text(text.replace('name = "emb"', 'name = "clicks"'))
+    assert renamed.read_text() != text, "the cluster file's emb entry was renamed"
+    c = bex.Client(renamed, transport="tcp")
+    keys = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(bex.ConfigError, match="clicks"):
+        c.fetch("clicks", keys)
+    with pytest.raises(bex.ConfigError, match="clicks"):
+        c.push("clicks", keys, np.zeros((2, 8), dtype=np.float32))
+
+
 def test_an_unreachable_cluster_is_an_rpc_error(tmp_path):
     cfg = tmp_path / "dead.toml"
     cfg.write_text(
