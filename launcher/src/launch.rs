@@ -4,6 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use bex_ps_proto::config::{FieldError, TransportKind};
 
+/// Longest run `launch.timeout_s` may ask for (a year): the clock arithmetic stays in range.
+const MAX_TIMEOUT_S: u64 = 365 * 86_400;
+
 /// Where the processes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -249,10 +252,12 @@ impl ChaosEvent {
         })
     }
 
-    fn check(&self, i: usize, netns: bool) -> Option<FieldError> {
+    fn check(&self, i: usize, netns: bool, timeout_s: u64) -> Option<FieldError> {
         let bad = |m: String| Some(FieldError::new(format!("launch.chaos[{i}]"), m));
-        if !(self.at_s.is_finite() && self.at_s >= 0.0) {
-            return bad("at_s must be ≥ 0".into());
+        // Past the run's timeout it would never happen (and a huge value overflowed the
+        // launcher's clock arithmetic, a panic mid-run).
+        if !(self.at_s.is_finite() && self.at_s >= 0.0 && self.at_s <= timeout_s as f64) {
+            return bad(format!("at_s must be in 0..={timeout_s} (launch.timeout_s)"));
         }
         match self.parse() {
             Err(e) => bad(e),
@@ -307,15 +312,15 @@ impl LaunchConfig {
             ));
         }
         for (i, ev) in self.chaos.iter().enumerate() {
-            if let Some(f) = ev.check(i, self.mode == Mode::Netns) {
+            if let Some(f) = ev.check(i, self.mode == Mode::Netns, self.timeout_s) {
                 e.push(f);
             }
         }
-        if !(self.verify_settle_s.is_finite() && self.verify_settle_s >= 0.0) {
-            e.push(FieldError::new("launch.verify_settle_s", "must be ≥ 0"));
+        if !(self.verify_settle_s.is_finite() && (0.0..=3600.0).contains(&self.verify_settle_s)) {
+            e.push(FieldError::new("launch.verify_settle_s", "must be in 0..=3600"));
         }
-        if self.timeout_s == 0 {
-            e.push(FieldError::new("launch.timeout_s", "must be ≥ 1"));
+        if !(1..=MAX_TIMEOUT_S).contains(&self.timeout_s) {
+            e.push(FieldError::new("launch.timeout_s", "must be in 1..=31536000 (a year)"));
         }
         if self.rankers > 1000 || self.trainers > 1000 || self.canaries > 1000 {
             e.push(FieldError::new(
@@ -447,6 +452,8 @@ mod tests {
             ev("rdma-blackhole", "pod0", 0.0),
             ev("explode", "", 0.0),
             ChaosEvent { at_s: -1.0, ..ev("heal", "", 0.0) },
+            // Past the run's timeout; 1e20 panicked in the launcher's clock arithmetic.
+            ChaosEvent { at_s: 1e20, ..ev("heal", "", 0.0) },
         ] {
             let e = with(Mode::Netns, vec![bad.clone()]).check().unwrap_err();
             assert!(e[0].to_string().contains("launch.chaos[0]"), "{bad:?}: {e:?}");
@@ -467,6 +474,10 @@ mod tests {
             "{text:?}"
         );
         assert!(text.iter().any(|m| m.starts_with("launch.link_rate")), "{text:?}");
+        let t: toml::Table = toml::from_str("timeout_s = 100000000000").unwrap();
+        assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("a year"));
+        let t: toml::Table = toml::from_str("verify_settle_s = 1e20").unwrap();
+        assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("0..=3600"));
         let t: toml::Table = toml::from_str("rankerz = 2").unwrap();
         assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("rankerz"));
     }

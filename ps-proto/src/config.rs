@@ -841,10 +841,15 @@ impl Config {
         if t.grant_max_bytes > 1 << 30 {
             bad("grant_max_bytes", "must be at most 1073741824");
         }
+        // A soft MTU is whole 4-byte words (RoCE pads payloads to them): 9001 passed here
+        // once and then silently became 4096 where the transport took it.
         if ![256, 512, 1024, 2048, 4096].contains(&t.path_mtu)
-            && !(4096..=61440).contains(&t.path_mtu)
+            && !((4096..=61440).contains(&t.path_mtu) && t.path_mtu % 4 == 0)
         {
-            bad("path_mtu", "must be 256, 512, 1024, 2048, 4096 or a soft MTU in 4096..=61440");
+            bad(
+                "path_mtu",
+                "must be 256, 512, 1024, 2048, 4096 or a soft MTU in 4096..=61440, a multiple of 4",
+            );
         }
         if t.keepalive_interval_ms == 0 {
             bad("keepalive_interval_ms", "must be ≥ 1");
@@ -1148,6 +1153,7 @@ mod tests {
             init = { kind = "normal", std = -2.0 }
             [transport]
             keepalive_timeout_ms = 50
+            path_mtu = 9001
             [rpc]
             retry_probability = 1.5
         "#;
@@ -1161,6 +1167,7 @@ mod tests {
                 "tables[2].dim",
                 "tables[2].init.std",
                 "tables[2].optimizer.lr",
+                "transport.path_mtu",
                 "transport.keepalive_timeout_ms",
                 "rpc.retry_probability",
             ]

@@ -254,6 +254,10 @@ impl Settings {
         if raw.seconds + raw.warmup_seconds > 86_400.0 {
             return Err(invalid("seconds", "run is limited to one day"));
         }
+        // A refresh period past the run never fires; a huge one panicked in `Duration`.
+        if raw.dense_refresh_s > 86_400.0 {
+            return Err(invalid("dense_refresh_s", "must be at most 86400 (the longest run)"));
+        }
         if raw.models == 0 || raw.models > 1024 {
             return Err(invalid("models", "must be in 1..=1024"));
         }

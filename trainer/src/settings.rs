@@ -4,6 +4,9 @@
 use bex_ps_proto::Config;
 use serde::{Deserialize, Serialize};
 
+/// Longest duration a setting may give, in seconds (a year).
+const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
 /// `[trainer]`: every key optional, defaults below (documented in `configs/local.toml`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -165,12 +168,19 @@ impl Settings {
             s.batch_sigma.is_finite() && (0.0..=2.0).contains(&s.batch_sigma),
             "batch_sigma: must be in 0..=2",
         );
-        check(s.seconds.is_finite() && s.seconds >= 0.0, "seconds: must be ≥ 0");
+        // Bounded: `Duration::from_secs_f64` panics past ~1.8e19 s, and an `Instant` that far
+        // ahead overflows.
+        check(
+            s.seconds.is_finite() && (0.0..=MAX_SECONDS).contains(&s.seconds),
+            "seconds: must be in 0..=31536000 (a year)",
+        );
         check(s.steps > 0 || s.seconds > 0.0, "steps: must be > 0 (or seconds > 0)");
         check((2..=1_000_000).contains(&s.eval_samples), "eval_samples: must be in 2..=1000000");
         check(
-            s.connect_deadline_s.is_finite() && s.connect_deadline_s > 0.0,
-            "connect_deadline_s: must be > 0",
+            s.connect_deadline_s.is_finite()
+                && s.connect_deadline_s > 0.0
+                && s.connect_deadline_s <= MAX_SECONDS,
+            "connect_deadline_s: must be > 0 and at most 31536000 (a year)",
         );
         check(s.model_id < 1 << 31, "model_id: must be < 2^31");
         match (emb, dense) {
@@ -253,6 +263,14 @@ mod tests {
             .unwrap_err();
         let text = e.to_string();
         assert!(text.contains("trainer.batch_size") && text.contains("trainer.slots"), "{text}");
+        // Durations past a year are refused: 1e20 panicked converting to a `Duration`.
+        let e = Settings::resolve(
+            &cfg("seconds = 1e20\nconnect_deadline_s = 1e20"),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("trainer.seconds") && e.contains("trainer.connect_deadline_s"), "{e}");
         let e = Settings::resolve(&cfg("batchsize = 3"), &Overrides::default()).unwrap_err();
         assert!(matches!(e, SettingsError::Parse(ref m) if m.contains("batchsize")), "{e}");
     }
