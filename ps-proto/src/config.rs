@@ -843,9 +843,8 @@ impl Config {
         }
         // A soft MTU is whole 4-byte words (RoCE pads payloads to them): 9001 passed here
         // once and then silently became 4096 where the transport took it.
-        if ![256, 512, 1024, 2048, 4096].contains(&t.path_mtu)
-            && !((4096..=61440).contains(&t.path_mtu) && t.path_mtu % 4 == 0)
-        {
+        let soft = (4096..=61440).contains(&t.path_mtu) && t.path_mtu % 4 == 0;
+        if !([256, 512, 1024, 2048, 4096].contains(&t.path_mtu) || soft) {
             bad(
                 "path_mtu",
                 "must be 256, 512, 1024, 2048, 4096 or a soft MTU in 4096..=61440, a multiple of 4",
