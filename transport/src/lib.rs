@@ -29,6 +29,7 @@ pub(crate) mod driver;
 pub(crate) mod endpoint;
 pub(crate) mod engine;
 pub mod error;
+pub(crate) mod log_limit;
 pub mod msg;
 pub mod policy;
 pub mod proto;

@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::error::{Result, TransportError};
+use crate::log_limit::{LogLimit, WARN_EVERY};
 use crate::msg::{Msg, Payload, SharedMsg};
 use wire::{Frame, Hello, Role, HEADER_LEN, HELLO_LEN, PROOF_LEN};
 
@@ -62,6 +63,8 @@ struct Shared {
     counters: Counters,
     local_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
+    /// Refused inbound handshakes: logged at most one per period (a stranger's storm).
+    refused_warn: LogLimit,
 }
 
 impl Shared {
@@ -470,23 +473,30 @@ async fn serve_inbound(
         Err(_) => "handshake timed out".into(),
     };
     Counters::add(&shared.counters.bootstrap_refused, 1);
-    tracing::warn!(%from, %why, "inbound TCP handshake refused");
+    if let Some(held) = shared.refused_warn.allow(crate::clock::now()) {
+        tracing::warn!(%from, %why, held_back = held, "inbound TCP handshake refused");
+    }
 }
 
 async fn listen_loop(listener: TcpListener, shared: Arc<Shared>, accepted: mpsc::Sender<Core>) {
     let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let (accept_warn, busy_warn) = (LogLimit::new(WARN_EVERY), LogLimit::new(WARN_EVERY));
     loop {
         let (stream, from) = match listener.accept().await {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(%e, "TCP accept failed");
+                if let Some(held) = accept_warn.allow(crate::clock::now()) {
+                    tracing::warn!(%e, held_back = held, "TCP accept failed");
+                }
                 tokio::time::sleep(ACCEPT_RETRY).await;
                 continue;
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             Counters::add(&shared.counters.bootstrap_refused, 1);
-            tracing::warn!(%from, "too many TCP handshakes in progress; refused");
+            if let Some(held) = busy_warn.allow(crate::clock::now()) {
+                tracing::warn!(%from, held_back = held, "too many TCP handshakes in progress; refused");
+            }
             continue;
         };
         let (shared, accepted) = (shared.clone(), accepted.clone());
@@ -539,6 +549,7 @@ impl TcpTransport {
             counters: Counters::default(),
             local_addr,
             shutdown: watch::Sender::new(false),
+            refused_warn: LogLimit::new(WARN_EVERY),
         });
         let (tx, rx) = mpsc::channel(ACCEPT_BACKLOG);
         let listener = tokio::spawn(listen_loop(listener, shared.clone(), tx));

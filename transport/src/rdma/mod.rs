@@ -28,6 +28,7 @@ use crate::driver::{Cmd, Control, Driven};
 use crate::endpoint::{Accepted, Done, Endpoint, OnEngineGone};
 use crate::engine::{Engine, EngineParts, Post, RemoteTarget};
 use crate::error::{Result, TransportError};
+use crate::log_limit::{LogLimit, WARN_EVERY};
 use crate::msg::{Msg, Payload, SharedMsg};
 use crate::proto::HEADER_LEN;
 use crate::recv::RecvRing;
@@ -230,12 +231,16 @@ impl RdmaTransport {
         let acc2 = accepting.clone();
         let timeout = cfg.connect_timeout;
         tasks.push(tokio::spawn(async move {
+            let accept_warn = LogLimit::new(WARN_EVERY);
+            let inbound_warn = Arc::new(LogLimit::new(WARN_EVERY));
             loop {
                 let (stream, from) = match listener.accept().await {
                     Ok(x) => x,
                     Err(e) => {
                         // Out of descriptors and the like: do not spin.
-                        tracing::warn!(%e, "bootstrap accept failed");
+                        if let Some(held) = accept_warn.allow(crate::clock::now()) {
+                            tracing::warn!(%e, held_back = held, "bootstrap accept failed");
+                        }
                         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                         continue;
                     }
@@ -247,14 +252,20 @@ impl RdmaTransport {
                 }
                 let f = f2.clone();
                 let c = c2.clone();
+                let warn = inbound_warn.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(timeout, f.establish(stream, false, None)).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => tracing::warn!(%from, %e, "inbound bootstrap failed"),
+                    let why = match tokio::time::timeout(timeout, f.establish(stream, false, None))
+                        .await
+                    {
+                        Ok(Ok(_)) => return,
+                        Ok(Err(e)) => e.to_string(),
                         Err(_) => {
                             Counters::add(&c.bootstrap_refused, 1);
-                            tracing::warn!(%from, "inbound bootstrap timed out");
+                            "timed out".into()
                         }
+                    };
+                    if let Some(held) = warn.allow(crate::clock::now()) {
+                        tracing::warn!(%from, %why, held_back = held, "inbound bootstrap failed");
                     }
                 });
             }
