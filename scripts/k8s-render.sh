@@ -72,6 +72,20 @@ for s in statefulsets:
         problems.append(f"{s['metadata']['name']}: liveness is not /health/live")
     if not s["spec"].get("volumeClaimTemplates"):
         problems.append(f"{s['metadata']['name']}: no PersistentVolumeClaim for data_dir")
+    # The two copies of a shard (one per mini-pod) must not share a node.
+    pod = s["spec"]["template"]["metadata"]["labels"].get("bex.io/pod")
+    anti = s["spec"]["template"]["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    required = anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname" and
+               {"key": "bex.io/pod", "operator": "NotIn", "values": [pod]} in
+               t.get("labelSelector", {}).get("matchExpressions", []) for t in required):
+        problems.append(f"{s['metadata']['name']}: nothing keeps it off the other mini-pod's nodes")
+budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+if statefulsets and not any(
+        b["spec"].get("maxUnavailable") == 1 and
+        b["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/name") == "ps-server"
+        for b in budgets):
+    problems.append("no PodDisruptionBudget keeping voluntary disruptions to one server")
 for d in docs:
     if d["kind"] == "Job" and d["apiVersion"].startswith("batch.volcano.sh"):
         spec = d["spec"]
@@ -96,3 +110,16 @@ if problems:
 print(f"k8s-render: {tree}: {len(docs)} manifests valid ({', '.join(sorted(set(d['kind'] for d in docs)))})")
 PY
 done
+# A user's image (the README's first step edits the base's `images:`) reaches every workload
+# of every tree, the Volcano Job's too.
+cp -r "$out/src" "$out/retag"
+sed -i 's|^    newName: bex$|    newName: registry.example.com/bex|; s|^    newTag: dev$|    newTag: "7"|' \
+    "$out/retag/base/kustomization.yaml"
+for tree in base volcano monitoring rdma; do
+    images=$(kubectl kustomize "$out/retag/$tree" 2>/dev/null | grep -E '^ *image:' | sed 's/^ *//' | sort -u)
+    if [ "$images" != "image: registry.example.com/bex:7" ]; then
+        echo "k8s-render: $tree: a retagged base gives images: $images" >&2
+        exit 1
+    fi
+done
+echo "k8s-render: a retagged base's image reaches every workload of every tree"
