@@ -110,6 +110,7 @@ pub async fn connect_client(
         PsClient::new(rdma, tcp, topo, client_config(&cfg.rpc, pod, client_id, role), push_id)
             .with_metrics(&registry)
             .map_err(metrics)?
+            .with_limits(cfg.limits())
             .with_tables(
                 cfg.tables.iter().zip(0u32..).map(|(t, id)| (id, t.name.clone(), t.dim)).collect(),
             );

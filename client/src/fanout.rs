@@ -133,6 +133,16 @@ impl PsClient {
         }
     }
 
+    /// Decodes replies under `limits` (the cluster file's, [`Config::limits`]): under the
+    /// defaults, a Fetch reply of more keys than 1 Mi was refused from servers configured for
+    /// more.
+    ///
+    /// [`Config::limits`]: bex_ps_proto::config::Config::limits
+    pub fn with_limits(mut self, limits: Limits) -> PsClient {
+        self.limits = limits;
+        self
+    }
+
     /// Checks, before the first fetch or push, that the servers have these tables under
     /// these ids, names and dims. The servers check only a request's id and dim: a file
     /// whose tables of one dim stand in another order read and pushed the wrong table.

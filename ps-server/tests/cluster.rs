@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 15)
+    bex_testkit::ports::base_port(salt, 12, 16)
 }
 
 impl Cluster {
@@ -1140,4 +1140,33 @@ async fn a_client_whose_file_orders_the_tables_otherwise_is_refused_before_any_c
     let fresh = connect(c.cfg.clone()).await;
     fresh.ps.fetch(0, DIM, &ks).await.expect("the servers' own layout is served");
     fresh.ps.push(1, DIM, &ks, &grads).await.expect("and pushed to");
+}
+
+/// Servers configured for more keys per request than the defaults answer a fetch of more
+/// than 1 Mi keys per shard; the client decoded their replies under the default limits and
+/// refused them (TooManyKeys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_takes_the_limits_of_its_cluster_file() {
+    use bex_client::connect_client;
+    use bex_ps_proto::config::{InitConfig, OptimizerConfig, TableConfig, TransportKind};
+    let c = Cluster::with("limits", 15, |cfg| {
+        cfg.server.max_keys_per_request = 4 << 20;
+        cfg.tables = vec![TableConfig {
+            name: "one".into(),
+            dim: 1,
+            seed: None,
+            init: InitConfig::Zeros,
+            optimizer: OptimizerConfig::Sgd { lr: 1.0 },
+            admission: Default::default(),
+            capacity: Default::default(),
+        }];
+    })
+    .await;
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    let t =
+        connect_client(&c.cfg, 1, local, TransportKind::Tcp, 6, ClientRole::Serving).await.unwrap();
+    // About 1.25 Mi keys per shard.
+    let ks: Vec<u64> = (0..(5u64 << 19)).collect();
+    let rows = t.ps.fetch(0, 1, &ks).await.expect("a fetch within the file's limits");
+    assert_eq!(rows.len(), ks.len());
 }
