@@ -44,7 +44,11 @@ pub struct PsClient {
     rpc: Arc<Client>,
     topo: Topology,
     push_id: u64,
-    seq: AtomicU64,
+    /// The next push sequence number per shard: each training server's dedupe window
+    /// (`dedupe_window` numbers) then spans pushes to that shard only. With one counter for
+    /// all shards, a skewed workload moved a cold shard's window by the other shards' pushes,
+    /// and a retry delayed past 1024 of them came back TooOld, maybe applied, maybe not.
+    seqs: Box<[AtomicU64]>,
     limits: Limits,
     /// How long a failed push is retried (its sequence number kept: applied once).
     push_retry: std::time::Duration,
@@ -121,9 +125,9 @@ impl PsClient {
         let rpc = Client::new(rdma, tcp, endpoints(&topo), cfg).with_unwell_replies(unwell_reply);
         PsClient {
             rpc: Arc::new(rpc),
+            seqs: (0..topo.shards()).map(|_| AtomicU64::new(1)).collect(),
             topo,
             push_id,
-            seq: AtomicU64::new(1),
             limits: Limits::default(),
             push_retry: std::time::Duration::ZERO,
             push_retries: Counter::default(),
@@ -377,7 +381,7 @@ impl PsClient {
         let per_part =
             plan.split_grads(dim as usize, grads).map_err(|e| PsError::Protocol(e.to_string()))?;
         let sends = plan.parts().iter().zip(per_part).map(|(part, g)| {
-            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let seq = self.seqs[part.shard as usize].fetch_add(1, Ordering::Relaxed);
             async move {
                 let h = DataHeader { table, dim, client: self.push_id, seq, flags: 0 };
                 let target = [index(&self.topo, self.topo.training_pod(), part.shard)];

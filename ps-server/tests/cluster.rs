@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 16)
+    bex_testkit::ports::base_port(salt, 12, 17)
 }
 
 impl Cluster {
@@ -1169,4 +1169,38 @@ async fn a_client_takes_the_limits_of_its_cluster_file() {
     let ks: Vec<u64> = (0..(5u64 << 19)).collect();
     let rows = t.ps.fetch(0, 1, &ks).await.expect("a fetch within the file's limits");
     assert_eq!(rows.len(), ks.len());
+}
+
+/// Push sequence numbers count per shard, so a training server's dedupe window spans the
+/// pushes to its own shard: with one counter for all shards, 1100 pushes to a hot shard moved
+/// a cold shard's window past a push it had applied, and that push's retry came back TooOld
+/// (maybe applied, maybe not) instead of Duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_to_a_cold_shard_is_recognised_after_many_pushes_to_a_hot_one() {
+    use bex_client::{connect_client, PsError};
+    use bex_ps_proto::config::TransportKind;
+    use bex_ps_proto::wire::{self, DataHeader, Op, Status};
+    let c = Cluster::new("seqs", 16).await;
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    let t = connect_client(&c.cfg, 0, local, TransportKind::Tcp, 7, ClientRole::Training)
+        .await
+        .unwrap();
+    let on = |shard| *keys(500).iter().find(|k| bex_ps_proto::shard_of(**k, 2) == shard).unwrap();
+    let (hot, cold) = (on(0), on(1));
+    let g = vec![0.5f32; DIM as usize];
+    t.ps.push(0, DIM, &[cold], &g).await.unwrap();
+    for _ in 0..1100 {
+        t.ps.push(0, DIM, &[hot], &g).await.unwrap();
+    }
+    t.ps.push(0, DIM, &[cold], &g).await.unwrap();
+    // The first cold push again, as its retry would arrive: same identity, same number.
+    let h = DataHeader { table: 0, dim: DIM, client: t.ps.push_id(), seq: 1, flags: 0 };
+    let mut frame = vec![0u8; wire::push_request_len(1, DIM as usize)];
+    wire::encode_push_into(&mut frame, &h, &[cold], &g).unwrap();
+    let status = match t.ps.raw(c.cfg.cluster.training_pod, 1, Op::Push, &frame).await {
+        Ok(m) => wire::decode_response(m.as_slice(), &c.cfg.limits()).unwrap().header.status,
+        Err(PsError::Server { status, .. }) => status,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(status, Status::Duplicate, "the retry of an applied push");
 }
