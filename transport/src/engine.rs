@@ -615,21 +615,27 @@ impl<T> Engine<T> {
             Kind::Rts => self.on_rts(&h),
             Kind::Cts => self.on_cts(&h),
             Kind::Open => self.on_open(&h),
-            Kind::OpenAck => {
-                if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
-                    if s.state == SockState::Opening {
-                        s.peer = h.src_socket;
-                        s.state = SockState::Open;
-                        let socket = h.dst_socket;
-                        self.events.push_back(Event::Opened { socket, result: Ok(()) });
-                        if s.sendable() {
-                            self.rr.activate(socket);
-                        }
-                    } else {
-                        Counters::add(&self.counters.malformed, 1);
+            Kind::OpenAck => match self.sockets.get_mut(&h.dst_socket) {
+                Some(s) if s.state == SockState::Opening => {
+                    s.peer = h.src_socket;
+                    s.state = SockState::Open;
+                    let socket = h.dst_socket;
+                    self.events.push_back(Event::Opened { socket, result: Ok(()) });
+                    if s.sendable() {
+                        self.rr.activate(socket);
                     }
                 }
-            }
+                Some(_) => Counters::add(&self.counters.malformed, 1),
+                // Closed while opening (its caller gave up, a connect deadline): the end the
+                // peer opened for it is told, or it stayed open, served, for good.
+                None => {
+                    if self.state == EngineState::Ready {
+                        let mut c = Header::new(Kind::Close);
+                        c.dst_socket = h.src_socket;
+                        self.ctrl.push_back(c);
+                    }
+                }
+            },
             Kind::OpenNak => {
                 if let Some(s) = self.sockets.remove(&h.dst_socket) {
                     let error = TransportError::Refused("the peer accepts no sockets".into());

@@ -321,6 +321,27 @@ fn a_closed_socket_refuses_sends_and_the_peer_learns_it() {
     assert!(matches!(p.a.sent(2), Some(Err(TransportError::Invalid(_)))));
 }
 
+/// A socket closed by its opener before the peer's OpenAck arrived (a caller's deadline):
+/// the end the peer opened for it ends too, instead of staying open and served for good.
+#[test]
+fn a_socket_closed_while_opening_ends_the_peers_end_too() {
+    let mut p = Pair::new(6, Config::default());
+    p.a.engine.open_socket(9);
+    p.a.engine.close_socket(9);
+    p.a.settle();
+    let ended = p.run(Duration::from_millis(100), |p| {
+        let accepted = p.b.events.iter().find_map(|e| match e {
+            Event::Accepted { socket } => Some(*socket),
+            _ => None,
+        });
+        accepted.is_some_and(|sb| {
+            p.b.events.iter().any(|e| matches!(e, Event::Ended { socket, .. } if *socket == sb))
+        })
+    });
+    assert!(ended, "b's end of the abandoned socket ended: {:?}", p.b.events);
+    assert_eq!(p.a.engine.counters.malformed.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
 /// a sends each size to b and b answers each with a 10-byte reply; returns the messages b
 /// received, in order.
 fn exchange(p: &mut Pair, sa: u32, sb: u32, sizes: &[usize]) {

@@ -248,3 +248,27 @@ async fn a_closed_socket_gives_back_the_buffers_the_peer_could_write() {
     }
     assert!(live <= before, "{live} bytes live, {before} before the exposed buffer");
 }
+
+/// A connect whose caller gives up (its future dropped, as an RPC client's connect deadline
+/// does) after the Open went out leaves no socket open: before, the peer's end stayed open,
+/// its serving task with it, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_dropped_midway_closes_the_socket_on_both_sides() {
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(Config::default()).await;
+    let warm = a.connect(b.local_addr()).await.unwrap(); // the engine exists: Open goes at once
+    let _warm_peer = b.accept().await.unwrap();
+    // Polled once (the Open goes out), then dropped.
+    tokio::select! {
+        biased;
+        _ = a.connect(b.local_addr()) => panic!("a connect cannot finish on its first poll"),
+        _ = std::future::ready(()) => {}
+    }
+    let peer = tokio::time::timeout(Duration::from_secs(5), b.accept())
+        .await
+        .expect("the Open reached b")
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), peer.recv()).await;
+    assert!(matches!(r, Ok(Err(TransportError::Closed))), "b's end was closed: {r:?}");
+    drop(warm);
+}

@@ -354,14 +354,17 @@ impl RdmaTransport {
         let (reply, done) = oneshot::channel();
         let ctl = &self.inner.endpoints[engine.endpoint];
         ctl.apply(Cmd::Open { engine: engine.qpn, socket: id, inbox: tx, reply })?;
+        // Closed again unless handed out: on a timeout, and when the caller drops this
+        // future (its own deadline), which left the socket open on both sides for good.
+        let opening = Opening { ctl: ctl.as_ref(), socket: id, handed_out: false };
         match tokio::time::timeout(self.inner.cfg.connect_timeout, done).await {
-            Ok(Ok(Ok(()))) => Ok(self.socket(id, engine.endpoint, rx, addr)),
+            Ok(Ok(Ok(()))) => {
+                opening.hand_out();
+                Ok(self.socket(id, engine.endpoint, rx, addr))
+            }
             Ok(Ok(Err(e))) => Err(e),
             Ok(Err(_)) => Err(TransportError::Shutdown),
-            Err(_) => {
-                let _ = ctl.apply(Cmd::Close { socket: id });
-                Err(TransportError::ConnectTimeout(addr.to_string()))
-            }
+            Err(_) => Err(TransportError::ConnectTimeout(addr.to_string())),
         }
     }
 
@@ -421,5 +424,26 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A socket this side asked to open, closed on drop unless handed to the caller.
+struct Opening<'a> {
+    ctl: &'a dyn Control,
+    socket: u32,
+    handed_out: bool,
+}
+
+impl Opening<'_> {
+    fn hand_out(mut self) {
+        self.handed_out = true;
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if !self.handed_out {
+            let _ = self.ctl.apply(Cmd::Close { socket: self.socket });
+        }
     }
 }
