@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::socket::{getsockopt, setsockopt, sockopt};
 use nix::sys::time::TimeSpec;
 use parking_lot::Mutex;
 
@@ -165,6 +165,22 @@ impl UdpWire {
         }
         if setsockopt(&socket, sockopt::SndBufForce, &want).is_err() {
             let _ = setsockopt(&socket, sockopt::SndBuf, &want);
+        }
+        // Without CAP_NET_ADMIN (a container's non-root user) the kernel caps both at
+        // rmem_max/wmem_max, often a few hundred KiB: bursts then drop and cost ACK timeouts.
+        // Said once, with the fix, rather than silently (the kernel reports twice the size).
+        let got = (
+            getsockopt(&socket, sockopt::RcvBuf).unwrap_or(0) / 2,
+            getsockopt(&socket, sockopt::SndBuf).unwrap_or(0) / 2,
+        );
+        if got.0 < want || got.1 < want {
+            tracing::warn!(
+                wanted = want,
+                receive = got.0,
+                send = got.1,
+                "UDP socket buffers capped below the wanted size: raise net.core.rmem_max and \
+                 net.core.wmem_max, or run with CAP_NET_ADMIN"
+            );
         }
         let local = socket.local_addr().map_err(os("UDP local_addr"))?;
         let waker =
