@@ -155,9 +155,17 @@ impl PsClient {
         self
     }
 
-    /// The check of [`with_tables`](Self::with_tables): asked of shard 0 in any pod, once it
-    /// succeeds (a mismatch is an error on every call; an unreachable cluster is retried).
+    /// The check of [`with_tables`](Self::with_tables): asked of shard 0 in any pod until it
+    /// succeeds. A mismatch fails the call (and every later one); a cluster that does not
+    /// answer lets the call go on, to fail or be retried as it would, and is asked again.
     async fn check_layout(&self) -> Result<(), PsError> {
+        match self.ask_layout().await {
+            Err(e @ PsError::Layout(_)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    async fn ask_layout(&self) -> Result<(), PsError> {
         let Some(want) = &self.expected else { return Ok(()) };
         self.layout_checked
             .get_or_try_init(|| async {

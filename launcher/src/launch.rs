@@ -460,6 +460,19 @@ mod tests {
         }
     }
 
+    /// `configs/local.toml` names every `[launch]` key with its default.
+    #[test]
+    fn the_example_file_names_every_launch_key() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");
+        let file: toml::Table = toml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let written = file.get("launch").and_then(|l| l.as_table()).cloned().unwrap_or_default();
+        let defaults = LaunchConfig::default_table();
+        let missing: Vec<&String> = defaults.keys().filter(|k| !written.contains_key(*k)).collect();
+        assert!(missing.is_empty(), "configs/local.toml's [launch] does not name {missing:?}");
+        // And the values it shows are the defaults.
+        assert_eq!(LaunchConfig::from_table(&written).unwrap(), LaunchConfig::default());
+    }
+
     #[test]
     fn defaults_round_trip_and_bad_values_name_their_key() {
         let l = LaunchConfig::from_table(&LaunchConfig::default_table()).unwrap();

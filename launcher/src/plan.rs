@@ -301,8 +301,8 @@ impl Plan {
             config.cluster.server_host.clear();
         }
 
-        // Clients: ids unique over the whole run (a trainer's push sequence numbers are
-        // scoped by its id, so a later phase must not reuse one).
+        // Clients: ids unique over the whole run (they name logs, metrics ports and report
+        // entries; push identities are drawn fresh by each process).
         let serving = serving_pods(cfg);
         let mut next_id = 1u64;
         let mut plans = Vec::new();

@@ -1058,6 +1058,31 @@ mod tests {
         r.unwrap_err().fields().iter().map(|e| e.field.clone()).collect()
     }
 
+    /// `configs/local.toml` is the commented reference of every setting: each key a section
+    /// has is written there (set, or as a commented example), so none is known only from the
+    /// code.
+    #[test]
+    fn the_example_file_names_every_key_of_every_section() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let file: toml::Table = toml::from_str(&text).unwrap();
+        let defaults: toml::Table =
+            toml::from_str(&Config::local(2, 2, 17000).to_toml_string().unwrap()).unwrap();
+        let mut missing = Vec::new();
+        for (section, keys) in &defaults {
+            let Some(keys) = keys.as_table() else { continue };
+            for key in keys.keys() {
+                let written = file.get(section).and_then(|s| s.get(key)).is_some()
+                    || text.contains(&format!("\n# {key} ="))
+                    || text.contains(&format!("\n# [[{section}.{key}]]"));
+                if !written {
+                    missing.push(format!("{section}.{key}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "configs/local.toml does not name {missing:?}");
+    }
+
     #[test]
     fn example_file_parses_and_validates() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");

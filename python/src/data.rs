@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bex_model::{ClicksConfig, SyntheticClicks as Clicks};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 use rand_chacha::ChaCha8Rng;
 
@@ -49,6 +49,9 @@ impl SyntheticClicks {
         if hidden_dim == 0 {
             return Err(PyValueError::new_err("hidden_dim must be positive"));
         }
+        // The inverse-CDF table takes 8 bytes per id: an allocation that fails aborts the
+        // interpreter, so it is tried here first (MemoryError, as numpy would).
+        can_allocate::<f64>(usize::try_from(vocab).unwrap_or(usize::MAX), "vocab")?;
         if !(zipf_exponent.is_finite() && zipf_exponent >= 0.0) {
             return Err(PyValueError::new_err(format!(
                 "zipf_exponent {zipf_exponent}: must be finite and >= 0"
@@ -134,6 +137,8 @@ impl ClickStream {
         n: usize,
     ) -> PyResult<(Bound<'py, PyArray2<u64>>, Bound<'py, PyArray1<f32>>)> {
         let slots = self.data.config().slots;
+        can_allocate::<u64>(n.saturating_mul(slots), "n × slots")?;
+        can_allocate::<f32>(n, "n")?;
         let mut keys = Vec::with_capacity(n * slots);
         let mut labels = Vec::with_capacity(n);
         for _ in 0..n {
@@ -178,4 +183,16 @@ pub fn dense_keys(
         return Err(PyValueError::new_err("row_dim must be positive"));
     }
     Ok(PyArray1::from_vec(py, bex_model::dense_keys(model, params, row_dim)))
+}
+
+/// `MemoryError` when `n` values of `T` cannot be allocated now (a failed allocation in Rust
+/// aborts the process; a Python caller expects an exception).
+fn can_allocate<T>(n: usize, what: &str) -> PyResult<()> {
+    let mut probe: Vec<T> = Vec::new();
+    probe.try_reserve_exact(n).map_err(|e| {
+        PyMemoryError::new_err(format!(
+            "{what} = {n}: {} bytes cannot be allocated ({e})",
+            n.saturating_mul(std::mem::size_of::<T>())
+        ))
+    })
 }

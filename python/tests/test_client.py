@@ -89,14 +89,15 @@ def test_errors_are_exceptions_named_after_their_cause(cluster, client, tmp_path
 
 
 def test_a_stale_cluster_file_gets_the_servers_status(cluster, tmp_path):
-    """A client whose file says emb is 16 wide asks the servers for 16-wide rows: they answer
-    WrongDim, which arrives as bex.WrongDim."""
+    """A client whose file says emb is 16 wide: its first call compares the file's tables
+    with the servers' and raises ConfigError naming both widths (the servers would answer a
+    16-wide request WrongDim)."""
     text = cluster.read_text()
     stale = tmp_path / "stale.toml"
     stale.write_text(text.replace('dim = 8\nname = "emb"', 'dim = 16\nname = "emb"'))
     assert stale.read_text() != text, "the cluster file's emb entry was rewritten"
     c = bex.Client(stale, transport="tcp")
-    with pytest.raises(bex.WrongDim):
+    with pytest.raises(bex.ConfigError, match="dim 16 here.*dim 8 on the servers"):
         c.fetch("emb", np.array([1, 2], dtype=np.uint64))
 
 
@@ -205,3 +206,14 @@ def test_a_signal_interrupts_a_waiting_call(tmp_path):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert time.monotonic() - started < 2.0
+
+
+def test_sizes_beyond_memory_raise_memory_error_not_abort():
+    """A failed allocation in Rust aborts the interpreter: sizes are tried first."""
+    with pytest.raises(MemoryError):
+        bex.SyntheticClicks(vocab=2**47)  # an 8-byte inverse-CDF entry per id: 1 PiB
+    stream = bex.SyntheticClicks(seed=1).train()
+    with pytest.raises(MemoryError):
+        stream.next_batch(2**60)
+    keys, labels = stream.next_batch(3)  # and the stream still works
+    assert keys.shape[0] == 3 and labels.shape == (3,)

@@ -1068,7 +1068,12 @@ impl<T> Engine<T> {
                     Counters::add(&self.counters.credit_stalls, 1);
                     return Turn::Blocked;
                 }
-                let remote_addr = addr + offset;
+                // `addr` is the peer's (its CTS or grant): one past the address space must not
+                // panic here. Wrapped, the WRITE fails the NIC's key check and the engine with it.
+                let remote_addr = addr.wrapping_add(offset);
+                if offset == 0 && addr.checked_add(total).is_none() {
+                    Counters::add(&self.counters.malformed, 1);
+                }
                 let op = if last {
                     SendOp::WriteWithImm { remote_addr, rkey, imm: slot }
                 } else {
