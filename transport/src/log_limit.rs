@@ -39,6 +39,27 @@ impl LogLimit {
 /// How often a warning of one kind may repeat.
 pub(crate) const WARN_EVERY: Duration = Duration::from_secs(5);
 
+/// The next connection on `listener`. A failed accept (out of descriptors and the like) is
+/// warned of through `warn` and retried after a pause, so the loop does not spin.
+pub(crate) async fn accept(
+    listener: &tokio::net::TcpListener,
+    warn: &LogLimit,
+    what: &str,
+) -> (tokio::net::TcpStream, std::net::SocketAddr) {
+    const RETRY: Duration = Duration::from_millis(10);
+    loop {
+        match listener.accept().await {
+            Ok(a) => return a,
+            Err(e) => {
+                if let Some(held) = warn.allow(crate::clock::now()) {
+                    tracing::warn!(%e, held_back = held, "{what} accept failed");
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,6 @@ pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bemalloc::Pool;
 use parking_lot::Mutex;
@@ -40,7 +39,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::error::{Result, TransportError};
-use crate::log_limit::{LogLimit, WARN_EVERY};
+use crate::log_limit::{accept, LogLimit, WARN_EVERY};
 use crate::msg::{Msg, Payload, SharedMsg};
 use wire::{Frame, Hello, Role, HEADER_LEN, HELLO_LEN, PROOF_LEN};
 
@@ -53,8 +52,6 @@ const IO_BUF_BYTES: usize = 64 << 10;
 const ACCEPT_BACKLOG: usize = 1024;
 /// Inbound handshakes in progress at once; further connections are refused and counted.
 const MAX_HANDSHAKES: usize = 1024;
-/// Pause after a failed `accept(2)` (e.g. out of file descriptors) before trying again.
-const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
 /// What every connection's tasks share with the transport.
 struct Shared {
@@ -482,16 +479,7 @@ async fn listen_loop(listener: TcpListener, shared: Arc<Shared>, accepted: mpsc:
     let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     let (accept_warn, busy_warn) = (LogLimit::new(WARN_EVERY), LogLimit::new(WARN_EVERY));
     loop {
-        let (stream, from) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                if let Some(held) = accept_warn.allow(crate::clock::now()) {
-                    tracing::warn!(%e, held_back = held, "TCP accept failed");
-                }
-                tokio::time::sleep(ACCEPT_RETRY).await;
-                continue;
-            }
-        };
+        let (stream, from) = accept(&listener, &accept_warn, "TCP").await;
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             Counters::add(&shared.counters.bootstrap_refused, 1);
             if let Some(held) = busy_warn.allow(crate::clock::now()) {

@@ -28,7 +28,7 @@ use crate::driver::{Cmd, Control, Driven};
 use crate::endpoint::{Accepted, Done, Endpoint, OnEngineGone};
 use crate::engine::{Engine, EngineParts, Post, RemoteTarget};
 use crate::error::{Result, TransportError};
-use crate::log_limit::{LogLimit, WARN_EVERY};
+use crate::log_limit::{accept, LogLimit, WARN_EVERY};
 use crate::msg::{Msg, Payload, SharedMsg};
 use crate::proto::HEADER_LEN;
 use crate::recv::RecvRing;
@@ -234,17 +234,7 @@ impl RdmaTransport {
             let accept_warn = LogLimit::new(WARN_EVERY);
             let inbound_warn = Arc::new(LogLimit::new(WARN_EVERY));
             loop {
-                let (stream, from) = match listener.accept().await {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Out of descriptors and the like: do not spin.
-                        if let Some(held) = accept_warn.allow(crate::clock::now()) {
-                            tracing::warn!(%e, held_back = held, "bootstrap accept failed");
-                        }
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
+                let (stream, from) = accept(&listener, &accept_warn, "bootstrap").await;
                 if !acc2.load(Ordering::Acquire) {
                     // Out of service: close at once, as a host without RDMA would refuse.
                     drop(stream);
