@@ -98,7 +98,13 @@ else
 fi
 # The legacy builder keeps the build stage (3 GB) as an untagged image.
 docker image prune -f --filter label=bex.stage=build >/dev/null
-docker run --rm "$tag" ps-server --help | head -1 | grep -q '^usage: ps-server'
+# The whole help read before it is looked at: `| head -1` closed the pipe while docker still
+# wrote, and under pipefail its "broken pipe" failed the check now and then.
+help=$(docker run --rm "$tag" ps-server --help)
+[[ "${help%%$'\n'*}" == "usage: ps-server"* ]] || {
+    echo "docker.sh: $tag: ps-server --help does not start with its usage line" >&2
+    exit 1
+}
 docker run --rm "$tag" sh -c 'ls /usr/lib/x86_64-linux-gnu/libibverbs.so.1 >/dev/null \
     && ls /usr/lib/x86_64-linux-gnu/libibverbs/ | grep -q .'
 echo "docker.sh: $tag built ($(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')), runs, has libibverbs and its providers"
