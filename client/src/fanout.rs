@@ -155,8 +155,8 @@ impl PsClient {
         self
     }
 
-    /// The check of [`with_tables`](Self::with_tables): asked of shard 0 in any pod until it
-    /// succeeds. A mismatch fails the call (and every later one); a cluster that does not
+    /// The check of [`with_tables`](Self::with_tables): asked of any server (every server
+    /// holds every table) until one answers. A mismatch fails the call (and every later one); a cluster that does not
     /// answer lets the call go on, to fail or be retried as it would, and is asked again.
     async fn check_layout(&self) -> Result<(), PsError> {
         match self.ask_layout().await {
@@ -173,9 +173,11 @@ impl PsClient {
                     .map_err(|e| PsError::Protocol(e.to_string()))?;
                 let mut m = self.frame(frame.len())?;
                 m.as_mut_slice()[HEADER_LEN..].copy_from_slice(&frame);
-                let shard0: Vec<usize> =
-                    (0..self.topo.pods()).map(|p| index(&self.topo, p, 0)).collect();
-                let reply = self.call_frame(&shard0, Op::Tables, m, None).await?;
+                // Any server: with only shard 0's asked, calls while every copy of it was down
+                // each waited out the check first.
+                let every: Vec<usize> =
+                    (0..self.topo.pods() * self.topo.shards()).map(|i| i as usize).collect();
+                let reply = self.call_frame(&every, Op::Tables, m, None).await?;
                 let info: bex_ps_proto::control::TablesInfo =
                     wire::decode_response(reply.as_slice(), &self.limits)
                         .and_then(|r| r.control())
