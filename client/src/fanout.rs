@@ -226,6 +226,22 @@ impl PsClient {
         Ok(self)
     }
 
+    /// Runs `call` after the layout check, timing both into `op`'s histogram and counting a
+    /// failure.
+    async fn checked_and_observed(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<(), PsError>>,
+    ) -> Result<(), PsError> {
+        let started = crate::clock::now();
+        let r = match self.check_layout().await {
+            Ok(()) => call.await,
+            Err(e) => Err(e),
+        };
+        self.observe(op, started, r.is_ok());
+        r
+    }
+
     fn observe(&self, op: Op, started: std::time::Instant, ok: bool) {
         let Some(m) = &self.metrics else { return };
         let (h, f) = match op {
@@ -314,13 +330,7 @@ impl PsClient {
         keys: &[u64],
         out: &mut [f32],
     ) -> Result<(), PsError> {
-        let started = crate::clock::now();
-        let r = match self.check_layout().await {
-            Ok(()) => self.fetch_fanout(table, dim, keys, out).await,
-            Err(e) => Err(e),
-        };
-        self.observe(Op::Fetch, started, r.is_ok());
-        r
+        self.checked_and_observed(Op::Fetch, self.fetch_fanout(table, dim, keys, out)).await
     }
 
     async fn fetch_fanout(
@@ -371,13 +381,7 @@ impl PsClient {
         keys: &[u64],
         grads: &[f32],
     ) -> Result<(), PsError> {
-        let started = crate::clock::now();
-        let r = match self.check_layout().await {
-            Ok(()) => self.push_fanout(table, dim, keys, grads).await,
-            Err(e) => Err(e),
-        };
-        self.observe(Op::Push, started, r.is_ok());
-        r
+        self.checked_and_observed(Op::Push, self.push_fanout(table, dim, keys, grads)).await
     }
 
     async fn push_fanout(

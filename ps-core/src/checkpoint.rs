@@ -83,7 +83,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::dedupe::WindowState;
-use crate::table::{RecordFormat, TableError, TableSet, STRIPES};
+use crate::table::{ExportRows, RecordFormat, TableError, TableSet, STRIPES};
 use bex_ps_proto::control::SnapshotCursor;
 use bex_ps_proto::optim::OptimizerKind;
 use bex_ps_proto::wire::{rd_u16, rd_u32, rd_u64};
@@ -274,6 +274,7 @@ fn write_tmp(
             while written < count {
                 buf.clear();
                 let (scanned, n) = t.export_records(
+                    ExportRows::Live,
                     s,
                     slot,
                     batch_rows(t.record_len()).min(count - written),
@@ -624,7 +625,7 @@ pub fn snapshot_chunk(
             break;
         }
         // Rows never pushed hold initial values, which the receiver's initializer recreates.
-        let (scanned, n) = t.export_pushed_records(stripe, row, room, out);
+        let (scanned, n) = t.export_records(ExportRows::Pushed, stripe, row, room, out);
         rows += n;
         row += scanned;
         if n < room {
@@ -809,7 +810,7 @@ mod tests {
         for (id, t) in set.iter() {
             let mut buf = Vec::new();
             for s in 0..STRIPES {
-                t.export_records(s, 0, usize::MAX, &mut buf);
+                t.export_records(ExportRows::Live, s, 0, usize::MAX, &mut buf);
             }
             let mut recs: Vec<Vec<u8>> =
                 buf.chunks_exact(t.record_len()).map(<[u8]>::to_vec).collect();
@@ -890,7 +891,7 @@ mod tests {
         assert_eq!(st.rows(), 128);
         let stripe_records = |t: &crate::Table, s: usize| {
             let mut buf = Vec::new();
-            t.export_records(s, 0, usize::MAX, &mut buf);
+            t.export_records(ExportRows::Live, s, 0, usize::MAX, &mut buf);
             let mut recs: Vec<Vec<u8>> =
                 buf.chunks_exact(t.record_len()).map(<[u8]>::to_vec).collect();
             // Newest first: version (bytes 8..16), then key (0..8).
@@ -1143,7 +1144,7 @@ mod tests {
         let mut keys = Vec::new();
         let mut recs = Vec::new();
         for s in 0..STRIPES {
-            t.export_records(s, 0, usize::MAX, &mut recs);
+            t.export_records(ExportRows::Live, s, 0, usize::MAX, &mut recs);
         }
         for r in recs.chunks_exact(t.record_len()) {
             keys.push(rd_u64(r, 0));

@@ -1059,27 +1059,22 @@ impl Table {
         }
     }
 
-    /// Appends the records of the live rows in slots `from..` of `stripe` to `out` until
-    /// `max_rows` are written or the stripe ends; returns (slots scanned, records written).
-    /// The stripe is read-locked while copying (not while the caller does I/O).
+    /// Appends the records of `which` rows in slots `from..` of `stripe` to `out` until
+    /// `max_rows` are written or the stripe ends; returns (slots scanned, records written):
+    /// fewer written than `max_rows` means the stripe's end was reached. The stripe is
+    /// read-locked while copying (not while the caller does I/O).
     pub fn export_records(
         &self,
+        which: ExportRows,
         stripe: usize,
         from: usize,
         max_rows: usize,
         out: &mut Vec<u8>,
     ) -> (usize, usize) {
-        self.export_where(stripe, from, max_rows, out, |v| v != FREE)
-    }
-
-    fn export_where(
-        &self,
-        stripe: usize,
-        from: usize,
-        max_rows: usize,
-        out: &mut Vec<u8>,
-        take: impl Fn(u64) -> bool,
-    ) -> (usize, usize) {
+        let take = |v: u64| match which {
+            ExportRows::Live => v != FREE,
+            ExportRows::Pushed => v > 0 && v != FREE,
+        };
         let Some(s) = self.stripes.get(stripe) else { return (0, 0) };
         let s = s.read();
         let (mut r, mut written) = (from, 0);
@@ -1091,21 +1086,6 @@ impl Table {
             r += 1;
         }
         (r.saturating_sub(from), written)
-    }
-
-    /// Like [`export_records`](Self::export_records), but only rows ever pushed (version
-    /// above 0: the others hold their initial values, which the initializer recreates
-    /// anywhere): scans rows `from..` of `stripe` until `max_rows` records are written or the
-    /// stripe ends. Returns (rows scanned, records written); fewer written than `max_rows`
-    /// means the stripe's end was reached.
-    pub fn export_pushed_records(
-        &self,
-        stripe: usize,
-        from: usize,
-        max_rows: usize,
-        out: &mut Vec<u8>,
-    ) -> (usize, usize) {
-        self.export_where(stripe, from, max_rows, out, |v| v > 0 && v != FREE)
     }
 
     /// Inserts whole rows (values, state, steps, version) from records as written by
@@ -1157,6 +1137,16 @@ impl Table {
         }
         Ok(records.len() / rl)
     }
+}
+
+/// Which rows [`Table::export_records`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportRows {
+    /// Every row the table holds (checkpoints, tests).
+    Live,
+    /// Only rows ever pushed (version above 0): the others hold their initial values, which
+    /// the initializer recreates anywhere (snapshot chunks for a bootstrapping replica).
+    Pushed,
 }
 
 /// How row records are laid out (see [`Table::record_len_of`]).
@@ -1428,7 +1418,7 @@ mod tests {
     fn all_records(t: &Table) -> Vec<Vec<u8>> {
         let mut all = Vec::new();
         for s in 0..STRIPES {
-            t.export_records(s, 0, usize::MAX, &mut all);
+            t.export_records(ExportRows::Live, s, 0, usize::MAX, &mut all);
         }
         let mut recs: Vec<Vec<u8>> = all.chunks(t.record_len()).map(<[u8]>::to_vec).collect();
         recs.sort();
@@ -1738,7 +1728,7 @@ mod tests {
         let mut buf = Vec::new();
         let mut n = 0;
         for s in 0..STRIPES {
-            n += t.export_records(s, 0, usize::MAX, &mut buf).1;
+            n += t.export_records(ExportRows::Live, s, 0, usize::MAX, &mut buf).1;
         }
         assert_eq!(n, 500);
         assert_eq!(buf.len(), 500 * t.record_len());

@@ -137,7 +137,7 @@ async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8
     for (_, t) in tables.iter() {
         let mut all = Vec::new();
         for s in 0..bex_ps_core::table::STRIPES {
-            t.export_records(s, 0, usize::MAX, &mut all);
+            t.export_records(bex_ps_core::ExportRows::Live, s, 0, usize::MAX, &mut all);
         }
         out.extend(all.chunks(t.record_len()).map(<[u8]>::to_vec));
     }

@@ -17,7 +17,7 @@ use crate::error::{io, BenchError, Result};
 use crate::net::{
     context_switches, counter_map, cpu_us, host_busy_us, LazyNode, Node, Socket, Transport,
 };
-use crate::report::{Outcome, Point};
+use crate::report::{Measured, Outcome, Point};
 use crate::sim::{frag_sim, hol_sim};
 use crate::spec::{Job, Plan, ServerSetup, Work};
 use crate::workload::{broadcast, hol, pingpong, windowed};
@@ -146,7 +146,8 @@ fn sim_tput_point(
         Ok(elapsed) => {
             let reps = vec![BwRep::new(size as u32, u64::from(msgs), elapsed)];
             let summary = summarize_bw(&reps).expect("one repetition");
-            let mut p = Point::new(job.clone(), Outcome::Throughput { summary, reps });
+            let mut p =
+                Point::new(job.clone(), Outcome::Measured(Measured::Throughput { summary, reps }));
             p.extra.insert("seed".into(), seed as f64);
             p
         }
@@ -160,7 +161,7 @@ fn sim_point(job: &Job, flows: u32, large: u64, samples: u32, link_gbps: u32, se
             Some(summary) => {
                 let mut p = Point::new(
                     job.clone(),
-                    Outcome::Latency { summary, histogram: r.small.buckets() },
+                    Outcome::Measured(Measured::Latency { summary, histogram: r.small.buckets() }),
                 );
                 p.extra.insert("large_gbps".into(), r.large_gbps);
                 p.extra.insert("virtual_ms".into(), r.virtual_ms);
@@ -241,7 +242,7 @@ async fn connect_all(t: &Transport, addrs: &[SocketAddr], n: u32) -> Result<Vec<
 
 fn latency(rec: &bex_bench::stats::LatencyRecorder) -> Result<Outcome> {
     let summary = rec.summary().ok_or_else(|| BenchError::check("no round trips recorded"))?;
-    Ok(Outcome::Latency { summary, histogram: rec.buckets() })
+    Ok(Outcome::Measured(Measured::Latency { summary, histogram: rec.buckets() }))
 }
 
 async fn work(
@@ -266,7 +267,7 @@ async fn work(
                 windowed(&socks, pool, size as usize, ack, window, warmup, msgs, reps, clock)
                     .await?;
             let summary = summarize_bw(&reps).ok_or_else(|| BenchError::check("no repetitions"))?;
-            Outcome::Throughput { summary, reps }
+            Outcome::Measured(Measured::Throughput { summary, reps })
         }
         Work::Hol { small, large, flows, window, warmup, iters } => {
             let s = t.connect(addrs[0]).await?;

@@ -63,26 +63,6 @@ pub enum Ctl {
 
 impl Message for Ctl {
     const TOOL: &'static str = "bex-perf";
-
-    fn kind(&self) -> &'static str {
-        match self {
-            Ctl::Hello { .. } => "hello",
-            Ctl::Welcome { .. } => "welcome",
-            Ctl::Setup { .. } => "setup",
-            Ctl::Ready { .. } => "ready",
-            Ctl::Finish => "finish",
-            Ctl::Done { .. } => "done",
-            Ctl::Failed { .. } => "failed",
-            Ctl::Bye => "bye",
-        }
-    }
-
-    fn failure(&self) -> Option<&str> {
-        match self {
-            Ctl::Failed { message } => Some(message),
-            _ => None,
-        }
-    }
 }
 
 /// The control connection of a `bex-perf` session.

@@ -13,9 +13,9 @@ use serde::Serialize;
 
 use crate::spec::{Job, Plan, Test};
 
-/// What one job produced.
+/// What a job that ran measured.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub enum Measured {
     /// Round trips.
     Latency {
         /// Percentiles and mean, µs.
@@ -30,11 +30,10 @@ pub enum Outcome {
         /// Every repetition.
         reps: Vec<BwRep>,
     },
-    /// The job failed.
-    Failed(String),
-    /// The job did not run (an earlier failure ended the session).
-    Skipped(String),
 }
+
+/// What one job produced.
+pub type Outcome = bex_bench::report::Outcome<Measured>;
 
 /// A job and what came of it.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,7 +64,7 @@ impl Point {
 
     /// True for failed or skipped jobs.
     pub fn is_failure(&self) -> bool {
-        matches!(self.outcome, Outcome::Failed(_) | Outcome::Skipped(_))
+        self.outcome.is_failure()
     }
 }
 
@@ -105,13 +104,25 @@ impl Metric {
 /// The value of `m` for point `p`, if it has one.
 pub fn metric(p: &Point, m: Metric) -> Option<f64> {
     match (&p.outcome, m) {
-        (Outcome::Latency { summary, .. }, Metric::Mean) => Some(summary.mean_us),
-        (Outcome::Latency { summary, .. }, Metric::P50) => Some(summary.p50_us),
-        (Outcome::Latency { summary, .. }, Metric::P99) => Some(summary.p99_us),
-        (Outcome::Throughput { summary, .. }, Metric::Gbps) => Some(summary.median_gbps),
-        (Outcome::Throughput { summary, .. }, Metric::Mreqs) => Some(summary.median_mmsgs),
-        (Outcome::Latency { .. }, Metric::LargeGbps) => p.extra.get("large_gbps").copied(),
-        (Outcome::Latency { .. } | Outcome::Throughput { .. }, Metric::CpuPerMsg) => {
+        (Outcome::Measured(Measured::Latency { summary, .. }), Metric::Mean) => {
+            Some(summary.mean_us)
+        }
+        (Outcome::Measured(Measured::Latency { summary, .. }), Metric::P50) => Some(summary.p50_us),
+        (Outcome::Measured(Measured::Latency { summary, .. }), Metric::P99) => Some(summary.p99_us),
+        (Outcome::Measured(Measured::Throughput { summary, .. }), Metric::Gbps) => {
+            Some(summary.median_gbps)
+        }
+        (Outcome::Measured(Measured::Throughput { summary, .. }), Metric::Mreqs) => {
+            Some(summary.median_mmsgs)
+        }
+        (Outcome::Measured(Measured::Latency { .. }), Metric::LargeGbps) => {
+            p.extra.get("large_gbps").copied()
+        }
+        (
+            Outcome::Measured(Measured::Latency { .. })
+            | Outcome::Measured(Measured::Throughput { .. }),
+            Metric::CpuPerMsg,
+        ) => {
             let msgs = *p.client_counters.get("messages_received")?;
             let cpu = p.client_counters.get("cpu_us")? + p.server_counters.get("cpu_us")?;
             (msgs > 0).then(|| cpu as f64 / msgs as f64)
@@ -361,9 +372,7 @@ fn cell(p: Option<&Point>, m: Metric) -> String {
         Some((_, Some(v))) if v >= 100.0 => format!("{v:.0}"),
         Some((_, Some(v))) if v >= 1.0 => format!("{v:.2}"),
         Some((_, Some(v))) => format!("{v:.3}"),
-        Some((Outcome::Failed(_), None)) => "err".into(),
-        Some((Outcome::Skipped(_), None)) => "skip".into(),
-        Some((_, None)) => "-".into(),
+        Some((o, None)) => o.missing_cell().unwrap_or("-").into(),
     }
 }
 
@@ -535,7 +544,7 @@ pub fn text(plan: &Plan, placement: &Placement, points: &[Point], notes: &[Strin
     }
     let mut seen: Vec<String> = Vec::new();
     for p in points.iter().filter(|p| p.is_failure()) {
-        if let Outcome::Failed(e) | Outcome::Skipped(e) = &p.outcome {
+        if let Some(e) = p.outcome.failure() {
             let line = format!("{} {}: {e}", p.job.test, p.job.series);
             if !seen.contains(&line) {
                 seen.push(line);
@@ -598,7 +607,7 @@ pub fn json(
                 test: p.job.test,
                 series: &p.job.series,
                 x: p.job.x,
-                status: "ok",
+                status: p.outcome.status(),
                 job: &p.job,
                 latency: None,
                 rtt_ns_histogram: None,
@@ -607,25 +616,18 @@ pub fn json(
                 extra: &p.extra,
                 client_counters: &p.client_counters,
                 server_counters: &p.server_counters,
-                error: None,
+                error: p.outcome.reason(),
             };
             match &p.outcome {
-                Outcome::Latency { summary, histogram } => {
+                Outcome::Measured(Measured::Latency { summary, histogram }) => {
                     j.latency = Some(summary);
                     j.rtt_ns_histogram = Some(histogram);
                 }
-                Outcome::Throughput { summary, reps } => {
+                Outcome::Measured(Measured::Throughput { summary, reps }) => {
                     j.throughput = Some(summary);
                     j.reps = Some(reps);
                 }
-                Outcome::Failed(e) => {
-                    j.status = "failed";
-                    j.error = Some(e);
-                }
-                Outcome::Skipped(why) => {
-                    j.status = "skipped";
-                    j.error = Some(why);
-                }
+                _ => {}
             }
             j
         })
@@ -874,7 +876,7 @@ impl bex_bench::report::ProgressLine for Point {
         let j = &self.job;
         let what = format!("{} {} {}={}", j.test, j.series, x_name(j.test), x_label(j.test, j.x));
         match &self.outcome {
-            Outcome::Latency { summary: s, .. } => format!(
+            Outcome::Measured(Measured::Latency { summary: s, .. }) => format!(
                 "{what}: RTT mean {:.1} µs, p50 {:.1}, p99 {:.1}{}",
                 s.mean_us,
                 s.p50_us,
@@ -883,7 +885,7 @@ impl bex_bench::report::ProgressLine for Point {
                     .get("large_gbps")
                     .map_or(String::new(), |g| format!(" (large flows {g:.2} Gb/s)"))
             ),
-            Outcome::Throughput { summary: s, .. } => format!(
+            Outcome::Measured(Measured::Throughput { summary: s, .. }) => format!(
                 "{what}: {:.2} Gb/s, {:.3} M msg/s (median of {}){}",
                 s.median_gbps,
                 s.median_mmsgs,
@@ -891,8 +893,7 @@ impl bex_bench::report::ProgressLine for Point {
                 metric(self, Metric::CpuPerMsg)
                     .map_or(String::new(), |c| format!(", {c:.1} CPU µs per message"))
             ),
-            Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
-            Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
+            o => o.missing_line(&what).unwrap_or(what),
         }
     }
 }
@@ -921,7 +922,10 @@ mod tests {
         r.record(Duration::from_micros(us));
         Point::new(
             job(test, series, x),
-            Outcome::Latency { summary: r.summary().unwrap(), histogram: r.buckets() },
+            Outcome::Measured(Measured::Latency {
+                summary: r.summary().unwrap(),
+                histogram: r.buckets(),
+            }),
         )
     }
 
@@ -929,7 +933,7 @@ mod tests {
         let reps = vec![BwRep::new(1 << 20, gbps_x8 * 1000, Duration::from_millis(8 * 1049))];
         Point::new(
             job(Test::Tput, series, x),
-            Outcome::Throughput { summary: summarize_bw(&reps).unwrap(), reps },
+            Outcome::Measured(Measured::Throughput { summary: summarize_bw(&reps).unwrap(), reps }),
         )
     }
 

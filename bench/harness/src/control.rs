@@ -16,16 +16,31 @@ use crate::error::{io, Error, Result};
 /// Largest control frame accepted.
 pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 
-/// A tool's control message.
+/// A tool's control message: an enum tagged `#[serde(tag = "msg")]`, whose tag names it;
+/// its `Failed { message }` variant (tag `failed`) is the peer's failure report.
 pub trait Message: Serialize + DeserializeOwned {
     /// The tool whose processes speak this protocol (named when a frame is not one of its).
     const TOOL: &'static str;
 
-    /// The message's name, for errors.
-    fn kind(&self) -> &'static str;
+    /// The message's name, for errors: its `msg` tag, read from its serialized form (so the
+    /// name on the wire and in errors are one; a hand-written `match` per tool repeated
+    /// them). Only errors ask, so serializing again costs nothing that matters.
+    fn kind(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| Some(v.get("msg")?.as_str()?.to_owned()))
+            .unwrap_or_else(|| "an untagged message".to_owned())
+    }
 
-    /// The peer's report of a failure, if this message is one.
-    fn failure(&self) -> Option<&str>;
+    /// The peer's report of a failure, if this message is one: by convention the message
+    /// tagged `failed`, whose `message` field says why.
+    fn failure(&self) -> Option<String> {
+        let v = serde_json::to_value(self).ok()?;
+        if v.get("msg")?.as_str()? != "failed" {
+            return None;
+        }
+        Some(v.get("message")?.as_str()?.to_owned())
+    }
 }
 
 /// One framed message.
@@ -66,7 +81,7 @@ fn header_error(e: std::io::Error) -> Error {
 /// `msg`, or [`Error::Remote`] when it is the peer's failure report.
 fn ok<M: Message>(msg: M) -> Result<M> {
     match msg.failure() {
-        Some(why) => Err(Error::Remote(why.to_string())),
+        Some(why) => Err(Error::Remote(why)),
         None => Ok(msg),
     }
 }
@@ -110,7 +125,7 @@ impl<M: Message> Control<M> {
     /// Sends one message.
     pub fn send(&mut self, msg: &M) -> Result<()> {
         let frame = encode(msg)?;
-        self.stream.write_all(&frame).map_err(io(format!("control: sending {}", msg.kind())))
+        self.stream.write_all(&frame).map_err(|e| io(format!("control: sending {}", msg.kind()))(e))
     }
 
     /// Receives one message; a closed connection is a protocol error.
@@ -171,7 +186,8 @@ impl<M: Message> AsyncControl<M> {
     pub async fn send(&mut self, msg: &M) -> Result<()> {
         use tokio::io::AsyncWriteExt;
         let frame = encode(msg)?;
-        self.stream.write_all(&frame).await.map_err(io(format!("control: sending {}", msg.kind())))
+        let sent = self.stream.write_all(&frame).await;
+        sent.map_err(|e| io(format!("control: sending {}", msg.kind()))(e))
     }
 
     /// Receives one message; a closed connection is a protocol error.
@@ -212,20 +228,6 @@ mod tests {
 
     impl Message for Msg {
         const TOOL: &'static str = "test";
-        fn kind(&self) -> &'static str {
-            match self {
-                Msg::Hello { .. } => "hello",
-                Msg::Ready { .. } => "ready",
-                Msg::Failed { .. } => "failed",
-                Msg::Bye => "bye",
-            }
-        }
-        fn failure(&self) -> Option<&str> {
-            match self {
-                Msg::Failed { message } => Some(message),
-                _ => None,
-            }
-        }
     }
 
     fn pair() -> (Control<Msg>, Control<Msg>) {
@@ -264,6 +266,15 @@ mod tests {
             _ => None,
         });
         assert_eq!(port.unwrap(), None);
+    }
+
+    #[test]
+    fn a_message_is_named_by_its_tag_and_failed_is_the_failure_report() {
+        assert_eq!(Msg::Hello { version: 1 }.kind(), "hello");
+        assert_eq!(Msg::Bye.kind(), "bye");
+        assert_eq!(Msg::Failed { message: "x".into() }.kind(), "failed");
+        assert_eq!(Msg::Failed { message: "x".into() }.failure().as_deref(), Some("x"));
+        assert_eq!(Msg::Ready { port: Some(1) }.failure(), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::control::{Control, Msg, Replies};
 use crate::error::{io, PerfError, Result};
-use crate::report::Outcome;
+use crate::report::{Measured, Outcome};
 use crate::spec::{JobSpec, Metric, TestKind};
 use bex_bench::clock::Clock;
 use bex_bench::stats::{summarize_bw, BwRep, LatencyRecorder};
@@ -127,7 +127,7 @@ fn udp_lat(
     let tag = size.min(8);
     let mut rec = LatencyRecorder::new();
     let mut resends = 0u64;
-    let total = u64::from(spec.warmup) + u64::from(spec.iters);
+    let total = u64::from(spec.knobs.warmup) + u64::from(spec.iters);
     for i in 0..total {
         tx[..tag].copy_from_slice(&i.to_le_bytes()[..tag]);
         let mut resent_this_round = 0u32;
@@ -153,7 +153,7 @@ fn udp_lat(
         }
         let rtt = clock.now() - t0;
         // A round that needed a resend measured the resend timer, not the path: left out.
-        if i >= u64::from(spec.warmup) && resent_this_round == 0 {
+        if i >= u64::from(spec.knobs.warmup) && resent_this_round == 0 {
             rec.record(rtt);
         }
     }
@@ -206,7 +206,7 @@ fn accept_or_give_up(listener: &TcpListener, ctrl: &mut Control) -> Result<TcpSt
 
 fn echo(mut s: TcpStream, spec: &JobSpec) -> Result<u64> {
     let mut buf = vec![0u8; spec.size as usize];
-    let total = u64::from(spec.warmup) + u64::from(spec.iters);
+    let total = u64::from(spec.knobs.warmup) + u64::from(spec.iters);
     for _ in 0..total {
         s.read_exact(&mut buf).map_err(io("tcp data: read"))?;
         s.write_all(&buf).map_err(io("tcp data: echo"))?;
@@ -216,7 +216,7 @@ fn echo(mut s: TcpStream, spec: &JobSpec) -> Result<u64> {
 
 /// The stream's phases: the warm-up (if any), then one per repetition.
 fn phases(spec: &JobSpec) -> impl Iterator<Item = (bool, u64)> + use<> {
-    let warm = (spec.warmup > 0).then_some((true, u64::from(spec.warmup)));
+    let warm = (spec.knobs.warmup > 0).then_some((true, u64::from(spec.knobs.warmup)));
     let iters = u64::from(spec.iters);
     warm.into_iter().chain((0..spec.reps).map(move |_| (false, iters)))
 }
@@ -244,12 +244,12 @@ fn tcp_lat(mut s: TcpStream, spec: &JobSpec, clock: Clock) -> Result<Outcome> {
     let tx = vec![0xa5u8; spec.size as usize];
     let mut rx = vec![0u8; spec.size as usize];
     let mut rec = LatencyRecorder::new();
-    for i in 0..spec.warmup + spec.iters {
+    for i in 0..spec.knobs.warmup + spec.iters {
         let t0 = clock.now();
         s.write_all(&tx).map_err(io("tcp data: write"))?;
         s.read_exact(&mut rx).map_err(io("tcp data: read"))?;
         let rtt = clock.now() - t0;
-        if i >= spec.warmup {
+        if i >= spec.knobs.warmup {
             rec.record(rtt);
         }
     }
@@ -279,12 +279,16 @@ pub fn latency_outcome(rec: &LatencyRecorder, retransmits: u64) -> Result<Outcom
     let summary = rec.summary().ok_or_else(|| {
         PerfError::check("no round trip was measured (every one was warm-up or resent)")
     })?;
-    Ok(Outcome::Latency { summary, rtt_ns_histogram: rec.buckets(), retransmits })
+    Ok(Outcome::Measured(Measured::Latency {
+        summary,
+        rtt_ns_histogram: rec.buckets(),
+        retransmits,
+    }))
 }
 
 /// The outcome of a bandwidth job.
 pub fn bandwidth_outcome(reps: Vec<BwRep>) -> Result<Outcome> {
     let summary =
         summarize_bw(&reps).ok_or_else(|| PerfError::check("no repetition was measured"))?;
-    Ok(Outcome::Bandwidth { summary, reps })
+    Ok(Outcome::Measured(Measured::Bandwidth { summary, reps }))
 }

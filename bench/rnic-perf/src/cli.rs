@@ -15,7 +15,7 @@ use crate::error::{PerfError, Result};
 use crate::launch::{run_local, LocalRun, TOOL};
 use crate::report::{self, JobResult};
 use crate::server::{serve, ServerOptions};
-use crate::spec::{parse_mtu, parse_size_list, resolve_tests, Plan, SizeList, TestKind};
+use crate::spec::{parse_mtu, parse_size_list, resolve_tests, Knobs, Plan, SizeList, TestKind};
 
 /// The default control port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
@@ -99,24 +99,9 @@ pub struct BenchArgs {
     /// Repetitions per size in the bandwidth tests; the table shows their median.
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
-    /// Round trips (latency) or messages (bandwidth) per size sent before measuring; not
-    /// recorded.
-    #[arg(long, value_name = "N", default_value_t = 100)]
-    pub warmup: u32,
-    /// Most outstanding work requests in the RNIC bandwidth tests (and the send-queue depth).
-    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
-    pub window: u32,
-    /// Work requests per post_send call in the RNIC bandwidth tests (at most --window).
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
-    /// Signal every Nth work request in the RNIC bandwidth tests (at most --window; the last
-    /// one is always signaled).
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    pub signal_every: u32,
-    /// RNIC tests: completion-queue polls (or memory checks in write_lat) before blocking on
-    /// the queue's fd (or yielding the CPU between checks). 0 blocks at once.
-    #[arg(long, value_name = "N", default_value_t = 2000)]
-    pub spin_polls: u32,
+    /// How the jobs drive the queues.
+    #[command(flatten)]
+    pub knobs: Knobs,
     /// Do not add each RNIC test's baseline (udp_lat for *_lat, tcp_bw for *_bw) to the run.
     #[arg(long)]
     pub no_baselines: bool,
@@ -173,12 +158,8 @@ impl BenchArgs {
             mtus,
             lat_iters: self.iters,
             bw_iters: self.bw_iters,
-            warmup: self.warmup,
             reps: self.reps,
-            window: self.window,
-            batch: self.batch,
-            signal_every: self.signal_every,
-            spin_polls: self.spin_polls,
+            knobs: self.knobs,
         };
         plan.validate()?;
         Ok(plan)
@@ -279,7 +260,7 @@ mod tests {
         assert_eq!(plan.tests, TestKind::ALL.to_vec());
         assert_eq!(plan.sizes.len(), 16);
         assert_eq!(plan.mtus, vec![4096]);
-        assert_eq!((plan.lat_iters, plan.warmup, plan.reps), (1000, 100, 5));
+        assert_eq!((plan.lat_iters, plan.knobs.warmup, plan.reps), (1000, 100, 5));
     }
 
     #[test]

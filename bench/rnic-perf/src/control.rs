@@ -71,29 +71,6 @@ pub enum Msg {
 
 impl Message for Msg {
     const TOOL: &'static str = "rnic-perf";
-
-    fn kind(&self) -> &'static str {
-        match self {
-            Msg::Hello { .. } => "hello",
-            Msg::Welcome { .. } => "welcome",
-            Msg::Job { .. } => "job",
-            Msg::Ready { .. } => "ready",
-            Msg::Finish => "finish",
-            Msg::Done { .. } => "done",
-            Msg::Failed { .. } => "failed",
-            Msg::RdmaOpen => "rdma_open",
-            Msg::RdmaClose => "rdma_close",
-            Msg::Buffer { .. } => "buffer",
-            Msg::Bye => "bye",
-        }
-    }
-
-    fn failure(&self) -> Option<&str> {
-        match self {
-            Msg::Failed { message } => Some(message),
-            _ => None,
-        }
-    }
 }
 
 /// The control connection of an `rnic-perf` session.
@@ -139,7 +116,7 @@ mod tests {
     use std::net::TcpStream;
 
     use super::*;
-    use crate::spec::TestKind;
+    use crate::spec::{Knobs, TestKind};
 
     #[test]
     fn messages_round_trip_over_tcp() {
@@ -150,12 +127,8 @@ mod tests {
             size: 4096,
             mtu: Some(61440),
             iters: 10,
-            warmup: 2,
             reps: 3,
-            window: 64,
-            batch: 8,
-            signal_every: 16,
-            spin_polls: 100,
+            knobs: Knobs { warmup: 2, window: 64, batch: 8, signal_every: 16, spin_polls: 100 },
         };
         let msgs = vec![
             Msg::Hello { version: PROTOCOL_VERSION },

@@ -362,8 +362,8 @@ mod tests {
     use super::*;
     use crate::control::{Control, Msg};
     use crate::rdma::{client_session, server_session};
-    use crate::report::{JobResult, Outcome};
-    use crate::spec::{JobSpec, TestKind};
+    use crate::report::{JobResult, Measured, Outcome};
+    use crate::spec::{JobSpec, Knobs, TestKind};
     use bex_bench::clock::Clock;
 
     fn spec(test: TestKind, size: u32) -> JobSpec {
@@ -372,12 +372,8 @@ mod tests {
             size,
             mtu: Some(4096),
             iters: 50,
-            warmup: 5,
             reps: 3,
-            window: 16,
-            batch: 4,
-            signal_every: 8,
-            spin_polls: 10,
+            knobs: Knobs { warmup: 5, window: 16, batch: 4, signal_every: 8, spin_polls: 10 },
         }
     }
 
@@ -413,14 +409,14 @@ mod tests {
         assert_eq!(results.len(), jobs.len());
         for r in &results {
             match &r.outcome {
-                Outcome::Latency { summary, .. } => {
+                Outcome::Measured(Measured::Latency { summary, .. }) => {
                     assert!(
                         r.spec.test.is_rdma() && r.spec.test.baseline() == Some(TestKind::UdpLat)
                     );
                     assert_eq!(summary.count, 50, "{r:?}");
                     assert!(summary.p50_us > 0.0 && summary.p99_us >= summary.p50_us, "{r:?}");
                 }
-                Outcome::Bandwidth { summary, reps } => {
+                Outcome::Measured(Measured::Bandwidth { summary, reps }) => {
                     assert_eq!(reps.len(), 3, "{r:?}");
                     assert!(reps.iter().all(|x| x.bytes == 50 * u64::from(r.spec.size)), "{r:?}");
                     assert!(summary.median_gbps > 0.0, "{r:?}");
@@ -435,29 +431,34 @@ mod tests {
         let mut jobs = Vec::new();
         for (window, batch, every) in [(5, 3, 4), (1, 1, 1), (7, 7, 7), (16, 1, 16)] {
             for test in [TestKind::SendBw, TestKind::WriteBw] {
-                jobs.push(JobSpec {
-                    window,
-                    batch,
-                    signal_every: every,
-                    iters: 37,
-                    ..spec(test, 128)
-                });
+                let base = spec(test, 128);
+                let knobs = Knobs { window, batch, signal_every: every, ..base.knobs };
+                jobs.push(JobSpec { iters: 37, knobs, ..base });
             }
         }
         for r in run_pair(&jobs) {
-            assert!(matches!(r.outcome, Outcome::Bandwidth { .. }), "{r:?}");
+            assert!(matches!(r.outcome, Outcome::Measured(Measured::Bandwidth { .. })), "{r:?}");
         }
     }
 
     #[test]
     fn a_job_the_device_refuses_fails_alone() {
-        let jobs =
-            [JobSpec { window: 4096, ..spec(TestKind::WriteBw, 64) }, spec(TestKind::SendLat, 64)];
+        let jobs = [
+            {
+                let base = spec(TestKind::WriteBw, 64);
+                JobSpec { knobs: Knobs { window: 4096, ..base.knobs }, ..base }
+            },
+            spec(TestKind::SendLat, 64),
+        ];
         let results = run_pair(&jobs);
         match &results[0].outcome {
             Outcome::Failed(e) => assert!(e.contains("queue depth"), "{e}"),
             o => panic!("{o:?}"),
         }
-        assert!(matches!(results[1].outcome, Outcome::Latency { .. }), "{:?}", results[1]);
+        assert!(
+            matches!(results[1].outcome, Outcome::Measured(Measured::Latency { .. })),
+            "{:?}",
+            results[1]
+        );
     }
 }

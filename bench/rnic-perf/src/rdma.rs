@@ -171,15 +171,15 @@ impl<D: Device> Conn<D> {
                 return Err(PerfError::usage(format!("{} does not accept a soft MTU", caps.name)));
             }
         }
-        if spec.window > caps.max_qp_wr {
+        if spec.knobs.window > caps.max_qp_wr {
             return Err(PerfError::usage(format!(
                 "--window {} exceeds {}'s queue depth {}",
-                spec.window, caps.name, caps.max_qp_wr
+                spec.knobs.window, caps.name, caps.max_qp_wr
             )));
         }
-        let sq_depth = spec.window.max(1);
+        let sq_depth = spec.knobs.window.max(1);
         let rq_depth = match spec.test {
-            TestKind::SendBw => spec.window.saturating_mul(2).max(BW_MIN_RQ_DEPTH),
+            TestKind::SendBw => spec.knobs.window.saturating_mul(2).max(BW_MIN_RQ_DEPTH),
             _ => LAT_RQ_DEPTH,
         }
         .min(caps.max_qp_wr);
@@ -329,7 +329,7 @@ fn ping_pong<D: Device>(
     clock: Clock,
     initiator: bool,
 ) -> Result<LatencyRecorder> {
-    let total = u64::from(spec.warmup) + u64::from(spec.iters);
+    let total = u64::from(spec.knobs.warmup) + u64::from(spec.iters);
     let last = spec.size as usize - 1;
     let mut slots = SendSlots::new(c.sq_depth);
     let mut rec = LatencyRecorder::new();
@@ -371,7 +371,7 @@ fn ping_pong<D: Device>(
         if initiator {
             wait_peer(c, &mut wc)?;
             let rtt = clock.now() - t0;
-            if i >= u64::from(spec.warmup) {
+            if i >= u64::from(spec.knobs.warmup) {
                 rec.record(rtt);
             }
         }
@@ -386,9 +386,9 @@ fn ping_pong<D: Device>(
 /// Streams `n` messages: batches of posts within the window, every `signal_every`-th and the
 /// last one signaled; returns when the last has completed.
 fn stream<D: Device>(c: &Conn<D>, spec: &JobSpec, n: u64, poll: &Poll) -> Result<()> {
-    let window = u64::from(spec.window.min(c.sq_depth));
-    let batch = u64::from(spec.batch.max(1));
-    let every = u64::from(spec.signal_every.max(1));
+    let window = u64::from(spec.knobs.window.min(c.sq_depth));
+    let batch = u64::from(spec.knobs.batch.max(1));
+    let every = u64::from(spec.knobs.signal_every.max(1));
     let op = if spec.test == TestKind::WriteBw { c.write_op() } else { SendOp::Send };
     let mut wrs = Vec::with_capacity(batch as usize);
     let mut wcs = [WorkCompletion::default(); 32];
@@ -421,8 +421,8 @@ fn stream<D: Device>(c: &Conn<D>, spec: &JobSpec, n: u64, poll: &Poll) -> Result
 }
 
 fn bw_client<D: Device>(c: &Conn<D>, spec: &JobSpec, poll: &Poll, clock: Clock) -> Result<Outcome> {
-    if spec.warmup > 0 {
-        stream(c, spec, u64::from(spec.warmup), poll)?;
+    if spec.knobs.warmup > 0 {
+        stream(c, spec, u64::from(spec.knobs.warmup), poll)?;
     }
     let mut reps = Vec::with_capacity(spec.reps as usize);
     for _ in 0..spec.reps {
@@ -474,8 +474,8 @@ fn client_job<D: Device>(
     }
     let mut run = || -> Result<Outcome> {
         c.link(ctrl, spec)?;
-        let poll = Poll::new(clock, spec.spin_polls, OP_TIMEOUT);
-        let total = u64::from(spec.warmup) + u64::from(spec.iters);
+        let poll = Poll::new(clock, spec.knobs.spin_polls, OP_TIMEOUT);
+        let total = u64::from(spec.knobs.warmup) + u64::from(spec.iters);
         if spec.test == TestKind::SendLat {
             let rq = c.rq_depth;
             c.fill_receives(spec, total, rq)?;
@@ -509,7 +509,7 @@ fn server_job<D: Device>(dev: &D, ctrl: &mut Control, spec: &JobSpec, clock: Clo
     ctrl.send(&Msg::Ready { data_port: None })?;
     let mut run = || -> Result<u64> {
         c.link(ctrl, spec)?;
-        let poll = Poll::new(clock, spec.spin_polls, OP_TIMEOUT);
+        let poll = Poll::new(clock, spec.knobs.spin_polls, OP_TIMEOUT);
         let (total, rq) = (spec.total_messages(), c.rq_depth);
         if matches!(spec.test, TestKind::SendLat | TestKind::SendBw) {
             c.fill_receives(spec, total, rq)?;

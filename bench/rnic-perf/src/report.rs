@@ -11,9 +11,9 @@ use bex_bench::pin::Placement;
 use bex_bench::report::Envelope;
 use bex_bench::stats::{ratio, BandwidthSummary, BwRep, LatencySummary};
 
-/// What one job produced.
+/// What a job that ran measured.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub enum Measured {
     /// A latency job's round trips.
     Latency {
         /// Percentiles.
@@ -30,13 +30,10 @@ pub enum Outcome {
         /// Every repetition.
         reps: Vec<BwRep>,
     },
-    /// The transport cannot carry this size (UDP above one datagram).
-    NotApplicable(String),
-    /// The job failed.
-    Failed(String),
-    /// The job did not run because an earlier failure ended the session.
-    Skipped(String),
 }
+
+/// What one job produced (`NotApplicable`: UDP cannot carry the size in one datagram).
+pub type Outcome = bex_bench::report::Outcome<Measured>;
 
 /// One job and its outcome.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,15 +53,15 @@ impl JobResult {
     /// Median round trip (µs) or median bandwidth (Gb/s), when measured.
     pub fn headline(&self) -> Option<f64> {
         match &self.outcome {
-            Outcome::Latency { summary, .. } => Some(summary.p50_us),
-            Outcome::Bandwidth { summary, .. } => Some(summary.median_gbps),
+            Outcome::Measured(Measured::Latency { summary, .. }) => Some(summary.p50_us),
+            Outcome::Measured(Measured::Bandwidth { summary, .. }) => Some(summary.median_gbps),
             _ => None,
         }
     }
 
     /// True for failed jobs (n/a and measured jobs are fine).
     pub fn is_failure(&self) -> bool {
-        matches!(self.outcome, Outcome::Failed(_) | Outcome::Skipped(_))
+        self.outcome.is_failure()
     }
 }
 
@@ -119,10 +116,10 @@ pub fn ratios(results: &[JobResult]) -> Vec<Ratio> {
 fn cell(r: Option<&JobResult>, pick: impl Fn(&Outcome) -> Option<f64>) -> String {
     match r.map(|r| &r.outcome) {
         None => "-".into(),
-        Some(Outcome::NotApplicable(_)) => "n/a".into(),
-        Some(Outcome::Failed(_)) => "err".into(),
-        Some(Outcome::Skipped(_)) => "skip".into(),
-        Some(o) => pick(o).map_or("-".into(), |v| format!("{v:.2}")),
+        Some(o) => match o.missing_cell() {
+            Some(c) => c.into(),
+            None => pick(o).map_or("-".into(), |v| format!("{v:.2}")),
+        },
     }
 }
 
@@ -168,16 +165,22 @@ pub fn table(plan: &Plan, placement: &Placement, results: &[JobResult]) -> Strin
                 match metric {
                     Metric::Latency => {
                         row.push(cell(r, |o| match o {
-                            Outcome::Latency { summary, .. } => Some(summary.p50_us),
+                            Outcome::Measured(Measured::Latency { summary, .. }) => {
+                                Some(summary.p50_us)
+                            }
                             _ => None,
                         }));
                         row.push(cell(r, |o| match o {
-                            Outcome::Latency { summary, .. } => Some(summary.p99_us),
+                            Outcome::Measured(Measured::Latency { summary, .. }) => {
+                                Some(summary.p99_us)
+                            }
                             _ => None,
                         }));
                     }
                     Metric::Bandwidth => row.push(cell(r, |o| match o {
-                        Outcome::Bandwidth { summary, .. } => Some(summary.median_gbps),
+                        Outcome::Measured(Measured::Bandwidth { summary, .. }) => {
+                            Some(summary.median_gbps)
+                        }
                         _ => None,
                     })),
                 }
@@ -196,12 +199,12 @@ pub fn table(plan: &Plan, placement: &Placement, results: &[JobResult]) -> Strin
             Metric::Latency => format!(
                 "Latency: round-trip time in µs (perftest prints half of it), p50 and p99 of {} \
                  round trips after {} warm-up; ratio = RNIC p50 / UDP p50 (lower is better)",
-                plan.lat_iters, plan.warmup
+                plan.lat_iters, plan.knobs.warmup
             ),
             Metric::Bandwidth => format!(
                 "Bandwidth: payload Gb/s, median of {} repetitions of {} messages after {} \
                  warm-up; ratio = RNIC / TCP (higher is better)",
-                plan.reps, plan.bw_iters, plan.warmup
+                plan.reps, plan.bw_iters, plan.knobs.warmup
             ),
         };
         out.push_str(&bex_bench::report::render(&title, &header, &rows));
@@ -210,8 +213,8 @@ pub fn table(plan: &Plan, placement: &Placement, results: &[JobResult]) -> Strin
     // Failures, one line per series and distinct message.
     let mut seen: Vec<(String, String)> = Vec::new();
     for r in results {
-        if let Outcome::Failed(e) | Outcome::Skipped(e) = &r.outcome {
-            let key = (r.series(), e.clone());
+        if let Some(e) = r.outcome.failure() {
+            let key = (r.series(), e.to_string());
             if !seen.contains(&key) {
                 seen.push(key);
             }
@@ -268,37 +271,26 @@ pub fn json(envelope: &Envelope, plan: &Plan, results: &[JobResult]) -> String {
                 series: r.series(),
                 size: r.spec.size,
                 mtu: r.spec.mtu,
-                status: "ok",
+                status: r.outcome.status(),
                 spec: &r.spec,
                 latency: None,
                 rtt_ns_histogram: None,
                 retransmits: None,
                 bandwidth: None,
                 reps: None,
-                error: None,
+                error: r.outcome.reason(),
             };
             match &r.outcome {
-                Outcome::Latency { summary, rtt_ns_histogram, retransmits } => {
+                Outcome::Measured(Measured::Latency { summary, rtt_ns_histogram, retransmits }) => {
                     j.latency = Some(summary);
                     j.rtt_ns_histogram = Some(rtt_ns_histogram);
                     j.retransmits = Some(*retransmits);
                 }
-                Outcome::Bandwidth { summary, reps } => {
+                Outcome::Measured(Measured::Bandwidth { summary, reps }) => {
                     j.bandwidth = Some(summary);
                     j.reps = Some(reps);
                 }
-                Outcome::NotApplicable(why) => {
-                    j.status = "n/a";
-                    j.error = Some(why);
-                }
-                Outcome::Failed(e) => {
-                    j.status = "failed";
-                    j.error = Some(e);
-                }
-                Outcome::Skipped(why) => {
-                    j.status = "skipped";
-                    j.error = Some(why);
-                }
+                _ => {}
             }
             j
         })
@@ -313,16 +305,14 @@ impl bex_bench::report::ProgressLine for JobResult {
     fn progress_line(&self) -> String {
         let what = format!("{} {} B", self.series(), self.spec.size);
         match &self.outcome {
-            Outcome::Latency { summary: s, .. } => {
+            Outcome::Measured(Measured::Latency { summary: s, .. }) => {
                 format!("{what}: RTT p50 {:.2} µs, p99 {:.2} µs", s.p50_us, s.p99_us)
             }
-            Outcome::Bandwidth { summary: s, .. } => format!(
+            Outcome::Measured(Measured::Bandwidth { summary: s, .. }) => format!(
                 "{what}: {:.2} Gb/s median of {} (min {:.2}, max {:.2})",
                 s.median_gbps, s.reps, s.min_gbps, s.max_gbps
             ),
-            Outcome::NotApplicable(why) => format!("{what}: n/a ({why})"),
-            Outcome::Failed(e) => format!("{what}: FAILED: {e}"),
-            Outcome::Skipped(why) => format!("{what}: skipped ({why})"),
+            o => o.missing_line(&what).unwrap_or(what),
         }
     }
 }
@@ -330,22 +320,15 @@ impl bex_bench::report::ProgressLine for JobResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::Knobs;
     use bex_bench::stats::LatencyRecorder;
     use std::time::Duration;
 
+    const TEST_KNOBS: Knobs =
+        Knobs { warmup: 0, window: 8, batch: 1, signal_every: 1, spin_polls: 0 };
+
     fn spec(test: TestKind, size: u32, mtu: Option<u32>) -> JobSpec {
-        JobSpec {
-            test,
-            size,
-            mtu,
-            iters: 10,
-            warmup: 0,
-            reps: 1,
-            window: 8,
-            batch: 1,
-            signal_every: 1,
-            spin_polls: 0,
-        }
+        JobSpec { test, size, mtu, iters: 10, reps: 1, knobs: TEST_KNOBS }
     }
 
     fn lat(test: TestKind, size: u32, mtu: Option<u32>, us: u64) -> JobResult {
@@ -353,11 +336,11 @@ mod tests {
         rec.record(Duration::from_micros(us));
         JobResult {
             spec: spec(test, size, mtu),
-            outcome: Outcome::Latency {
+            outcome: Outcome::Measured(Measured::Latency {
                 summary: rec.summary().unwrap(),
                 rtt_ns_histogram: rec.buckets(),
                 retransmits: 0,
-            },
+            }),
         }
     }
 
@@ -370,10 +353,10 @@ mod tests {
         )];
         JobResult {
             spec: spec(test, size, mtu),
-            outcome: Outcome::Bandwidth {
+            outcome: Outcome::Measured(Measured::Bandwidth {
                 summary: bex_bench::stats::summarize_bw(&reps).unwrap(),
                 reps,
-            },
+            }),
         }
     }
 
@@ -384,12 +367,8 @@ mod tests {
             mtus: vec![4096],
             lat_iters: 10,
             bw_iters: 10,
-            warmup: 0,
             reps: 1,
-            window: 8,
-            batch: 1,
-            signal_every: 1,
-            spin_polls: 0,
+            knobs: TEST_KNOBS,
         }
     }
 

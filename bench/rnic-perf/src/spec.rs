@@ -231,6 +231,30 @@ pub fn parse_mtu(text: &str) -> Result<u32, String> {
     }
 }
 
+/// How a job drives the queues: one set of options (`--warmup`, `--window`, …), carried
+/// unchanged by the plan and by every job it sends to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct Knobs {
+    /// Round trips (latency) or messages (bandwidth) per size sent before measuring; not
+    /// recorded.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub warmup: u32,
+    /// Most outstanding work requests in the RNIC bandwidth tests (and the send-queue depth).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub window: u32,
+    /// Work requests per post_send call in the RNIC bandwidth tests (at most --window).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Signal every Nth work request in the RNIC bandwidth tests (at most --window; the last
+    /// one is always signaled).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub signal_every: u32,
+    /// RNIC tests: completion-queue polls (or memory checks in write_lat) before blocking on
+    /// the queue's fd (or yielding the CPU between checks). 0 blocks at once.
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub spin_polls: u32,
+}
+
 /// The parameters of one job (one test at one size and MTU), sent from client to server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -242,24 +266,17 @@ pub struct JobSpec {
     pub mtu: Option<u32>,
     /// Latency: measured round trips. Bandwidth: messages per repetition.
     pub iters: u32,
-    /// Round trips or messages before the measured part, not recorded.
-    pub warmup: u32,
     /// Bandwidth repetitions (1 for latency tests).
     pub reps: u32,
-    /// Most outstanding work requests (bandwidth) or send-queue depth (latency).
-    pub window: u32,
-    /// Work requests per `post_send` call.
-    pub batch: u32,
-    /// Every Nth work request of a stream is signaled.
-    pub signal_every: u32,
-    /// Completion-queue polls before blocking on its file descriptor.
-    pub spin_polls: u32,
+    /// How the job drives the queues.
+    #[serde(flatten)]
+    pub knobs: Knobs,
 }
 
 impl JobSpec {
     /// Messages the receiver of a stream gets in total (warm-up included).
     pub fn total_messages(&self) -> u64 {
-        u64::from(self.warmup) + u64::from(self.iters) * u64::from(self.reps)
+        u64::from(self.knobs.warmup) + u64::from(self.iters) * u64::from(self.reps)
     }
 }
 
@@ -276,18 +293,11 @@ pub struct Plan {
     pub lat_iters: u32,
     /// Messages per bandwidth repetition.
     pub bw_iters: u32,
-    /// Warm-up round trips/messages per size.
-    pub warmup: u32,
     /// Bandwidth repetitions per size.
     pub reps: u32,
-    /// Outstanding work requests in streams.
-    pub window: u32,
-    /// Work requests per post call.
-    pub batch: u32,
-    /// Signal every Nth work request.
-    pub signal_every: u32,
-    /// Completion-queue polls before blocking.
-    pub spin_polls: u32,
+    /// What every job gets.
+    #[serde(flatten)]
+    pub knobs: Knobs,
 }
 
 impl Plan {
@@ -300,13 +310,14 @@ impl Plan {
         if self.sizes.is_empty() {
             return usage("no message size selected".into());
         }
-        if self.batch > self.window {
-            return usage(format!("--batch {} exceeds --window {}", self.batch, self.window));
+        let k = &self.knobs;
+        if k.batch > k.window {
+            return usage(format!("--batch {} exceeds --window {}", k.batch, k.window));
         }
-        if self.signal_every > self.window {
+        if k.signal_every > k.window {
             return usage(format!(
                 "--signal-every {} exceeds --window {}: no completion could ever free the window",
-                self.signal_every, self.window
+                k.signal_every, k.window
             ));
         }
         Ok(())
@@ -327,18 +338,7 @@ impl Plan {
                         Metric::Latency => (self.lat_iters, 1),
                         Metric::Bandwidth => (self.bw_iters, self.reps),
                     };
-                    jobs.push(JobSpec {
-                        test,
-                        size,
-                        mtu,
-                        iters,
-                        warmup: self.warmup,
-                        reps,
-                        window: self.window,
-                        batch: self.batch,
-                        signal_every: self.signal_every,
-                        spin_polls: self.spin_polls,
-                    });
+                    jobs.push(JobSpec { test, size, mtu, iters, reps, knobs: self.knobs });
                 }
             }
         }
