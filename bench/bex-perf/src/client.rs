@@ -269,40 +269,15 @@ async fn work(
             let summary = summarize_bw(&reps).ok_or_else(|| BenchError::check("no repetitions"))?;
             Outcome::Measured(Measured::Throughput { summary, reps })
         }
-        Work::Hol { small, large, flows, window, warmup, iters } => {
+        Work::Hol { shape } => {
             let s = t.connect(addrs[0]).await?;
-            let larges = connect_all(t, &addrs[..1], flows).await?;
-            let r = hol(
-                &s,
-                &larges,
-                pool,
-                small as usize,
-                large as usize,
-                ack,
-                window,
-                warmup,
-                iters,
-                clock,
-            )
-            .await?;
+            let larges = connect_all(t, &addrs[..1], shape.flows).await?;
+            let r = hol(&s, &larges, pool, &shape, ack, clock).await?;
             extra.insert("large_gbps".into(), r.large_gbps);
             latency(&r.small)?
         }
-        Work::RpcHol { small, large, flows, window, warmup, iters, lanes } => {
-            let r = crate::workload::rpc_hol(
-                t,
-                addrs[0],
-                pool,
-                small as usize,
-                large as usize,
-                flows,
-                window,
-                warmup,
-                iters,
-                lanes,
-                clock,
-            )
-            .await?;
+        Work::RpcHol { shape, lanes } => {
+            let r = crate::workload::rpc_hol(t, addrs[0], pool, &shape, lanes, clock).await?;
             extra.insert("large_gbps".into(), r.large_gbps);
             latency(&r.small)?
         }

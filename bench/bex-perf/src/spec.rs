@@ -168,6 +168,24 @@ pub struct ServerSetup {
     pub rpc: bool,
 }
 
+/// Fig. 13's head-of-line test: `small`-byte round trips, one at a time, while `flows`
+/// competing flows each keep `window` exchanges with `large` bytes outstanding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolShape {
+    /// Small message (or reply) size.
+    pub small: u64,
+    /// Large message (or reply) size.
+    pub large: u64,
+    /// Competing large flows.
+    pub flows: u32,
+    /// Large messages (or calls) outstanding per flow.
+    pub window: u32,
+    /// Unrecorded small round trips.
+    pub warmup: u32,
+    /// Recorded small round trips.
+    pub iters: u32,
+}
+
 /// The client's side of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -196,38 +214,19 @@ pub enum Work {
         /// Repetitions.
         reps: u32,
     },
-    /// A ping-pong of `small` bytes on one socket while `flows` sockets on the same engine
-    /// each keep `window` messages of `large` bytes outstanding.
+    /// Messages: a ping-pong on one socket while the large flows are sockets on the same
+    /// engine.
     Hol {
-        /// Small message size.
-        small: u64,
-        /// Large message size.
-        large: u64,
-        /// Competing large flows.
-        flows: u32,
-        /// Large messages outstanding per flow.
-        window: u32,
-        /// Unrecorded small round trips.
-        warmup: u32,
-        /// Recorded small round trips.
-        iters: u32,
+        /// The small and large flows.
+        #[serde(flatten)]
+        shape: HolShape,
     },
-    /// RPC calls with `small`-byte replies, one at a time, while `flows` tasks each keep
-    /// `window` calls with `large`-byte replies outstanding to the same server; `lanes`
-    /// lets the RPC client put the large calls on their own connection.
+    /// RPC calls with small replies, one at a time, while each large flow is a task keeping
+    /// calls with large replies outstanding to the same server.
     RpcHol {
-        /// Small reply size.
-        small: u64,
-        /// Large reply size.
-        large: u64,
-        /// Competing large-reply flows.
-        flows: u32,
-        /// Large calls outstanding per flow.
-        window: u32,
-        /// Unrecorded small calls.
-        warmup: u32,
-        /// Recorded small calls.
-        iters: u32,
+        /// The small and large flows.
+        #[serde(flatten)]
+        shape: HolShape,
         /// Two connections per destination (the bulk lane) rather than one.
         lanes: bool,
     },
@@ -358,6 +357,12 @@ pub const ACK_BYTES: u32 = 32;
 pub const HOL_SMALL: u64 = 64;
 /// I/O-thread busy-poll time of `lat`'s "rdma spin" series, µs.
 pub const LAT_SPIN_US: u64 = 20;
+
+/// `hol` and `hol-rpc` at `flows` competing 1 MB flows of 2 outstanding each, `iters`
+/// recorded 64 B round trips after 10 unrecorded.
+fn hol_shape(flows: u32, iters: u32) -> HolShape {
+    HolShape { small: HOL_SMALL, large: MB, flows, window: 2, warmup: 10, iters }
+}
 
 impl Plan {
     /// The jobs of `tests` with `settings`; tests run in [`Test::ALL`] order, each once.
@@ -548,14 +553,7 @@ impl Plan {
                                 kind: TransportKind::Rdma,
                                 knobs,
                                 server: Some(server(TransportKind::Rdma, knobs, 1, HOL_SMALL)),
-                                work: Work::Hol {
-                                    small: HOL_SMALL,
-                                    large: MB,
-                                    flows: k as u32,
-                                    window: 2,
-                                    warmup: 10,
-                                    iters,
-                                },
+                                work: Work::Hol { shape: hol_shape(k as u32, iters) },
                             });
                         }
                     }
@@ -585,15 +583,7 @@ impl Plan {
                                 kind,
                                 knobs,
                                 server: Some(srv),
-                                work: Work::RpcHol {
-                                    small: HOL_SMALL,
-                                    large: MB,
-                                    flows: k as u32,
-                                    window: 2,
-                                    warmup: 10,
-                                    iters,
-                                    lanes,
-                                },
+                                work: Work::RpcHol { shape: hol_shape(k as u32, iters), lanes },
                             });
                         }
                     }

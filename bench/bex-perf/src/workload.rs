@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use crate::error::{BenchError, Result};
 use crate::net::Socket;
+use crate::spec::HolShape;
 
 /// The first error of the detached send tasks of a workload.
 #[derive(Debug, Default)]
@@ -248,22 +249,20 @@ pub struct HolResult {
     pub large_gbps: f64,
 }
 
-/// `large.len()` flows each keep `window` messages of `large_size` outstanding while a
-/// ping-pong of `small_size` runs on `small` (all sockets on one engine). The large flows
-/// first get one message each through, so the measurement sees them at full speed.
-#[allow(clippy::too_many_arguments)] // the parameters of Fig. 13
+/// The `large` sockets (`shape.flows` of them) each keep `shape.window` messages of
+/// `shape.large` bytes outstanding while a ping-pong of `shape.small` bytes runs on `small`
+/// (all sockets on one engine). The large flows first get one message each through, so the
+/// measurement sees them at full speed.
 pub async fn hol(
     small: &Socket,
     large: &[Arc<Socket>],
     pool: &'static Pool,
-    small_size: usize,
-    large_size: usize,
+    shape: &HolShape,
     ack: usize,
-    window: u32,
-    warmup: u32,
-    iters: u32,
     clock: Clock,
 ) -> Result<HolResult> {
+    let (small_size, large_size) = (shape.small as usize, shape.large as usize);
+    let (window, warmup, iters) = (shape.window, shape.warmup, shape.iters);
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(Answered::default());
     let first_error = Arc::new(FirstError::default());
@@ -344,24 +343,21 @@ fn rpc_error(e: bex_rpc::RpcError) -> BenchError {
     BenchError::protocol(format!("rpc: {e}"))
 }
 
-/// `hol` on the RPC path: `flows` tasks each keep `window` calls with `large`-byte replies
-/// outstanding to the server at `addr` while calls with `small`-byte replies run one at a
-/// time; with `lanes` the client puts the large calls on their own connection (the bulk
-/// lane). Over RDMA every reply is written straight into the caller's buffer.
-#[allow(clippy::too_many_arguments)] // one job's parameters
+/// `hol` on the RPC path: `shape.flows` tasks each keep `shape.window` calls with
+/// `shape.large`-byte replies outstanding to the server at `addr` while calls with
+/// `shape.small`-byte replies run one at a time; with `lanes` the client puts the large
+/// calls on their own connection (the bulk lane). Over RDMA every reply is written straight
+/// into the caller's buffer.
 pub async fn rpc_hol(
     transport: &crate::net::Transport,
     addr: std::net::SocketAddr,
     pool: &'static Pool,
-    small: usize,
-    large: usize,
-    flows: u32,
-    window: u32,
-    warmup: u32,
-    iters: u32,
+    shape: &HolShape,
     lanes: bool,
     clock: Clock,
 ) -> Result<HolResult> {
+    let (small, large) = (shape.small as usize, shape.large as usize);
+    let (flows, window, warmup, iters) = (shape.flows, shape.window, shape.warmup, shape.iters);
     let cfg = bex_rpc::ClientConfig {
         connect_timeout: std::time::Duration::from_secs(3),
         request_timeout: std::time::Duration::from_secs(30),
