@@ -182,6 +182,13 @@ impl PsClient {
                     wire::decode_response(reply.as_slice(), &self.limits)
                         .and_then(|r| r.control())
                         .map_err(|e| PsError::Protocol(e.to_string()))?;
+                if info.shards != self.topo.shards() {
+                    return Err(PsError::Layout(format!(
+                        "this client's cluster file has {} shards per pod, the servers {}",
+                        self.topo.shards(),
+                        info.shards
+                    )));
+                }
                 let have: Vec<ExpectedTable> =
                     info.tables.iter().map(|t| (t.id, t.spec.name.clone(), t.spec.dim)).collect();
                 layout_mismatch(want, &have).map_or(Ok(()), |why| Err(PsError::Layout(why)))

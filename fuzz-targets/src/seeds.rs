@@ -189,7 +189,8 @@ fn ps_other() -> Vec<Vec<u8>> {
     let n =
         wire::encode_status_into(&mut b, Some(Op::Push), Status::Duplicate, 9, 3).expect("status");
     out.push(b[..n].to_vec());
-    let tables = TablesInfo { tables: TableSet::new(local_specs()).expect("tables").infos() };
+    let tables =
+        TablesInfo { tables: TableSet::new(local_specs()).expect("tables").infos(), shards: 2 };
     out.push(wire::control_response_vec(Op::Tables, 1, &tables).expect("tables response"));
     for m in [AdminRequest::SetRdma(true), AdminRequest::Shutdown] {
         out.push(

@@ -130,7 +130,7 @@ impl Server {
             Op::Tables => wire::control_response_vec(
                 Op::Tables,
                 h.seq,
-                &TablesInfo { tables: self.tables.infos() },
+                &TablesInfo { tables: self.tables.infos(), shards: 1 },
             )
             .unwrap(),
             Op::Snapshot => {

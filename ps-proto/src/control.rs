@@ -27,11 +27,15 @@ pub struct TableInfo {
     pub spec: TableSpec,
 }
 
-/// Body of a Tables response.
+/// Body of a Tables response: what a client's cluster file must agree with before it
+/// routes a key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TablesInfo {
     /// Every table, by id.
     pub tables: Vec<TableInfo>,
+    /// Shards per pod in the answering server's configuration: a client that counts
+    /// otherwise sends keys to servers that do not own them.
+    pub shards: u32,
 }
 
 /// Whether a server's pod trains.

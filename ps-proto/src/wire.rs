@@ -7,7 +7,7 @@
 //! | offset | size | field | notes |
 //! | ---: | ---: | --- | --- |
 //! | 0 | 4 | magic | `b"BXPQ"` |
-//! | 4 | 1 | version | [`WIRE_VERSION`] (2) |
+//! | 4 | 1 | version | [`WIRE_VERSION`] (3) |
 //! | 5 | 1 | op | [`Op`] |
 //! | 6 | 2 | flags | [`flags`] (u16 LE) |
 //! | 8 | 4 | table | table id (u32 LE) |
@@ -52,9 +52,10 @@ use std::borrow::Cow;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Protocol version in both headers. 2: `TableSpec` (in the Tables reply) gained
-/// `admission` and `capacity`; postcard is not self-describing, so a version-1 peer is
-/// refused with a clear error rather than misreading the reply.
-pub const WIRE_VERSION: u8 = 2;
+/// `admission` and `capacity`; 3: the Tables reply gained the shard count. Postcard is not
+/// self-describing, so an older peer is refused with a clear error rather than misreading
+/// the reply.
+pub const WIRE_VERSION: u8 = 3;
 /// Request magic, `b"BXPQ"`.
 pub const REQUEST_MAGIC: [u8; 4] = *b"BXPQ";
 /// Response magic, `b"BXPR"`.
@@ -1080,7 +1081,7 @@ mod tests {
         assert_eq!(n, 56);
         #[rustfmt::skip]
         let want: [u8; 56] = [
-            b'B', b'X', b'P', b'Q', 2, 1, 2, 0,   // magic, version, op=Fetch, flags=RETRY
+            b'B', b'X', b'P', b'Q', 3, 1, 2, 0,   // magic, version, op=Fetch, flags=RETRY
             3, 0, 0, 0, 4, 0, 0, 0,               // table, dim
             2, 0, 0, 0, 16, 0, 0, 0,              // count, body_len
             0xC1, 0, 0, 0, 0, 0, 0, 0,            // client
@@ -1099,7 +1100,7 @@ mod tests {
         assert_eq!(n, 40);
         #[rustfmt::skip]
         let want: [u8; 40] = [
-            b'B', b'X', b'P', b'R', 2, 1, 0, 0,   // magic, version, op=Fetch, status=Ok, 0
+            b'B', b'X', b'P', b'R', 3, 1, 0, 0,   // magic, version, op=Fetch, status=Ok, 0
             1, 0, 0, 0, 2, 0, 0, 0,               // count, dim
             8, 0, 0, 0, 0, 0, 0, 0,               // body_len, reserved
             77, 0, 0, 0, 0, 0, 0, 0,              // seq

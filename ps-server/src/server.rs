@@ -1062,7 +1062,10 @@ impl PsServer {
         match op {
             Op::Fetch => self.fetch(v),
             Op::Push | Op::Replicate => self.update(op, v).await,
-            Op::Tables => self.control(op, seq, &TablesInfo { tables: self.tables.infos() }),
+            Op::Tables => {
+                let info = TablesInfo { tables: self.tables.infos(), shards: self.shards };
+                self.control(op, seq, &info)
+            }
             Op::Health => self.control(op, seq, &self.health()),
             Op::Checkpoint => {
                 // The body is checked like every control body; `wait` changes nothing (the

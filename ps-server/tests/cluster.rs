@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 17)
+    bex_testkit::ports::base_port(salt, 12, 18)
 }
 
 impl Cluster {
@@ -1140,6 +1140,34 @@ async fn a_client_whose_file_orders_the_tables_otherwise_is_refused_before_any_c
     let fresh = connect(c.cfg.clone()).await;
     fresh.ps.fetch(0, DIM, &ks).await.expect("the servers' own layout is served");
     fresh.ps.push(1, DIM, &ks, &grads).await.expect("and pushed to");
+}
+
+/// A client whose cluster file counts one shard per pod where the servers have two: it
+/// routed every key to the shard-0 servers, which served and created rows they do not own.
+/// Before its first call the client learns the servers' count and refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_file_counts_other_shards_is_refused_before_any_call() {
+    use bex_client::{connect_client, PsError};
+    use bex_ps_proto::config::TransportKind;
+    let c = Cluster::new("shards", 17).await;
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut one_shard = c.cfg.clone();
+    one_shard.cluster.shards = 1;
+    let stale = connect_client(&one_shard, 0, local, TransportKind::Tcp, 7, ClientRole::Training)
+        .await
+        .unwrap();
+    let ks = keys(4);
+    let grads = vec![1.0f32; ks.len() * DIM as usize];
+    for r in
+        [stale.ps.fetch(0, DIM, &ks).await.map(|_| ()), stale.ps.push(0, DIM, &ks, &grads).await]
+    {
+        match r {
+            Err(PsError::Layout(why)) => {
+                assert!(why.contains("1 shards per pod, the servers 2"), "{why}")
+            }
+            other => panic!("a file with another shard count must be refused: {other:?}"),
+        }
+    }
 }
 
 /// Servers configured for more keys per request than the defaults answer a fetch of more
