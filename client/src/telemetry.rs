@@ -126,6 +126,11 @@ const RPC_CLIENT_COUNTERS: &[Field<ClientCounts>] = &[
     ("bex_rpc_client_unwell_replies_total", "Replies that said the server is unwell", |c| {
         c.unwell_replies
     }),
+    (
+        "bex_rpc_client_malformed_replies_total",
+        "Replies dropped as malformed (bad header or body length); their calls time out",
+        |c| c.malformed_replies,
+    ),
 ];
 
 /// The NIC's, both transports' and the registered pool's series.

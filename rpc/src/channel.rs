@@ -12,6 +12,7 @@ use bex_transport::{Msg, SharedMsg, Socket, TransportKind};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::client::ClientStats;
 use crate::error::RpcError;
 use crate::frame::{Header, Kind, ReplyTarget, Status, HEADER_LEN};
 
@@ -74,18 +75,33 @@ pub fn alloc_frame(pool: &'static Pool, body_len: usize) -> Result<Msg, RpcError
 }
 
 impl Channel {
-    /// Wraps a connected socket; `pool` provides request buffers.
-    pub fn new(socket: Socket, pool: &'static Pool) -> Channel {
+    /// Wraps a connected socket; `pool` provides request buffers; malformed replies are
+    /// counted in `stats`.
+    pub fn new(socket: Socket, pool: &'static Pool, stats: Arc<ClientStats>) -> Channel {
         let socket = Arc::new(socket);
         let shared =
             Arc::new(Shared { pending: Mutex::new(HashMap::new()), broken: Mutex::new(None) });
         let (s2, sh2) = (socket.clone(), shared.clone());
         let reader = tokio::spawn(async move {
+            // One warning per channel: a server sending garbage would otherwise log a line
+            // per reply; the counter counts each.
+            let mut warned = false;
+            let mut malformed = |what: &str, id: Option<u64>| {
+                stats.malformed_replies.fetch_add(1, Ordering::Relaxed);
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(
+                        peer = %s2,
+                        id,
+                        "{what} dropped (further ones on this channel only counted, in \
+                         bex_rpc_client_malformed_replies_total)"
+                    );
+                }
+            };
             let err = loop {
                 match s2.recv().await {
                     Ok(mut m) => {
                         let Some(h) = Header::decode(m.as_slice()) else {
-                            tracing::warn!("malformed RPC reply dropped");
+                            malformed("an RPC reply without a valid header", None);
                             continue;
                         };
                         // The reply went as a message; the exposed buffer is just freed.
@@ -100,7 +116,7 @@ impl Channel {
                             h.body_len == body
                         };
                         if !fits {
-                            tracing::warn!(id = h.id, "RPC reply with a wrong body length dropped");
+                            malformed("an RPC reply with a wrong body length", Some(h.id));
                             continue;
                         }
                         let Some(tx) = sh2.pending.lock().remove(&h.id) else {
@@ -238,12 +254,44 @@ mod tests {
         let client =
             Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
         let (socket, accepted) = tokio::join!(client.connect(server.local_addr()), server.accept());
-        let (ch, _silent_peer) = (Channel::new(socket.unwrap(), pool), accepted.unwrap());
+        let (ch, _silent_peer) =
+            (Channel::new(socket.unwrap(), pool, Default::default()), accepted.unwrap());
         let call = ch.call(1, b"hello", Duration::from_secs(60));
         assert!(tokio::time::timeout(Duration::from_millis(50), call).await.is_err());
         assert_eq!(ch.calls_waiting(), 0, "the dropped call's slot is gone");
         let r = ch.call(1, b"hello", Duration::from_millis(20)).await;
         assert!(matches!(r, Err(RpcError::Timeout(_))), "{r:?}");
         assert_eq!(ch.calls_waiting(), 0);
+    }
+
+    // A peer's garbage and a reply whose header disagrees with its length are dropped and
+    // counted (they were only logged, a line each); the channel goes on serving the call.
+    #[tokio::test]
+    async fn malformed_replies_are_counted_and_the_channel_survives_them() {
+        let pool = Pool::unregistered(Default::default()).unwrap().leak();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let server =
+            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let client =
+            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let (socket, accepted) = tokio::join!(client.connect(server.local_addr()), server.accept());
+        let stats = Arc::new(ClientStats::default());
+        let (ch, peer) = (Channel::new(socket.unwrap(), pool, stats.clone()), accepted.unwrap());
+        let answer = async {
+            let req = peer.recv().await.unwrap();
+            let id = Header::decode(req.as_slice()).unwrap().id;
+            let reply = |claimed: usize, body: &[u8]| {
+                let mut b = vec![0u8; HEADER_LEN + body.len()];
+                Header::reply(Kind::Response, 1, 0, id, claimed).encode(&mut b);
+                b[HEADER_LEN..].copy_from_slice(body);
+                Msg::copy_from(pool, &b).unwrap()
+            };
+            peer.send(Msg::copy_from(pool, b"xyz").unwrap()).await.unwrap();
+            peer.send(reply(5, b"abc")).await.unwrap();
+            peer.send(reply(3, b"abc")).await.unwrap();
+        };
+        let (r, ()) = tokio::join!(ch.call(1, b"q", Duration::from_secs(10)), answer);
+        assert_eq!(r.unwrap().as_slice(), b"abc");
+        assert_eq!(stats.malformed_replies.load(Ordering::Relaxed), 2);
     }
 }

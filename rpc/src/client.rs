@@ -150,6 +150,9 @@ pub struct ClientStats {
     pub tcp_calls: AtomicU64,
     /// Replies the service's check called unwell (counted as request failures).
     pub unwell_replies: AtomicU64,
+    /// Replies dropped as malformed (no RPC header, or a body length the frame disagrees
+    /// with): the call they answered waits out its deadline.
+    pub malformed_replies: AtomicU64,
 }
 
 /// The [`ClientStats`] counters at one moment, as plain numbers (reports, deltas).
@@ -168,6 +171,7 @@ pub struct ClientCounts {
     pub remote_pod_calls: u64,
     pub tcp_calls: u64,
     pub unwell_replies: u64,
+    pub malformed_replies: u64,
 }
 
 /// The state of a client's destinations at one moment ([`Client::destination_counts`]).
@@ -198,6 +202,7 @@ impl ClientStats {
             remote_pod_calls: g(&self.remote_pod_calls),
             tcp_calls: g(&self.tcp_calls),
             unwell_replies: g(&self.unwell_replies),
+            malformed_replies: g(&self.malformed_replies),
         }
     }
 }
@@ -218,6 +223,7 @@ impl ClientCounts {
             remote_pod_calls: self.remote_pod_calls.saturating_sub(e.remote_pod_calls),
             tcp_calls: self.tcp_calls.saturating_sub(e.tcp_calls),
             unwell_replies: self.unwell_replies.saturating_sub(e.unwell_replies),
+            malformed_replies: self.malformed_replies.saturating_sub(e.malformed_replies),
         }
     }
 }
@@ -539,7 +545,7 @@ impl Client {
         };
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout(self.cfg.connect_timeout, t.connect(addr)).await {
-            Ok(Ok(s)) => Ok(Arc::new(Channel::new(s, self.pool))),
+            Ok(Ok(s)) => Ok(Arc::new(Channel::new(s, self.pool, self.stats.clone()))),
             Ok(Err(e)) => {
                 self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                 Err(RpcError::Connect(e.to_string()))
