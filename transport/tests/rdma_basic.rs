@@ -272,3 +272,57 @@ async fn a_connect_dropped_midway_closes_the_socket_on_both_sides() {
     assert!(matches!(r, Ok(Err(TransportError::Closed))), "b's end was closed: {r:?}");
     drop(warm);
 }
+
+/// Peers configured with other eager limits and path MTUs (a rolling configuration change)
+/// each take the smaller of the two: the larger side sent eager messages that overflowed the
+/// other's receive buffers, and the engine failed with a work-completion error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_with_other_eager_limits_and_mtus_take_the_smaller() {
+    use bex_rnic::verbs::Mtu;
+    let small = Config { eager_max: 1024, path_mtu: Mtu::Mtu1024, ..Config::default() };
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(small).await;
+    let sizes = [100usize, 1024, 4000, 8192, 9000];
+    let c = a.connect(b.local_addr()).await.unwrap();
+    let s = tokio::time::timeout(Duration::from_secs(20), b.accept()).await.unwrap().unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        c.send(pattern(a.pool(), len, i as u64)).await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(20), s.recv()).await.unwrap().unwrap();
+        check(&m, len, i as u64);
+        s.send(pattern(b.pool(), len, 100 + i as u64)).await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(20), c.recv()).await.unwrap().unwrap();
+        check(&m, len, 100 + i as u64);
+    }
+    // Only 100 and 1024 bytes go eager; above 1 KiB both sides write (after RTS/CTS, or
+    // into a standing grant): 4000, 8192 and 9000 bytes, each way.
+    for t in [&a, &b] {
+        let c = t.counters();
+        assert_eq!((c.eager_messages, c.large_messages + c.granted_messages), (2, 3), "{c:?}");
+        assert_eq!(c.engines_failed, 0);
+    }
+}
+
+/// An inbound peer that leaves before proving itself (a stranger's probe: connect, maybe
+/// half a hello, close) is counted as refused, as a bad hello or a bad proof is; it was not
+/// counted at all. The transport goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbound_peer_leaving_before_its_proof_is_counted_as_refused() {
+    use tokio::io::AsyncWriteExt;
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(Config::default()).await;
+    for half_hello in [&b""[..], b"BEXHELO"] {
+        let mut probe = tokio::net::TcpStream::connect(b.local_addr()).await.unwrap();
+        probe.write_all(half_hello).await.unwrap();
+    }
+    let mut waited = Duration::ZERO;
+    while b.counters().bootstrap_refused < 2 {
+        assert!(waited < Duration::from_secs(10), "{:?}", b.counters());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        waited += Duration::from_millis(5);
+    }
+    let c = a.connect(b.local_addr()).await.unwrap();
+    let s = tokio::time::timeout(Duration::from_secs(20), b.accept()).await.unwrap().unwrap();
+    c.send(pattern(a.pool(), 100, 1)).await.unwrap();
+    check(&s.recv().await.unwrap(), 100, 1);
+    assert_eq!(b.counters().bootstrap_refused, 2);
+}

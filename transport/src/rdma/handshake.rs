@@ -1,9 +1,12 @@
 //! The bootstrap over one TCP connection: hellos (QP endpoint, queue depths, listen address,
-//! nonce), proofs under the shared secret ([`crate::auth`]), the QP connected before the
-//! ready byte.
+//! eager limit, path MTU, nonce), proofs under the shared secret ([`crate::auth`]), the QP
+//! connected before the ready byte. Each side's engine takes the smaller of the two eager
+//! limits and path MTUs, so peers configured differently (a rolling change) still agree on
+//! what a receive buffer holds and how large a packet is.
 
 use super::placement::PlacedEngine;
 use super::*;
+use bex_rnic::verbs::Mtu;
 
 struct Hello {
     nonce: [u8; 16],
@@ -11,6 +14,8 @@ struct Hello {
     rq_depth: u32,
     sq_depth: u32,
     listen: SocketAddr,
+    eager_max: u32,
+    path_mtu: Mtu,
 }
 
 impl Hello {
@@ -24,6 +29,8 @@ impl Hello {
         b[e + 4..e + 8].copy_from_slice(&self.sq_depth.to_le_bytes());
         b[e + 8..e + 24].copy_from_slice(&QpEndpoint::gid_of(self.listen.ip()));
         b[e + 24..e + 26].copy_from_slice(&self.listen.port().to_le_bytes());
+        b[e + 26..e + 30].copy_from_slice(&self.eager_max.to_le_bytes());
+        b[e + 30..e + 34].copy_from_slice(&self.path_mtu.bytes().to_le_bytes());
         b
     }
 
@@ -49,7 +56,12 @@ impl Hello {
         gid.copy_from_slice(&b[e + 8..e + 24]);
         let port = u16::from_le_bytes([b[e + 24], b[e + 25]]);
         let listen = QpEndpoint { gid, udp_port: port, lid: 0, qpn: 0, psn: 0 }.socket_addr();
-        Ok(Hello { nonce, endpoint, rq_depth, sq_depth, listen })
+        let eager_max = u32_at(e + 26);
+        if !(64..=1 << 20).contains(&eager_max) {
+            return Err(refuse("eager_max out of range"));
+        }
+        let path_mtu = Mtu::from_bytes(u32_at(e + 30)).ok_or_else(|| refuse("bad path MTU"))?;
+        Ok(Hello { nonce, endpoint, rq_depth, sq_depth, listen, eager_max, path_mtu })
     }
 }
 
@@ -93,18 +105,30 @@ impl<D: Device + 'static> FactoryImpl<D> {
             rq_depth: if self.cfg.srq { 0 } else { self.cfg.rq_depth },
             sq_depth: self.cfg.sq_depth,
             listen: self.listen_addr,
+            // Validated to at most 1 MiB.
+            eager_max: u32::try_from(self.cfg.eager_max).unwrap_or(u32::MAX),
+            path_mtu: self.cfg.path_mtu,
         }
         .encode();
-        stream.write_all(&mine).await?;
+        // An inbound peer that goes away before proving itself counts as refused (a
+        // stranger's probe); a cancelled outbound bootstrap is this side's doing.
+        let refused_inbound = |e: std::io::Error| {
+            if !initiator {
+                Counters::add(&self.counters.bootstrap_refused, 1);
+            }
+            e
+        };
+        stream.write_all(&mine).await.map_err(refused_inbound)?;
         let mut theirs = [0u8; HELLO_LEN];
-        stream.read_exact(&mut theirs).await?;
+        stream.read_exact(&mut theirs).await.map_err(refused_inbound)?;
         let hello = Hello::decode(&theirs).inspect_err(|_| {
             Counters::add(&self.counters.bootstrap_refused, 1);
         })?;
         let (hi, ha) = if initiator { (&mine, &theirs) } else { (&theirs, &mine) };
         stream.write_all(&proof(&self.cfg.secret, PROOF_LABEL, role(initiator), hi, ha)).await?;
         let mut their_proof = [0u8; PROOF_LEN];
-        stream.read_exact(&mut their_proof).await.map_err(|_| {
+        stream.read_exact(&mut their_proof).await.map_err(|e| {
+            let _ = refused_inbound(e);
             TransportError::Refused("bootstrap: the peer closed during authentication".into())
         })?;
         if !verify(&self.cfg.secret, PROOF_LABEL, role(initiator).peer(), hi, ha, &their_proof) {
@@ -116,8 +140,18 @@ impl<D: Device + 'static> FactoryImpl<D> {
         qp.to_init(&InitAttrs { port: self.cfg.qp_port, ..InitAttrs::default() })?;
         let peer = if initiator { stream.peer_addr()? } else { hello.listen };
         let driven = &self.endpoints[endpoint];
+        let cfg = if hello.eager_max as usize >= self.cfg.eager_max {
+            self.cfg.clone()
+        } else {
+            Arc::new(Config { eager_max: hello.eager_max as usize, ..(*self.cfg).clone() })
+        };
+        let path_mtu = if hello.path_mtu.bytes() < cfg.path_mtu.bytes() {
+            hello.path_mtu
+        } else {
+            cfg.path_mtu
+        };
         let parts = EngineParts {
-            cfg: self.cfg.clone(),
+            cfg,
             pool: self.pool,
             dev: self.dev_index,
             counters: self.counters.clone(),
@@ -132,8 +166,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
         if let Some(Post::Recv(wrs)) = engine.poll_post() {
             qp.post_recv(wrs)?;
         }
-        let rtr =
-            RtrAttrs { remote: hello.endpoint, path_mtu: self.cfg.path_mtu, min_rnr_timer: 12 };
+        let rtr = RtrAttrs { remote: hello.endpoint, path_mtu, min_rnr_timer: 12 };
         qp.to_rtr(&rtr)?;
         qp.to_rts(&RtsAttrs {
             sq_psn: qp.endpoint().psn,

@@ -34,8 +34,10 @@ use crate::proto::HEADER_LEN;
 use crate::recv::RecvRing;
 
 // Version 2: engine headers of 48 bytes (standing grants).
-const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x02";
-const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2;
+/// The hello's magic and version. 3: the hello carries `eager_max` and the path MTU (peers
+/// configured differently failed their engine on the first such message, opaquely).
+const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x03";
+const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2 + 4 + 4;
 
 #[derive(Clone, Copy, Debug)]
 struct EngineRef {
