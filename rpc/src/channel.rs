@@ -243,10 +243,9 @@ mod tests {
     use bex_transport::tcp::TcpTransport;
     use bex_transport::{Config, Transport};
 
-    // A call abandoned by its caller's own deadline (an outer timeout drops it mid-wait)
-    // leaves nothing waiting on the channel; nor does one that times out by itself.
-    #[tokio::test]
-    async fn an_abandoned_call_leaves_no_reply_slot_behind() {
+    /// A channel over TCP on loopback counting into `stats`, the peer's socket, the pool,
+    /// and both transports (kept by the test: dropping them closes the sockets).
+    async fn pair(stats: Arc<ClientStats>) -> (Channel, Socket, &'static Pool, [Transport; 2]) {
         let pool = Pool::unregistered(Default::default()).unwrap().leak();
         let any = "127.0.0.1:0".parse().unwrap();
         let server =
@@ -254,8 +253,15 @@ mod tests {
         let client =
             Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
         let (socket, accepted) = tokio::join!(client.connect(server.local_addr()), server.accept());
-        let (ch, _silent_peer) =
-            (Channel::new(socket.unwrap(), pool, Default::default()), accepted.unwrap());
+        let ch = Channel::new(socket.unwrap(), pool, stats);
+        (ch, accepted.unwrap(), pool, [server, client])
+    }
+
+    // A call abandoned by its caller's own deadline (an outer timeout drops it mid-wait)
+    // leaves nothing waiting on the channel; nor does one that times out by itself.
+    #[tokio::test]
+    async fn an_abandoned_call_leaves_no_reply_slot_behind() {
+        let (ch, _silent_peer, _pool, _transports) = pair(Default::default()).await;
         let call = ch.call(1, b"hello", Duration::from_secs(60));
         assert!(tokio::time::timeout(Duration::from_millis(50), call).await.is_err());
         assert_eq!(ch.calls_waiting(), 0, "the dropped call's slot is gone");
@@ -268,15 +274,8 @@ mod tests {
     // counted (they were only logged, a line each); the channel goes on serving the call.
     #[tokio::test]
     async fn malformed_replies_are_counted_and_the_channel_survives_them() {
-        let pool = Pool::unregistered(Default::default()).unwrap().leak();
-        let any = "127.0.0.1:0".parse().unwrap();
-        let server =
-            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
-        let client =
-            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
-        let (socket, accepted) = tokio::join!(client.connect(server.local_addr()), server.accept());
         let stats = Arc::new(ClientStats::default());
-        let (ch, peer) = (Channel::new(socket.unwrap(), pool, stats.clone()), accepted.unwrap());
+        let (ch, peer, pool, _transports) = pair(stats.clone()).await;
         let answer = async {
             let req = peer.recv().await.unwrap();
             let id = Header::decode(req.as_slice()).unwrap().id;
