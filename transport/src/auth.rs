@@ -10,6 +10,11 @@ use sha2::Sha256;
 /// Bytes of a proof.
 pub const PROOF_LEN: usize = 32;
 
+/// Inbound handshakes in progress at once, per transport; further connections are refused
+/// and counted (`bootstrap_refused`), so a stranger's storm of silent connections costs a
+/// bounded number of tasks and sockets until `connect_timeout` ends each.
+pub const MAX_HANDSHAKES: usize = 1024;
+
 /// Which side of a handshake computes a proof.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

@@ -37,6 +37,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 
+use crate::auth::MAX_HANDSHAKES;
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::error::{Result, TransportError};
 use crate::log_limit::{accept, LogLimit, WARN_EVERY};
@@ -50,8 +51,6 @@ const IO_BUF_BYTES: usize = 64 << 10;
 /// Authenticated inbound sockets waiting for [`TcpTransport::accept`]; the handshakes behind
 /// them wait when it is full.
 const ACCEPT_BACKLOG: usize = 1024;
-/// Inbound handshakes in progress at once; further connections are refused and counted.
-const MAX_HANDSHAKES: usize = 1024;
 
 /// What every connection's tasks share with the transport.
 struct Shared {

@@ -326,3 +326,35 @@ async fn an_inbound_peer_leaving_before_its_proof_is_counted_as_refused() {
     check(&s.recv().await.unwrap(), 100, 1);
     assert_eq!(b.counters().bootstrap_refused, 2);
 }
+
+/// Strangers without the secret take no engine place: connections that never prove
+/// themselves, as many as the endpoints have places for, do not keep a peer with the secret
+/// out. Each place was taken (and its QP created) before the proofs, so a handful of
+/// silent connections refused every bootstrap ("CQ full") for `connect_timeout`, renewably.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_holding_unproven_bootstraps_take_no_engine_place() {
+    use tokio::io::AsyncReadExt;
+    let cfg = Config::default();
+    // Room for two engines on the one endpoint.
+    let two_places = Config { cq_depth: 2 * (cfg.sq_depth + cfg.rq_depth), ..cfg.clone() };
+    let (a, _da) = rdma(Config::default()).await;
+    let (b, _db) = rdma(two_places).await;
+    let mut strangers = Vec::new();
+    for _ in 0..2 {
+        let mut s = tokio::net::TcpStream::connect(b.local_addr()).await.unwrap();
+        // b's hello arrived: its side of this bootstrap is under way.
+        let mut first = [0u8; 8];
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut first))
+            .await
+            .expect("b sends its hello")
+            .unwrap();
+        assert_eq!(&first[..7], b"BEXHELO");
+        strangers.push(s);
+    }
+    let c = a.connect(b.local_addr()).await.expect("a peer with the secret gets a place");
+    let s = tokio::time::timeout(Duration::from_secs(20), b.accept()).await.unwrap().unwrap();
+    c.send(pattern(a.pool(), 100, 1)).await.unwrap();
+    check(&s.recv().await.unwrap(), 100, 1);
+    assert_eq!(b.counters().engines_up, 1);
+    drop(strangers);
+}

@@ -1,8 +1,14 @@
-//! The bootstrap over one TCP connection: hellos (QP endpoint, queue depths, listen address,
-//! eager limit, path MTU, nonce), proofs under the shared secret ([`crate::auth`]), the QP
-//! connected before the ready byte. Each side's engine takes the smaller of the two eager
-//! limits and path MTUs, so peers configured differently (a rolling change) still agree on
-//! what a receive buffer holds and how large a packet is.
+//! The bootstrap over one TCP connection: hellos (queue depths, listen address, eager limit,
+//! path MTU, nonce), proofs under the shared secret ([`crate::auth`]), and only then the
+//! engine's place and QP: each side sends its QP endpoint with a MAC binding it to the
+//! authenticated hellos, connects its QP and sends a ready byte. Each side's engine takes the
+//! smaller of the two eager limits and path MTUs, so peers configured differently (a rolling
+//! change) still agree on what a receive buffer holds and how large a packet is.
+//!
+//! Why the QP comes after the proofs (version 3 sent its endpoint in the hello): a place on
+//! an endpoint's CQ and a QP are scarce, and a stranger holding a few silent connections took
+//! every place for `connect_timeout`, renewably. Now a stranger costs a task and a TCP socket
+//! until its proof is due, within [`MAX_HANDSHAKES`].
 
 use super::placement::PlacedEngine;
 use super::*;
@@ -10,7 +16,6 @@ use bex_rnic::verbs::Mtu;
 
 struct Hello {
     nonce: [u8; 16],
-    endpoint: QpEndpoint,
     rq_depth: u32,
     sq_depth: u32,
     listen: SocketAddr,
@@ -23,8 +28,7 @@ impl Hello {
         let mut b = [0u8; HELLO_LEN];
         b[..8].copy_from_slice(&HELLO_MAGIC);
         b[8..24].copy_from_slice(&self.nonce);
-        let e = 24 + bootstrap::ENDPOINT_LEN;
-        b[24..e].copy_from_slice(&bootstrap::encode(&self.endpoint));
+        let e = 24;
         b[e..e + 4].copy_from_slice(&self.rq_depth.to_le_bytes());
         b[e + 4..e + 8].copy_from_slice(&self.sq_depth.to_le_bytes());
         b[e + 8..e + 24].copy_from_slice(&QpEndpoint::gid_of(self.listen.ip()));
@@ -41,10 +45,7 @@ impl Hello {
         }
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&b[8..24]);
-        let e = 24 + bootstrap::ENDPOINT_LEN;
-        let mut ep = [0u8; bootstrap::ENDPOINT_LEN];
-        ep.copy_from_slice(&b[24..e]);
-        let endpoint = bootstrap::decode(&ep).map_err(|e| refuse(&e.to_string()))?;
+        let e = 24;
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let rq_depth = u32_at(e);
         let sq_depth = u32_at(e + 4);
@@ -61,12 +62,16 @@ impl Hello {
             return Err(refuse("eager_max out of range"));
         }
         let path_mtu = Mtu::from_bytes(u32_at(e + 30)).ok_or_else(|| refuse("bad path MTU"))?;
-        Ok(Hello { nonce, endpoint, rq_depth, sq_depth, listen, eager_max, path_mtu })
+        Ok(Hello { nonce, rq_depth, sq_depth, listen, eager_max, path_mtu })
     }
 }
 
 /// This transport's label in the handshake's proofs ([`crate::auth`]).
 const PROOF_LABEL: &[u8] = b"bex-transport/1";
+/// The label of the MAC that binds a QP endpoint to the authenticated hellos.
+const ENDPOINT_LABEL: &[u8] = b"bex-transport/1 qp endpoint";
+/// A QP endpoint and its MAC.
+const ENDPOINT_MSG_LEN: usize = bootstrap::ENDPOINT_LEN + PROOF_LEN;
 
 fn role(initiator: bool) -> Role {
     if initiator {
@@ -83,24 +88,8 @@ impl<D: Device + 'static> FactoryImpl<D> {
         initiator: bool,
     ) -> Result<(SocketAddr, EngineRef)> {
         let _ = stream.set_nodelay(true);
-        let endpoint = self.place_engine()?;
-        let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
-        let cq = &self.cqs[endpoint];
-        let caps = QpCaps {
-            max_send_wr: self.cfg.sq_depth,
-            max_recv_wr: self.cfg.rq_depth,
-            max_send_sge: 2,
-            max_recv_sge: 1,
-        };
-        let srq = self.srqs[endpoint].as_deref();
-        let td = self.tds[endpoint].as_deref();
-        let qp = self.device.create_qp(
-            &self.pd,
-            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: td, caps },
-        )?;
         let mine = Hello {
             nonce: rand::random(),
-            endpoint: qp.endpoint(),
             // 0 tells the peer this side draws on an SRQ and takes no credits.
             rq_depth: if self.cfg.srq { 0 } else { self.cfg.rq_depth },
             sq_depth: self.cfg.sq_depth,
@@ -118,6 +107,10 @@ impl<D: Device + 'static> FactoryImpl<D> {
             }
             e
         };
+        let refuse = |why: &str| {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+            TransportError::Refused(format!("bootstrap: {why}"))
+        };
         stream.write_all(&mine).await.map_err(refused_inbound)?;
         let mut theirs = [0u8; HELLO_LEN];
         stream.read_exact(&mut theirs).await.map_err(refused_inbound)?;
@@ -132,11 +125,48 @@ impl<D: Device + 'static> FactoryImpl<D> {
             TransportError::Refused("bootstrap: the peer closed during authentication".into())
         })?;
         if !verify(&self.cfg.secret, PROOF_LABEL, role(initiator).peer(), hi, ha, &their_proof) {
-            Counters::add(&self.counters.bootstrap_refused, 1);
-            return Err(TransportError::Refused(
-                "bootstrap: the peer does not have the cluster's shared secret".into(),
-            ));
+            return Err(refuse("the peer does not have the cluster's shared secret"));
         }
+        // The peer is authenticated: only now a place and a QP.
+        let endpoint = self.place_engine()?;
+        let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
+        let cq = &self.cqs[endpoint];
+        let caps = QpCaps {
+            max_send_wr: self.cfg.sq_depth,
+            max_recv_wr: self.cfg.rq_depth,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+        };
+        let srq = self.srqs[endpoint].as_deref();
+        let td = self.tds[endpoint].as_deref();
+        let qp = self.device.create_qp(
+            &self.pd,
+            &QpInit { send_cq: cq, recv_cq: cq, srq, thread_domain: td, caps },
+        )?;
+        // The endpoint travels with a MAC over both hellos, so it is as authenticated as they
+        // are (it was inside the MAC'd hello before).
+        let transcript = [&hi[..], &ha[..]].concat();
+        let mut ours = [0u8; ENDPOINT_MSG_LEN];
+        let my_endpoint = bootstrap::encode(&qp.endpoint());
+        ours[..bootstrap::ENDPOINT_LEN].copy_from_slice(&my_endpoint);
+        ours[bootstrap::ENDPOINT_LEN..].copy_from_slice(&proof(
+            &self.cfg.secret,
+            ENDPOINT_LABEL,
+            role(initiator),
+            &transcript,
+            &my_endpoint,
+        ));
+        stream.write_all(&ours).await?;
+        let mut theirs = [0u8; ENDPOINT_MSG_LEN];
+        stream.read_exact(&mut theirs).await?;
+        let (their_endpoint, mac) = theirs.split_at(bootstrap::ENDPOINT_LEN);
+        let peer_role = role(initiator).peer();
+        if !verify(&self.cfg.secret, ENDPOINT_LABEL, peer_role, &transcript, their_endpoint, mac) {
+            return Err(refuse("the peer's QP endpoint does not carry its MAC"));
+        }
+        let their_endpoint: [u8; bootstrap::ENDPOINT_LEN] =
+            their_endpoint.try_into().map_err(|_| refuse("short QP endpoint"))?;
+        let remote = bootstrap::decode(&their_endpoint).map_err(|e| refuse(&e.to_string()))?;
         qp.to_init(&InitAttrs { port: self.cfg.qp_port, ..InitAttrs::default() })?;
         let peer = if initiator { stream.peer_addr()? } else { hello.listen };
         let driven = &self.endpoints[endpoint];
@@ -166,7 +196,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
         if let Some(Post::Recv(wrs)) = engine.poll_post() {
             qp.post_recv(wrs)?;
         }
-        let rtr = RtrAttrs { remote: hello.endpoint, path_mtu, min_rnr_timer: 12 };
+        let rtr = RtrAttrs { remote, path_mtu, min_rnr_timer: 12 };
         qp.to_rtr(&rtr)?;
         qp.to_rts(&RtsAttrs {
             sq_psn: qp.endpoint().psn,
@@ -211,6 +241,52 @@ impl<D: Device> Drop for Unconfirmed<'_, D> {
     fn drop(&mut self) {
         if !self.confirmed {
             self.driven.ep.lock().abandon_engine(self.qpn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hello() -> Hello {
+        Hello {
+            nonce: [7; 16],
+            rq_depth: 64,
+            sq_depth: 32,
+            listen: "10.1.2.3:7000".parse().unwrap(),
+            eager_max: 8192,
+            path_mtu: Mtu::Mtu4096,
+        }
+    }
+
+    #[test]
+    fn hellos_round_trip_and_other_versions_and_ranges_are_refused() {
+        let b = hello().encode();
+        let h = Hello::decode(&b).unwrap();
+        assert_eq!((h.nonce, h.rq_depth, h.sq_depth), ([7; 16], 64, 32));
+        assert_eq!((h.listen, h.eager_max, h.path_mtu), (hello().listen, 8192, Mtu::Mtu4096));
+        let refused = |edit: &dyn Fn(&mut [u8; HELLO_LEN]), why: &str| {
+            let mut b = hello().encode();
+            edit(&mut b);
+            let e = Hello::decode(&b).err().unwrap_or_else(|| panic!("{why}: accepted"));
+            assert!(e.to_string().contains(why), "{e}");
+        };
+        refused(&|b| b[7] = 3, "bad magic or version");
+        refused(&|b| b[24..28].copy_from_slice(&2u32.to_le_bytes()), "queue depths");
+        refused(&|b| b[28..32].copy_from_slice(&1u32.to_le_bytes()), "queue depths");
+        refused(&|b| b[50..54].copy_from_slice(&(2u32 << 20).to_le_bytes()), "eager_max");
+        refused(&|b| b[54..58].copy_from_slice(&1001u32.to_le_bytes()), "path MTU");
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_any_bytes_never_panics(b in proptest::collection::vec(any::<u8>(), HELLO_LEN)) {
+            let mut h = [0u8; HELLO_LEN];
+            h.copy_from_slice(&b);
+            h[..8].copy_from_slice(&HELLO_MAGIC);
+            let _ = Hello::decode(&h);
         }
     }
 }

@@ -4,10 +4,12 @@
 //! engines.
 //!
 //! Bootstrap (both sides, over one TCP connection): each sends a hello — magic, version,
-//! nonce, its QP endpoint, queue depths, its own listen address — then an HMAC-SHA256 of both
-//! hellos under the shared secret, checks the peer's, connects its QP (receives posted in
-//! INIT, before the peer may send) and sends a ready byte. A peer with another secret gets
-//! a closed connection and a counter increments.
+//! nonce, queue depths, its own listen address, eager limit, path MTU — then an HMAC-SHA256
+//! of both hellos under the shared secret, and checks the peer's. Only an authenticated peer
+//! gets an engine place and a QP: each side sends its QP endpoint with a MAC, connects its QP
+//! (receives posted in INIT, before the peer may send) and sends a ready byte. A peer with
+//! another secret gets a closed connection and a counter increments; at most
+//! [`MAX_HANDSHAKES`] inbound bootstraps run at once, as for TCP.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
-use crate::auth::{proof, verify, Role, PROOF_LEN};
+use crate::auth::{proof, verify, Role, MAX_HANDSHAKES, PROOF_LEN};
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::driver::{Cmd, Control, Driven};
 use crate::endpoint::{Accepted, Done, Endpoint, OnEngineGone};
@@ -33,11 +35,12 @@ use crate::msg::{Msg, Payload, SharedMsg};
 use crate::proto::HEADER_LEN;
 use crate::recv::RecvRing;
 
-// Version 2: engine headers of 48 bytes (standing grants).
-/// The hello's magic and version. 3: the hello carries `eager_max` and the path MTU (peers
-/// configured differently failed their engine on the first such message, opaquely).
-const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x03";
-const HELLO_LEN: usize = 8 + 16 + bootstrap::ENDPOINT_LEN + 4 + 4 + 16 + 2 + 4 + 4;
+/// The hello's magic and version, which also versions the engine header (2: standing
+/// grants). 3: the hello carries `eager_max` and the path MTU (peers
+/// configured differently failed their engine on the first such message, opaquely). 4: the
+/// QP endpoint follows the proofs instead of riding in the hello.
+const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x04";
+const HELLO_LEN: usize = 8 + 16 + 4 + 4 + 16 + 2 + 4 + 4;
 
 #[derive(Clone, Copy, Debug)]
 struct EngineRef {
@@ -233,8 +236,9 @@ impl RdmaTransport {
         let acc2 = accepting.clone();
         let timeout = cfg.connect_timeout;
         tasks.push(tokio::spawn(async move {
-            let accept_warn = LogLimit::new(WARN_EVERY);
+            let (accept_warn, busy_warn) = (LogLimit::new(WARN_EVERY), LogLimit::new(WARN_EVERY));
             let inbound_warn = Arc::new(LogLimit::new(WARN_EVERY));
+            let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
             loop {
                 let (stream, from) = accept(&listener, &accept_warn, "bootstrap").await;
                 if !acc2.load(Ordering::Acquire) {
@@ -242,13 +246,21 @@ impl RdmaTransport {
                     drop(stream);
                     continue;
                 }
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    Counters::add(&c2.bootstrap_refused, 1);
+                    if let Some(held) = busy_warn.allow(crate::clock::now()) {
+                        tracing::warn!(%from, held_back = held, "too many RDMA bootstraps in progress; refused");
+                    }
+                    continue;
+                };
                 let f = f2.clone();
                 let c = c2.clone();
                 let warn = inbound_warn.clone();
                 tokio::spawn(async move {
-                    let why = match tokio::time::timeout(timeout, f.establish(stream, false, None))
-                        .await
-                    {
+                    let outcome = tokio::time::timeout(timeout, f.establish(stream, false, None));
+                    let outcome = outcome.await;
+                    drop(slot);
+                    let why = match outcome {
                         Ok(Ok(_)) => return,
                         Ok(Err(e)) => e.to_string(),
                         Err(_) => {
