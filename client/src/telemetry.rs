@@ -39,6 +39,12 @@ const TRANSPORT_COUNTERS: &[Field<CounterSnapshot>] = &[
         |c| c.granted_messages,
     ),
     (
+        "bex_transport_rts_deferred_total",
+        "RTSs whose CTS waited for earlier announced messages to be written (the engine's \
+         budget of max_message_bytes)",
+        |c| c.rts_deferred,
+    ),
+    (
         "bex_transport_credit_stalls_total",
         "Scheduler turns that found no receive credit at the peer",
         |c| c.credit_stalls,

@@ -58,8 +58,10 @@ pub struct Config {
     /// How long an idle endpoint's driver keeps polling before it waits for an event (0: wait
     /// at once; spinning only pays when the runtime's threads have cores to themselves).
     pub spin: Duration,
-    /// Largest message a peer may announce (RTS length, TCP frame): bounds what an
-    /// authenticated but misbehaving peer can make this side allocate and register.
+    /// Largest message a peer may announce (RTS length, TCP frame), and on RDMA also the
+    /// bytes one engine holds at once for announced messages (later RTSs wait for their CTS):
+    /// bounds what an authenticated but misbehaving peer can make this side allocate and
+    /// register.
     pub max_message_bytes: u64,
     /// Messages a socket may have queued before `send` waits (backpressure); on TCP also the
     /// received messages a socket holds before the connection stops reading.
@@ -183,6 +185,9 @@ pub struct Counters {
     pub granted_messages: AtomicU64,
     /// Standing grants offered to peers.
     pub grants_offered: AtomicU64,
+    /// RTSs whose CTS waited for buffers of earlier announced messages to be written and
+    /// freed (the budget of `max_message_bytes` per engine).
+    pub rts_deferred: AtomicU64,
     /// Scheduler turns that found no credit (ordinary use).
     pub credit_stalls: AtomicU64,
     /// Scheduler turns that found the send window full.
@@ -227,6 +232,7 @@ pub struct CounterSnapshot {
     pub large_messages: u64,
     pub granted_messages: u64,
     pub grants_offered: u64,
+    pub rts_deferred: u64,
     pub credit_stalls: u64,
     pub window_stalls: u64,
     pub window_high_water: u64,
@@ -261,6 +267,7 @@ impl Counters {
             large_messages: g(&self.large_messages),
             granted_messages: g(&self.granted_messages),
             grants_offered: g(&self.grants_offered),
+            rts_deferred: g(&self.rts_deferred),
             credit_stalls: g(&self.credit_stalls),
             window_stalls: g(&self.window_stalls),
             window_high_water: g(&self.window_high_water),

@@ -47,6 +47,11 @@ pub(crate) const RECV_TAG: u64 = 1 << 63;
 /// A CTS with this slot refuses the message (the receiver could not allocate it).
 const REFUSED: u32 = u32::MAX;
 
+/// RTSs an engine holds back for its budget (see [`Engine::rts_budget`]) before it refuses
+/// more: a well-behaved peer has at most `rts_ahead + 1` per socket waiting, and 64 bytes each
+/// bound what a misbehaving one can make this side hold.
+const MAX_WAITING_RTS: usize = 1 << 16;
+
 /// What the application learns from an engine.
 #[derive(Debug)]
 pub(crate) enum Event<T> {
@@ -257,6 +262,9 @@ pub(crate) struct Engine<T> {
     window: SendWindow,
     recv: Receives,
     large_in: HashMap<u32, LargeIn>,
+    /// RTSs whose buffers would exceed the budget of bytes the peer may have this side hold
+    /// for announced messages: answered in order as written messages free their buffers.
+    rts_waiting: VecDeque<Header>,
     next_large_slot: u32,
     ctrl: VecDeque<Header>,
     sockets: HashMap<u32, SocketState<T>>,
@@ -317,6 +325,7 @@ impl<T> Engine<T> {
             window: SendWindow::new(cfg.cwnd_bytes),
             recv,
             large_in: HashMap::new(),
+            rts_waiting: VecDeque::new(),
             next_large_slot: 1,
             ctrl: VecDeque::new(),
             sockets: HashMap::new(),
@@ -516,6 +525,7 @@ impl<T> Engine<T> {
             }
         }
         self.large_in.clear();
+        self.rts_waiting.clear();
         self.ctrl.clear();
         self.recv_out.clear();
         self.rr = RoundRobin::default();
@@ -546,6 +556,7 @@ impl<T> Engine<T> {
             WcOpcode::RecvRdmaWithImm => {
                 self.on_large_done(wc.imm.unwrap_or(REFUSED));
                 self.recycle_receive(i);
+                self.answer_waiting_rts();
             }
             _ => Counters::add(&self.counters.malformed, 1),
         }
@@ -654,6 +665,8 @@ impl<T> Engine<T> {
                 // side closed first (the socket is gone): otherwise they stayed until the
                 // engine ended, a leak of registered memory per timed-out call.
                 self.large_in.retain(|_, l| l.socket != h.dst_socket);
+                self.rts_waiting.retain(|w| w.dst_socket != h.dst_socket);
+                self.answer_waiting_rts();
                 if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
                     if s.state != SockState::PeerClosed {
                         s.state = SockState::PeerClosed;
@@ -680,20 +693,62 @@ impl<T> Engine<T> {
         if h.slot != 0 {
             self.on_grant_returned(h.dst_socket, h.slot);
         }
+        let fits = h.len <= self.rts_budget() && self.sockets.contains_key(&h.dst_socket);
+        if !fits {
+            self.answer_rts(h, false);
+        } else if self.rts_waiting.is_empty() && self.rts_held() + h.len <= self.rts_budget() {
+            self.answer_rts(h, true);
+        } else if self.rts_waiting.len() < MAX_WAITING_RTS {
+            Counters::add(&self.counters.rts_deferred, 1);
+            self.rts_waiting.push_back(*h);
+        } else {
+            Counters::add(&self.counters.malformed, 1);
+            self.answer_rts(h, false);
+        }
+    }
+
+    /// Bytes the peer may have this side hold at once for messages it announced by RTS and
+    /// has not finished writing: `max_message_bytes` (what one message may announce), so a
+    /// peer that announces and never writes cannot exhaust the pool, and a well-behaved one
+    /// waits for its CTS instead of failing.
+    fn rts_budget(&self) -> u64 {
+        self.cfg.max_message_bytes.min(self.pool.max_allocation() as u64)
+    }
+
+    /// Bytes held now for announced messages.
+    fn rts_held(&self) -> u64 {
+        let held = self.large_in.values().filter(|l| l.landing == Landing::Rts);
+        held.map(|l| l.buf.len() as u64).sum()
+    }
+
+    /// Answers waiting RTSs, in the order they came, while the budget has room.
+    fn answer_waiting_rts(&mut self) {
+        while let Some(h) = self.rts_waiting.front().copied() {
+            if self.rts_held() + h.len > self.rts_budget() {
+                break;
+            }
+            self.rts_waiting.pop_front();
+            // The socket may have closed while it waited (its RTSs went with it).
+            let open = self.sockets.contains_key(&h.dst_socket);
+            self.answer_rts(&h, open);
+        }
+        debug_assert!(self.rts_held() <= self.rts_budget(), "RTS buffers within the budget");
+    }
+
+    /// A CTS for `h`: a buffer for the message when `accept` and one can be had, else refused.
+    fn answer_rts(&mut self, h: &Header, accept: bool) {
         let mut reply = Header::new(Kind::Cts);
         reply.dst_socket = h.src_socket;
         reply.src_socket = h.dst_socket;
         reply.msg_id = h.msg_id;
         reply.len = h.len;
-        let socket = h.dst_socket;
-        let fits = h.len <= self.cfg.max_message_bytes.min(self.pool.max_allocation() as u64)
-            && self.sockets.contains_key(&socket);
-        match fits.then(|| Msg::alloc(self.pool, h.len as usize)) {
+        match accept.then(|| Msg::alloc(self.pool, h.len as usize)) {
             Some(Ok(buf)) => {
                 let slot = self.alloc_large_slot();
                 reply.aux = buf.addr(0);
                 reply.aux32 = buf.rkey(self.dev);
                 reply.slot = slot;
+                let socket = h.dst_socket;
                 self.large_in.insert(slot, LargeIn { buf, socket, landing: Landing::Rts });
             }
             _ => reply.slot = REFUSED,
@@ -1048,9 +1103,13 @@ impl<T> Engine<T> {
                 if let Some(g) = s.grant.take() {
                     h.slot = g.slot;
                 }
+                // The front may be writing, or more RTSs may go ahead: the socket stays in
+                // the round. (It left it here before, and came back only with the next CTS: a
+                // front being written sat a round trip behind each RTS sent ahead of it.)
+                let more = s.sendable();
                 Counters::add(&self.counters.large_messages, 1);
                 self.prepare_send(h, None);
-                Turn::Prepared { more: false }
+                Turn::Prepared { more }
             }
             Phase::Write { addr, rkey, slot, offset, prefixed } => {
                 debug_assert_eq!(at, 0, "writes go in queue order");

@@ -182,18 +182,25 @@ impl Pair {
 
     /// Opens a socket from a; returns (a's id, b's id).
     fn open(&mut self) -> (u32, u32) {
-        let id = 7;
+        self.open_as(7)
+    }
+
+    /// Opens socket `id` from a; returns (a's id, b's id).
+    fn open_as(&mut self, id: u32) -> (u32, u32) {
+        let accepted_before = self.b.events.iter().filter(|e| matches!(e, Event::Accepted { .. }));
+        let accepted_before = accepted_before.count();
         self.a.engine.open_socket(id);
         self.a.settle();
         let ok = self.run(Duration::from_millis(50), |p| {
-            p.a.events.iter().any(|e| matches!(e, Event::Opened { socket: 7, result: Ok(()) }))
+            let opened = |e: &Event<u64>| matches!(e, Event::Opened { socket, result: Ok(()) } if *socket == id);
+            p.a.events.iter().any(opened)
         });
         assert!(ok, "open answered: {:?}", self.a.events);
-        let peer = self.b.events.iter().find_map(|e| match e {
+        let mut peer = self.b.events.iter().filter_map(|e| match e {
             Event::Accepted { socket } => Some(*socket),
             _ => None,
         });
-        (id, peer.expect("b accepted"))
+        (id, peer.nth(accepted_before).expect("b accepted"))
     }
 
     fn msg(&self, len: usize, seed: u8) -> Msg {
@@ -444,4 +451,78 @@ fn large_messages_both_ways_renew_grants_in_their_prefixes_and_skip_rts() {
     assert_eq!((ca.large_messages, ca.granted_messages), (1, 9), "{ca:?}");
     assert_eq!((cb.large_messages, cb.granted_messages), (1, 9), "{cb:?}");
     assert_eq!(ca.malformed + cb.malformed, 0);
+}
+
+/// Announced messages (RTS) beyond the engine's budget of `max_message_bytes` wait for their
+/// CTS until earlier ones are written, in order, and every one arrives: a well-behaved peer is
+/// slowed, not failed.
+#[test]
+fn rts_beyond_the_budget_wait_for_their_cts_and_every_message_arrives() {
+    let budget = 1u64 << 20;
+    let cfg = Config { max_message_bytes: budget, grant_max_bytes: 0, ..Config::default() };
+    let mut p = Pair::new(12, cfg);
+    let (sa, sb) = p.open();
+    let sizes = [1usize << 20, 700_000, 700_000, 1 << 20, 300_000, 200_000];
+    for (i, &len) in sizes.iter().enumerate() {
+        let m = p.msg(len, i as u8);
+        p.a.engine.enqueue(sa, m.into(), None, i as u64);
+    }
+    p.a.settle();
+    let mut most_held = 0;
+    let n = sizes.len();
+    assert!(
+        p.run(Duration::from_secs(5), |p| {
+            most_held = most_held.max(p.b.engine.rts_held());
+            p.b.received(sb).len() == n
+        }),
+        "received {}, waiting {:?}",
+        p.b.received(sb).len(),
+        p.b.engine.rts_waiting
+    );
+    for (i, (m, &len)) in p.b.received(sb).iter().zip(&sizes).enumerate() {
+        assert!(intact(m, len, i as u8), "message {i} ({len} B)");
+    }
+    assert!(p.run(Duration::from_secs(1), |p| (0..n as u64).all(|t| p.a.sent(t).is_some())));
+    assert!((0..n as u64).all(|t| matches!(p.a.sent(t), Some(Ok(())))), "{:?}", p.a.events);
+    assert!(most_held <= budget, "held {most_held} B for announced messages");
+    assert!(p.b.engine.counters.snapshot().rts_deferred > 0);
+    assert_eq!(p.b.engine.rts_held(), 0);
+}
+
+/// A peer that announces messages and never writes them makes this side hold at most the
+/// budget; each of its RTSs allocated its whole message before, so a few 1 GiB RTSs drained
+/// the pool for every engine.
+#[test]
+fn a_peer_that_announces_and_never_writes_holds_at_most_the_budget() {
+    let budget = 1u64 << 20;
+    let cfg = Config { max_message_bytes: budget, grant_max_bytes: 0, ..Config::default() };
+    let mut p = Pair::new(13, cfg);
+    let (sa, _) = p.open();
+    let (sa2, _) = {
+        // A second socket: RTSs of several sockets share the engine's budget.
+        p.a.engine.open_socket(8);
+        p.a.settle();
+        assert!(p.run(Duration::from_millis(50), |p| p
+            .a
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Opened { socket: 8, result: Ok(()) }))));
+        (8, ())
+    };
+    for (t, s) in [(0, sa), (1, sa), (2, sa), (3, sa2), (4, sa2)] {
+        let m = p.msg(1 << 20, t as u8);
+        p.a.engine.enqueue(s, m.into(), None, t);
+    }
+    p.a.settle();
+    // a's RTSs are out; from now on its engine does nothing (its NIC still ACKs).
+    p.a.frozen = true;
+    p.run(Duration::from_millis(200), |_| false);
+    assert_eq!(p.b.engine.rts_held(), budget, "one announced message's buffer");
+    assert_eq!(p.b.engine.rts_waiting.len(), 4);
+    // Once a writes, every message arrives.
+    p.a.frozen = false;
+    assert!(
+        p.run(Duration::from_secs(5), |p| p.b.engine.counters.snapshot().messages_received == 5)
+    );
+    assert!(p.b.engine.rts_waiting.is_empty());
 }
