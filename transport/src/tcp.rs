@@ -21,14 +21,21 @@
 //! after every earlier message); a connection that ends without one gives
 //! [`TransportError::ConnectionLost`].
 //!
+//! A writer idle for `keepalive_interval` sends a keepalive frame; a reader that waits
+//! `keepalive_timeout` for its peer's bytes in vain fails the connection (`keepalive_failures`),
+//! so a blackholed or hung peer's socket ends (`ConnectionLost`) instead of staying open.
+//!
 //! Counters used: `messages_{sent,received}`, `bytes_{sent,received}`, `engines_up` (TCP
-//! connections established), `engines_failed` (connections lost), `malformed`,
-//! `bootstrap_refused`; the RDMA-only ones stay 0.
+//! connections established), `engines_failed` (connections lost), `keepalive_failures`,
+//! `malformed`, `bootstrap_refused`, `wakeups` (reads that waited, and keepalive timers, also
+//! in `timer_wakeups`); the RDMA-only ones stay 0.
 
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bemalloc::Pool;
 use parking_lot::Mutex;
@@ -158,6 +165,45 @@ struct CountWakes {
     inner: OwnedReadHalf,
     waiting: bool,
     shared: Arc<Shared>,
+    /// When bytes last arrived (or the reader last began to wait for a frame).
+    heard: Arc<Heard>,
+}
+
+/// When a connection's reader last heard from its peer, for the keepalive check: shared by
+/// the read half (which sees bytes arrive) and the check racing the read.
+struct Heard {
+    epoch: Instant,
+    micros: AtomicU64,
+}
+
+impl Heard {
+    fn new() -> Heard {
+        Heard { epoch: crate::clock::now(), micros: AtomicU64::new(0) }
+    }
+
+    fn now(&self) {
+        let since = crate::clock::now().saturating_duration_since(self.epoch);
+        let us = u64::try_from(since.as_micros()).unwrap_or(u64::MAX);
+        self.micros.store(us, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.epoch + Duration::from_micros(self.micros.load(Ordering::Relaxed))
+    }
+}
+
+/// Resolves once nothing was heard for `limit`: a peer that is gone, blackholed or hung
+/// (its kernel still ACKs, but its writer sends no keepalive). Each timer wake-up is counted.
+async fn silence(heard: &Heard, limit: Duration, counters: &Counters) {
+    loop {
+        let deadline = heard.last() + limit;
+        if crate::clock::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline.into()).await;
+        Counters::add(&counters.wakeups, 1);
+        Counters::add(&counters.timer_wakeups, 1);
+    }
 }
 
 impl tokio::io::AsyncRead for CountWakes {
@@ -167,7 +213,11 @@ impl tokio::io::AsyncRead for CountWakes {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         let me = &mut *self;
+        let before = buf.filled().len();
         let r = std::pin::Pin::new(&mut me.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            me.heard.now();
+        }
         match (&r, me.waiting) {
             (std::task::Poll::Pending, _) => me.waiting = true,
             (std::task::Poll::Ready(_), true) => {
@@ -187,9 +237,11 @@ fn start_conn(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> Core
     let queue = shared.cfg.max_queued_sends;
     let (out, out_rx) = mpsc::channel(queue);
     let (inbox_tx, inbox) = mpsc::channel(queue);
-    let r = CountWakes { inner: r, waiting: false, shared: shared.clone() };
+    let heard = Arc::new(Heard::new());
+    let r = CountWakes { inner: r, waiting: false, shared: shared.clone(), heard: heard.clone() };
     let reader = tokio::spawn(read_loop(
         BufReader::with_capacity(IO_BUF_BYTES, r),
+        heard,
         inbox_tx,
         conn.clone(),
         shared.clone(),
@@ -222,36 +274,54 @@ async fn read_frame(
     pool: &'static Pool,
     max_message: u64,
 ) -> std::result::Result<Option<Msg>, ReadError> {
-    if r.fill_buf().await.map_err(ReadError::Io)?.is_empty() {
-        return Err(ReadError::Eof);
-    }
-    let mut h = [0u8; HEADER_LEN];
-    r.read_exact(&mut h).await.map_err(ReadError::Io)?;
-    let limit = max_message.min(pool.max_allocation() as u64);
-    match Frame::decode(&h, limit).map_err(ReadError::Malformed)? {
-        Frame::Close => Ok(None),
-        Frame::Data(len) => {
-            // `decode` bounded `len` by `max_allocation`, a `usize`, and the configured limit.
-            let mut msg = Msg::alloc(pool, len as usize).map_err(|e| ReadError::Alloc(len, e))?;
-            r.read_exact(msg.as_mut_slice()).await.map_err(ReadError::Io)?;
-            Ok(Some(msg))
+    loop {
+        if r.fill_buf().await.map_err(ReadError::Io)?.is_empty() {
+            return Err(ReadError::Eof);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        r.read_exact(&mut h).await.map_err(ReadError::Io)?;
+        let limit = max_message.min(pool.max_allocation() as u64);
+        match Frame::decode(&h, limit).map_err(ReadError::Malformed)? {
+            Frame::Close => return Ok(None),
+            // Its bytes told the keepalive check all it needs.
+            Frame::Keepalive => continue,
+            Frame::Data(len) => {
+                // `decode` bounded `len` by `max_allocation`, a `usize`, and the configured
+                // limit.
+                let mut msg =
+                    Msg::alloc(pool, len as usize).map_err(|e| ReadError::Alloc(len, e))?;
+                r.read_exact(msg.as_mut_slice()).await.map_err(ReadError::Io)?;
+                return Ok(Some(msg));
+            }
         }
     }
 }
 
 async fn read_loop(
     mut r: BufReader<CountWakes>,
+    heard: Arc<Heard>,
     inbox: mpsc::Sender<Msg>,
     conn: Arc<Conn>,
     shared: Arc<Shared>,
 ) {
     let mut shutdown = shared.shutdown.subscribe();
     let c = &shared.counters;
+    let limit = shared.cfg.keepalive_timeout;
     let end = loop {
+        // Silence counts only while the reader waits for the peer, not while `recv`'s queue
+        // is full (the peer's bytes then wait in the kernel, unread).
+        heard.now();
         let frame = tokio::select! {
             biased;
             _ = shut(&mut shutdown) => break TransportError::Shutdown,
             f = read_frame(&mut r, shared.pool, shared.cfg.max_message_bytes) => f,
+            _ = silence(&heard, limit, c) => {
+                Counters::add(&c.keepalive_failures, 1);
+                tracing::warn!(peer = ?r.get_ref().inner.peer_addr().ok(), ?limit, "TCP peer silent past the keepalive timeout; closing the connection");
+                break TransportError::ConnectionLost(format!(
+                    "nothing from the peer for {limit:?} (no keepalive: gone, cut off or hung)"
+                ));
+            }
         };
         // `biased` orders the branches within one poll, not across the poll: the thread may
         // pause between them while the shutdown makes the peer close. Shutdown wins.
@@ -331,6 +401,7 @@ async fn write_loop(
     let mut done = Vec::with_capacity(MAX_BATCH);
     // Whether the stream stands between frames, where a close frame may follow.
     let mut at_boundary = true;
+    let idle = shared.cfg.keepalive_interval;
     loop {
         let first = tokio::select! {
             biased;
@@ -339,18 +410,36 @@ async fn write_loop(
                 break;
             }
             _ = conn.stop_writer.notified() => break,
-            o = rx.recv() => o,
+            o = tokio::time::timeout(idle, rx.recv()) => o,
         };
-        // `None` only once the socket (the only sender) is gone, which also stops us.
-        let Some(first) = first else { break };
+        // `None` only once the socket (the only sender) is gone, which also stops us; a
+        // timeout means idle for `keepalive_interval`: a keepalive goes instead.
+        let first = match first {
+            Ok(Some(first)) => Some(first),
+            Ok(None) => break,
+            Err(_) => {
+                Counters::add(&c.wakeups, 1);
+                Counters::add(&c.timer_wakeups, 1);
+                None
+            }
+        };
         let mut bytes = 0;
+        let write = async {
+            match first {
+                Some(first) => {
+                    write_batch(&mut w, first, &mut rx, &conn, &mut done, &mut bytes).await
+                }
+                None => {
+                    w.write_all(&Frame::Keepalive.encode()).await?;
+                    w.flush().await
+                }
+            }
+        };
         let r = tokio::select! {
             biased;
             _ = shut(&mut shutdown) => Err(TransportError::Shutdown),
             _ = conn.stop_writer.notified() => Err(conn.send_err_or_lost()),
-            r = write_batch(&mut w, first, &mut rx, &conn, &mut done, &mut bytes) => {
-                r.map_err(|e| TransportError::ConnectionLost(e.to_string()))
-            }
+            r = write => r.map_err(|e| TransportError::ConnectionLost(e.to_string())),
         };
         // As in the reader: a write that failed because of our own shutdown is a shutdown.
         let r = match r {

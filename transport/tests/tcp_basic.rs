@@ -44,7 +44,7 @@ async fn still_serves(a: &TcpTransport, b: &TcpTransport) {
 /// `wire::Hello::encode`).
 fn raw_hello() -> [u8; HELLO_LEN] {
     let mut h = [0u8; HELLO_LEN];
-    h[..8].copy_from_slice(b"BEXTCP\x00\x01");
+    h[..8].copy_from_slice(b"BEXTCP\x00\x02");
     h[8..40].copy_from_slice(&[7; 32]);
     h[50..56].copy_from_slice(&[0xff, 0xff, 127, 0, 0, 1]);
     h[56..58].copy_from_slice(&9u16.to_le_bytes());
@@ -58,7 +58,7 @@ async fn raw_client(addr: SocketAddr, secret: &[u8]) -> TcpStream {
     s.write_all(&mine).await.unwrap();
     let mut theirs = [0u8; HELLO_LEN];
     s.read_exact(&mut theirs).await.unwrap();
-    assert_eq!(&theirs[..8], b"BEXTCP\x00\x01");
+    assert_eq!(&theirs[..8], b"BEXTCP\x00\x02");
     s.write_all(&wire::proof(secret, Role::Initiator, &mine, &theirs)).await.unwrap();
     let mut proof = [0u8; PROOF_LEN];
     s.read_exact(&mut proof).await.unwrap();
@@ -339,4 +339,69 @@ async fn the_unified_types_work_over_rdma() {
     let (server, _ds) = rdma(Config::default()).await;
     let (client, _dc) = rdma(Config::default()).await;
     echo_through_the_unified_types(Transport::from(server), Transport::Rdma(client)).await;
+}
+
+/// Short keepalives, so the tests below take a second, not several.
+fn quick_keepalive() -> Config {
+    Config {
+        keepalive_interval: Duration::from_millis(50),
+        keepalive_timeout: Duration::from_millis(300),
+        ..Config::default()
+    }
+}
+
+/// A peer that authenticates and then falls silent (blackholed, or hung while its kernel
+/// still ACKs) ends the socket with `ConnectionLost` after the keepalive timeout; the socket
+/// stayed open for good before, and a server never reaped such half-open connections. The
+/// transport's own writer sends keepalives meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_ends_the_socket_after_the_keepalive_timeout() {
+    let b = tcp(quick_keepalive()).await;
+    let mut raw = raw_client(b.local_addr(), &Config::default().secret).await;
+    let s = tokio::time::timeout(WAIT, b.accept()).await.expect("accept in time").unwrap();
+    let mut h = [0u8; 16];
+    tokio::time::timeout(WAIT, raw.read_exact(&mut h)).await.expect("a keepalive").unwrap();
+    assert_eq!(h, header(0, 3, 0), "b's idle writer sends keepalives");
+    let r = tokio::time::timeout(WAIT, s.recv()).await.expect("the socket ends");
+    match r {
+        Err(TransportError::ConnectionLost(why)) => assert!(why.contains("keepalive"), "{why}"),
+        other => panic!("expected ConnectionLost, got {other:?}"),
+    }
+    let c = b.counters();
+    assert_eq!((c.keepalive_failures, c.engines_failed), (1, 1), "{c:?}");
+    drop(raw);
+}
+
+/// Keepalives keep quiet sockets alive: one idle for three timeouts, and one whose receiver
+/// does not read for three timeouts while its queue is full (the peer's bytes wait unread in
+/// the kernel, which is no silence), both still deliver afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_and_slow_receivers_outlive_the_keepalive_timeout() {
+    let a = tcp(quick_keepalive()).await;
+    let b = tcp(Config { max_queued_sends: 2, ..quick_keepalive() }).await;
+    let c = a.connect(b.local_addr()).await.unwrap();
+    let s = tokio::time::timeout(WAIT, b.accept()).await.expect("accept in time").unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    c.send(pattern(a.pool(), 100, 1)).await.unwrap();
+    check(&s.recv().await.unwrap(), 100, 1);
+    let n = 40u64;
+    let sender = {
+        let pool = a.pool();
+        tokio::spawn(async move {
+            for i in 0..n {
+                c.send(pattern(pool, 200_000, i)).await.unwrap();
+            }
+            c
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    for i in 0..n {
+        let m = tokio::time::timeout(WAIT, s.recv()).await.expect("in time").unwrap();
+        check(&m, 200_000, i);
+    }
+    let _c = sender.await.unwrap();
+    for t in [&a, &b] {
+        assert_eq!(t.counters().keepalive_failures, 0, "{:?}", t.counters());
+    }
+    assert!(a.counters().timer_wakeups > 0, "a's idle writer woke to send keepalives");
 }

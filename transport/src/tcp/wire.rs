@@ -5,7 +5,7 @@
 //! Handshake, both sides at once over the fresh connection:
 //!
 //! ```text
-//! hello (58 B): magic "BEXTCP\0\x01" | nonce [32] | listen IP as IPv6 (v4-mapped) [16] | listen port u16 LE
+//! hello (58 B): magic "BEXTCP\0\x02" | nonce [32] | listen IP as IPv6 (v4-mapped) [16] | listen port u16 LE
 //! proof (32 B): HMAC-SHA256(secret; "bex-tcp/1" | role | hello_initiator | hello_acceptor)
 //! ```
 //!
@@ -16,16 +16,19 @@
 //! Then frames, each a 16-byte header followed by its payload:
 //!
 //! ```text
-//! len u64 LE | kind u32 LE (1 = data, 2 = close) | reserved u32 = 0
+//! len u64 LE | kind u32 LE (1 = data, 2 = close, 3 = keepalive) | reserved u32 = 0
 //! ```
 //!
 //! A close frame carries no payload and ends the sender's direction; a connection that ends
-//! without one ended by failure.
+//! without one ended by failure. A keepalive carries no payload either: a writer idle for
+//! `keepalive_interval` sends one, so a reader that waits `keepalive_timeout` for bytes in
+//! vain knows its peer is gone or hung (version 1 had none: a blackholed or stopped peer's
+//! connection stayed open for good).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// First bytes of a hello: the protocol and its version.
-pub const HELLO_MAGIC: [u8; 8] = *b"BEXTCP\x00\x01";
+pub const HELLO_MAGIC: [u8; 8] = *b"BEXTCP\x00\x02";
 /// Bytes of a hello's nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a hello.
@@ -37,6 +40,7 @@ pub const HEADER_LEN: usize = 16;
 
 const KIND_DATA: u32 = 1;
 const KIND_CLOSE: u32 = 2;
+const KIND_KEEPALIVE: u32 = 3;
 const PROOF_LABEL: &[u8] = b"bex-tcp/1";
 
 /// What a side of the handshake sends first.
@@ -110,6 +114,8 @@ pub enum Frame {
     Data(u64),
     /// The sender closed its socket; nothing follows.
     Close,
+    /// The sender is alive (its writer was idle).
+    Keepalive,
 }
 
 impl Frame {
@@ -118,6 +124,7 @@ impl Frame {
         let (len, kind) = match self {
             Frame::Data(len) => (len, KIND_DATA),
             Frame::Close => (0, KIND_CLOSE),
+            Frame::Keepalive => (0, KIND_KEEPALIVE),
         };
         let mut b = [0u8; HEADER_LEN];
         b[..8].copy_from_slice(&len.to_le_bytes());
@@ -140,6 +147,8 @@ impl Frame {
             KIND_DATA => Err(format!("message of {len} bytes exceeds the limit of {max_len}")),
             KIND_CLOSE if len == 0 => Ok(Frame::Close),
             KIND_CLOSE => Err(format!("close frame with a {len}-byte payload")),
+            KIND_KEEPALIVE if len == 0 => Ok(Frame::Keepalive),
+            KIND_KEEPALIVE => Err(format!("keepalive frame with a {len}-byte payload")),
             k => Err(format!("unknown frame kind {k}")),
         }
     }
@@ -162,7 +171,7 @@ mod tests {
     fn hello_layout_is_pinned() {
         let h = Hello { nonce: [0xab; NONCE_LEN], listen: "1.2.3.4:258".parse().unwrap() };
         let b = h.encode();
-        assert_eq!(&b[..8], b"BEXTCP\x00\x01");
+        assert_eq!(&b[..8], b"BEXTCP\x00\x02");
         assert_eq!(&b[8..40], &[0xab; 32]);
         assert_eq!(&b[40..56], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 1, 2, 3, 4]);
         assert_eq!(&b[56..], &[2, 1]);
@@ -171,9 +180,9 @@ mod tests {
     #[test]
     fn hello_with_another_magic_or_version_is_refused() {
         let mut b = Hello { nonce: [1; NONCE_LEN], listen: "1.2.3.4:5".parse().unwrap() }.encode();
-        b[7] = 2;
-        assert!(Hello::decode(&b).is_err());
         b[7] = 1;
+        assert!(Hello::decode(&b).is_err(), "version 1 (no keepalives)");
+        b[7] = 2;
         b[0] = b'X';
         assert!(Hello::decode(&b).is_err());
     }
@@ -197,6 +206,7 @@ mod tests {
         let b = Frame::Data(0x0102_0304_0506_0708).encode();
         assert_eq!(b, [8, 7, 6, 5, 4, 3, 2, 1, 1, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(Frame::Close.encode(), [0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Frame::Keepalive.encode(), [0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
@@ -211,7 +221,10 @@ mod tests {
     #[test]
     fn bad_kinds_reserved_bits_and_close_payloads_fail() {
         let mut b = Frame::Data(1).encode();
-        b[8] = 3;
+        b[8] = 4;
+        assert!(Frame::decode(&b, 10).is_err());
+        let mut b = Frame::Keepalive.encode();
+        b[0] = 1;
         assert!(Frame::decode(&b, 10).is_err());
         let mut b = Frame::Data(1).encode();
         b[15] = 1;
