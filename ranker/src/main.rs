@@ -14,7 +14,7 @@ use bex_client::node::ClientRole;
 use bex_process::{exit_with_parent, CpuTimes, SystemCpu};
 use bex_ps_proto::config::TransportKind;
 use bex_ps_proto::Config;
-use bex_ranker::report::{self, RunInfo};
+use bex_ranker::report::{self, RunInfo, TraceInfo};
 use bex_ranker::run::{run, Ranker, RankerMetrics, RunOptions, Schedule, Snapshot};
 use bex_ranker::settings::{Overrides, Settings};
 use clap::Parser;
@@ -52,10 +52,11 @@ struct Cli {
     /// ending the host name) [default: this process id above a hash of the host name].
     #[arg(long, value_name = "N", env = "BEX_ID", value_parser = bex_process::identity::parse_here)]
     id: Option<u64>,
-    /// Arrival rate, requests per second [default: `[ranker] rate`, 200].
+    /// Arrival rate, requests per second [default: `[ranker] rate`, 200]; a --trace sets its own.
     #[arg(long, value_name = "R")]
     rate: Option<f64>,
-    /// Measured run length in seconds [default: `[ranker] seconds`, 10].
+    /// Measured run length in seconds [default: `[ranker] seconds`, 10]; a --trace runs to its
+    /// last request.
     #[arg(long, value_name = "S")]
     seconds: Option<f64>,
     /// Unmeasured warm-up before the measured run, seconds [default: `[ranker]
@@ -127,7 +128,7 @@ fn main() {
         );
         return;
     }
-    let schedule = match &cli.trace {
+    let (schedule, trace_info) = match &cli.trace {
         Some(path) => {
             let trace = bex_traffic::read_trace_file(path).unwrap_or_else(|e| exit::usage(TOOL, e));
             for (i, r) in trace.iter().enumerate() {
@@ -135,9 +136,10 @@ fn main() {
                     exit::usage(TOOL, format!("{} line {}: {e}", path.display(), i + 1));
                 }
             }
-            Schedule::Trace(trace.into_iter())
+            let info = TraceInfo::of(path, &trace);
+            (Schedule::Trace(trace.into_iter()), Some(info))
         }
-        None => Schedule::generated(&settings).unwrap_or_else(|e| exit::usage(TOOL, e)),
+        None => (Schedule::generated(&settings).unwrap_or_else(|e| exit::usage(TOOL, e)), None),
     };
     let kind = cli.transport.unwrap_or(cfg.transport.kind);
     let client_id = cli.id.unwrap_or_else(bex_process::identity::default_client_id);
@@ -199,7 +201,7 @@ fn main() {
             config: cli.config.display().to_string(),
             pod: cli.pod,
             client_id,
-            trace: cli.trace.as_ref().map(|p| p.display().to_string()),
+            trace: trace_info,
             dense_refreshes: (
                 ranker.dense_refreshes.load(Ordering::Relaxed),
                 ranker.dense_refresh_failures.load(Ordering::Relaxed),

@@ -21,24 +21,58 @@ pub struct RunInfo {
     /// The PS client id.
     pub client_id: u64,
     /// The replayed trace, if any.
-    pub trace: Option<String>,
+    pub trace: Option<TraceInfo>,
     /// Dense weight refreshes (after the first fetch) and failures.
     pub dense_refreshes: (u64, u64),
+}
+
+/// A replayed trace: it, not `--rate`/`--seconds`, decides what was offered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceInfo {
+    /// Its path.
+    pub path: String,
+    /// Its requests.
+    pub requests: usize,
+    /// The last request's offset.
+    pub span: std::time::Duration,
+}
+
+impl TraceInfo {
+    /// What a trace holds.
+    pub fn of(path: &std::path::Path, trace: &[bex_traffic::TraceRecord]) -> TraceInfo {
+        let span = trace.iter().map(bex_traffic::TraceRecord::offset).max().unwrap_or_default();
+        TraceInfo { path: path.display().to_string(), requests: trace.len(), span }
+    }
+}
+
+/// The offered load the report states, (requests per second, measured seconds): the
+/// settings', or a replayed trace's (its mean rate, its span after the warm-up). A trace
+/// replay reported the configured rate and seconds, which it ignores.
+pub fn offered(s: &Settings, trace: Option<&TraceInfo>) -> (f64, f64) {
+    match trace {
+        None => (s.raw.rate, s.raw.seconds),
+        Some(t) => {
+            let span = t.span.as_secs_f64();
+            let rate = if span > 0.0 { t.requests as f64 / span } else { 0.0 };
+            (rate, (span - s.raw.warmup_seconds).max(0.0))
+        }
+    }
 }
 
 /// The JSON report.
 pub fn build(s: &Settings, info: &RunInfo, out: &RunOutput) -> RankerReport {
     let report = out.collected.recorder.report(out.elapsed);
     let rpc = out.end.rpc.since(&out.start.rpc);
+    let (rate_rps, seconds) = offered(s, info.trace.as_ref());
     RankerReport {
         transport: info.transport,
         interrupted: out.interrupted,
         config: info.config.clone(),
         pod: info.pod,
         client_id: info.client_id,
-        trace: info.trace.clone(),
-        rate_rps: s.raw.rate,
-        seconds: s.raw.seconds,
+        trace: info.trace.as_ref().map(|t| t.path.clone()),
+        rate_rps,
+        seconds,
         warmup_seconds: s.raw.warmup_seconds,
         seed: s.raw.seed,
         models: s.raw.models,
@@ -130,4 +164,26 @@ pub fn summary(r: &RankerReport) -> String {
         r.rnic("ack_timeouts"),
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Overrides;
+    use std::time::Duration;
+
+    #[test]
+    fn a_trace_states_its_own_rate_and_span_not_the_configured_ones() {
+        let text = bex_testkit::fixtures::ranker_cluster(
+            "",
+            "rate = 200.0\nseconds = 10.0\nwarmup_seconds = 1.0\n",
+        );
+        let cfg = bex_ps_proto::Config::from_toml_str(&text).unwrap();
+        let s = Settings::from_config(&cfg, &Overrides::default()).unwrap();
+        assert_eq!(offered(&s, None), (200.0, 10.0));
+        let t = TraceInfo { path: "t.jsonl".into(), requests: 150, span: Duration::from_secs(3) };
+        assert_eq!(offered(&s, Some(&t)), (50.0, 2.0));
+        let empty = TraceInfo { path: "e.jsonl".into(), requests: 0, span: Duration::ZERO };
+        assert_eq!(offered(&s, Some(&empty)), (0.0, 0.0));
+    }
 }
