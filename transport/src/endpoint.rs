@@ -15,12 +15,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bex_rnic::verbs::WorkCompletion;
+use bex_rnic::verbs::{WcStatus, WorkCompletion};
 use bex_rnic::{CompletionQueue, Device, QueuePair, SharedReceiveQueue};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
-use crate::engine::{Engine, Event, Post, RemoteTarget};
+use crate::engine::{Engine, Event, Post, RemoteTarget, RECV_TAG};
 use crate::error::{Result, TransportError};
 use crate::msg::{Msg, Payload};
 use crate::recv::RecvRing;
@@ -120,6 +120,28 @@ impl<D: Device> Endpoint<D> {
             wcs: vec![WorkCompletion::default(); 64],
             frozen: false,
         }
+    }
+
+    /// Gives receive slot `slot` of the shared ring back and posts a batch when one is due.
+    fn return_shared_receive(&mut self, slot: usize) {
+        let Some((ring, srq)) = &self.srq else { return };
+        let batch = ring.lock().recycle(slot);
+        let posted = batch.and_then(|b| {
+            if b.is_empty() {
+                Ok(())
+            } else {
+                srq.post_recv(&b).map_err(TransportError::from)
+            }
+        });
+        if let Err(e) = posted {
+            tracing::error!(endpoint = self.index, slot, %e, "returning a shared receive");
+        }
+    }
+
+    /// The SRQ and the receives of its ring waiting to be posted (SRQ mode; the simulator
+    /// reports what the ring keeps).
+    pub(crate) fn shared_receives(&self) -> Option<(&D::Srq, usize)> {
+        self.srq.as_ref().map(|(ring, srq)| (srq.as_ref(), ring.lock().waiting()))
     }
 
     /// The shared receive ring, for engines created for this endpoint (SRQ mode).
@@ -282,12 +304,25 @@ impl<D: Device> Endpoint<D> {
                 }
             };
             for wc in &wcs[..n] {
-                match self.engines.get_mut(&wc.qp_num) {
+                // A receive of the shared ring that no live engine will recycle (its engine
+                // failed or is gone, or the completion is an error) goes back to the ring
+                // here: left, it was lost to every engine of the endpoint.
+                let shared_recv = self.srq.is_some() && wc.wr_id & RECV_TAG != 0;
+                let orphan = match self.engines.get_mut(&wc.qp_num) {
                     Some(h) => {
+                        let orphan =
+                            shared_recv && (h.engine.is_failed() || wc.status != WcStatus::Success);
                         h.engine.handle_completion(now, wc);
                         touched.insert(wc.qp_num);
+                        orphan
                     }
-                    None => tracing::debug!(qpn = wc.qp_num, "completion for a QP with no engine"),
+                    None => {
+                        tracing::debug!(qpn = wc.qp_num, "completion for a QP with no engine");
+                        shared_recv
+                    }
+                };
+                if orphan {
+                    self.return_shared_receive((wc.wr_id & !RECV_TAG) as usize);
                 }
             }
             let full = n == wcs.len();
@@ -385,6 +420,12 @@ impl<D: Device> Endpoint<D> {
             }
         }
         if h.engine.is_failed() {
+            let unposted = h.engine.take_unposted_shared_receives();
+            if let (Some((_, srq)), false) = (&self.srq, unposted.is_empty()) {
+                if let Err(e) = srq.post_recv(&unposted) {
+                    tracing::error!(endpoint = self.index, %e, "re-posting a failed engine's shared receives");
+                }
+            }
             // Flushes whatever the NIC still holds; the engine's own state is already reset.
             let _ = h.qp.to_error();
             let peer = h.peer;

@@ -347,6 +347,16 @@ impl<T> Engine<T> {
         matches!(self.recv, Receives::Shared(_))
     }
 
+    /// A failed engine's receives of the shared ring that it recycled but never handed out:
+    /// the endpoint posts them to the SRQ (dropped, they were lost to every engine).
+    pub fn take_unposted_shared_receives(&mut self) -> Vec<RecvWr> {
+        if self.is_failed() && self.uses_srq() && !self.recv_handed {
+            std::mem::take(&mut self.recv_out)
+        } else {
+            Vec::new()
+        }
+    }
+
     /// True when nothing of this engine is posted or prepared: a send now would go out alone
     /// (post it at once); otherwise the engine is busy and sends may as well batch.
     pub fn is_idle(&self) -> bool {
@@ -527,7 +537,12 @@ impl<T> Engine<T> {
         self.large_in.clear();
         self.rts_waiting.clear();
         self.ctrl.clear();
-        self.recv_out.clear();
+        // Receives of a shared ring not yet handed out stay for the endpoint to post
+        // ([`Engine::take_unposted_shared_receives`]): other engines draw on that ring.
+        if self.recv_handed || !self.uses_srq() {
+            self.recv_out.clear();
+            self.recv_handed = false;
+        }
         self.rr = RoundRobin::default();
     }
 

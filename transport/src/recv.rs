@@ -55,6 +55,11 @@ impl RecvRing {
         self.bufs.get(i).and_then(|b| b.as_ref())
     }
 
+    /// Slots recycled and waiting for their batch to be posted.
+    pub fn waiting(&self) -> usize {
+        self.free.len()
+    }
+
     /// Takes the buffer of slot `i` (it becomes a delivered message).
     pub fn take(&mut self, i: usize) -> Option<Msg> {
         self.bufs.get_mut(i).and_then(|b| b.take())

@@ -442,6 +442,12 @@ impl SimNet {
         self.nodes[n].ep.frozen
     }
 
+    /// Node `n`'s shared receives (SRQ mode): (posted on its SRQ, recycled and waiting for
+    /// their batch). Every receive of the ring is in one of the two once nothing is in flight.
+    pub fn srq_receives(&self, n: usize) -> Option<(usize, usize)> {
+        self.nodes[n].ep.shared_receives().map(|(srq, waiting)| (srq.len(), waiting))
+    }
+
     /// Fails the engine under `s` as a QP error would.
     pub fn fail_engine(&mut self, s: &SimSocket, why: &str) {
         self.nodes[s.node].ep.fail_engine(s.id, why);
@@ -452,6 +458,12 @@ impl SimNet {
     /// packets to a device nobody drives, like a hung host).
     pub fn freeze(&mut self, n: usize) {
         self.nodes[n].ep.frozen = true;
+    }
+
+    /// Lets a frozen node run again (a host that resumes: what arrived meanwhile waits in
+    /// its completion queue).
+    pub fn thaw(&mut self, n: usize) {
+        self.nodes[n].ep.frozen = false;
     }
 
     /// One round: every endpoint takes a turn at the current time, then the fabric steps (its

@@ -305,3 +305,67 @@ fn srq_mode_shares_receives_and_recovers_exhaustion_by_rnr_retry() {
     assert!(rnr > 0, "a 16-deep SRQ under two floods runs dry");
     assert_eq!(net.counters(senders[0]).credit_stalls, 0, "no credits towards an SRQ peer");
 }
+
+/// SRQ mode: engines that fail mid-flood give back every receive of the shared ring they
+/// held — those their completions brought after the failure, and a recycled batch they had
+/// not handed out yet — so the ring keeps all its receives and a later peer is served. They
+/// were lost to every engine of the endpoint before, a few per failure, until the SRQ ran dry.
+#[test]
+fn failed_engines_give_their_shared_receives_back() {
+    let _seed = Seed(7);
+    let depth = 16;
+    let mut net = SimNet::new(7, LinkModel::default());
+    let b = net.add_node(Config { srq: true, srq_depth: depth, ..Config::default() }).unwrap();
+    for round in 0..4u64 {
+        let a = net.add_node(Config::default()).unwrap();
+        let e = net.connect(a, b).unwrap();
+        let (s, mut r) = open_pair(&mut net, a, b, e);
+        let pool = net.pool(a);
+        let _tickets: Vec<SendTicket> =
+            (0..200).map(|k| net.send(&s, pattern(pool, 512, round << 32 | k))).collect();
+        let mut got = 0;
+        assert!(net.run_until(
+            |_| {
+                while let Some(m) = r.try_recv() {
+                    m.unwrap();
+                    got += 1;
+                }
+                got >= 40
+            },
+            Duration::from_secs(5)
+        ));
+        // Mid-flood, b stalls: its NIC goes on filling the SRQ's receives, whose completions
+        // wait in the CQ; the engine fails before b takes them.
+        net.freeze(b);
+        net.run_until(|_| false, Duration::from_millis(5));
+        net.fail_engine(&r, "a drill");
+        net.thaw(b);
+        net.run_until(|_| false, Duration::from_millis(50));
+        let (posted, waiting) = net.srq_receives(b).expect("SRQ mode");
+        assert_eq!(
+            posted + waiting,
+            depth as usize,
+            "round {round}: {posted} posted, {waiting} waiting"
+        );
+    }
+    // A new peer is served in full.
+    let c = net.add_node(Config::default()).unwrap();
+    let e = net.connect(c, b).unwrap();
+    let (s, mut r) = open_pair(&mut net, c, b, e);
+    let pool = net.pool(c);
+    let _tickets: Vec<SendTicket> = (0..100).map(|k| net.send(&s, pattern(pool, 512, k))).collect();
+    let mut got = 0u64;
+    assert!(
+        net.run_until(
+            |_| {
+                while let Some(m) = r.try_recv() {
+                    check(&m.unwrap(), 512, got);
+                    got += 1;
+                }
+                got == 100
+            },
+            Duration::from_secs(10)
+        ),
+        "received {got} of 100"
+    );
+}
