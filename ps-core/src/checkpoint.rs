@@ -29,8 +29,12 @@
 //! between), so a push is in a checkpoint with its dedupe entry, or not at all.
 //!
 //! Writing goes to `<path>.tmp`, streams the body through a CRC, rewrites the header,
-//! `fsync`s the file, renames it over `path` and `fsync`s the directory: a crash leaves
-//! either the old checkpoint or the new one, never a torn one. Reading verifies both CRCs,
+//! `fsync`s the file, renames the checkpoint it replaces to `<path>.prev`, renames the new one
+//! to `path` and `fsync`s the directory: a crash leaves either the old checkpoint or the new
+//! one, never a torn one. [`restore_checkpoint`] falls back to the previous generation when
+//! the latest is missing (a crash between the renames) or its contents are unusable (a
+//! corrupt disk block): a corrupt checkpoint used to stop the server with nothing to fall
+//! back to. Two generations take twice the disk. Reading verifies both CRCs,
 //! every length and every table against the expected definitions before returning tables;
 //! any mismatch is an error (never silently wrong data).
 //!
@@ -176,6 +180,99 @@ pub enum CheckpointError {
     /// Building tables failed.
     #[error(transparent)]
     Table(#[from] TableError),
+    /// Neither the latest checkpoint nor the previous generation could be read.
+    #[error("{latest}; and the previous generation: {previous}")]
+    BothUnusable {
+        /// The latest's problem.
+        latest: Box<CheckpointError>,
+        /// The previous generation's.
+        previous: Box<CheckpointError>,
+    },
+}
+
+impl CheckpointError {
+    /// The file's contents are unusable (or it is missing), so an older generation may do:
+    /// not for table mismatches (a configuration change, the same in every generation) nor
+    /// for I/O errors other than a missing file (permissions: nothing to fall back from).
+    fn older_generation_may_do(&self) -> bool {
+        match self {
+            CheckpointError::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
+            CheckpointError::Format(_)
+            | CheckpointError::Checksum { .. }
+            | CheckpointError::Truncated(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Where the generation before the checkpoint at `path` is kept.
+pub fn previous_generation(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".prev");
+    path.with_file_name(name)
+}
+
+/// Where an unusable latest checkpoint is moved by [`restore_checkpoint`], kept for a look.
+pub fn unusable_generation(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".unusable");
+    path.with_file_name(name)
+}
+
+/// What [`restore_checkpoint`] read.
+#[derive(Debug)]
+pub struct Restored {
+    /// The tables.
+    pub tables: TableSet,
+    /// The checkpoint's header fields.
+    pub meta: CheckpointMeta,
+    /// The dedupe windows stored with the rows.
+    pub windows: Vec<WindowState>,
+    /// The file read.
+    pub from: PathBuf,
+    /// Why the latest generation was not used, when the previous one was.
+    pub latest_unusable: Option<CheckpointError>,
+}
+
+/// Reads the checkpoint at `path` ([`read_checkpoint`]) or, when it is missing or its
+/// contents are unusable, the previous generation ([`previous_generation`]). An unusable
+/// latest file is moved to [`unusable_generation`] first, so the next checkpoint does not
+/// rotate it into the previous generation's place. `Ok(None)`: neither exists.
+pub fn restore_checkpoint(
+    path: &Path,
+    specs: &[TableSpec],
+) -> Result<Option<Restored>, CheckpointError> {
+    let prev = previous_generation(path);
+    let latest = match read_checkpoint(path, specs) {
+        Ok((tables, meta, windows)) => {
+            let from = path.to_owned();
+            return Ok(Some(Restored { tables, meta, windows, from, latest_unusable: None }));
+        }
+        Err(e) if e.older_generation_may_do() => e,
+        Err(e) => return Err(e),
+    };
+    let missing = matches!(&latest, CheckpointError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound);
+    match read_checkpoint(&prev, specs) {
+        Ok((tables, meta, windows)) => {
+            if !missing {
+                fs::rename(path, unusable_generation(path)).map_err(io_err(path))?;
+            }
+            let latest_unusable = Some(latest);
+            Ok(Some(Restored { tables, meta, windows, from: prev, latest_unusable }))
+        }
+        Err(CheckpointError::Io { source, .. })
+            if missing && source.kind() == io::ErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        Err(CheckpointError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            Err(latest)
+        }
+        Err(previous) => Err(CheckpointError::BothUnusable {
+            latest: Box::new(latest),
+            previous: Box::new(previous),
+        }),
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
@@ -229,6 +326,16 @@ pub fn write_checkpoint(
             return Err(e);
         }
     };
+    // The generation this one replaces stays as the previous one (a missing one, after a
+    // restore moved an unusable file away, leaves the previous generation as it is).
+    match fs::rename(path, previous_generation(path)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err(path)(e));
+        }
+    }
     if let Err(e) = fs::rename(&tmp, path) {
         let _ = fs::remove_file(&tmp);
         return Err(io_err(path)(e));
@@ -832,6 +939,75 @@ mod tests {
         let off = CheckpointSchedule::new(Duration::ZERO, t0);
         assert!(!off.is_due(t0 + s(1_000_000)));
         assert_eq!(off.next_deadline(), None);
+    }
+
+    /// Two generations: the latest, or the previous one when the latest is missing or
+    /// corrupt; a corrupt latest is moved aside so the next checkpoint keeps the good previous
+    /// one; both unusable is an error naming both; a table mismatch does not fall back.
+    #[test]
+    fn a_restore_falls_back_to_the_previous_generation() {
+        let dir = Scratch::unique("ps-core-generations");
+        let path = dir.join("shard0.ckpt");
+        let (prev, aside) = (previous_generation(&path), unusable_generation(&path));
+        let meta = |seq| CheckpointMeta { shard: 0, shards: 1, update_seq: seq, created_ms: 1 };
+        assert!(restore_checkpoint(&path, &specs()).unwrap().is_none(), "nothing yet");
+        let older = filled();
+        write_checkpoint(&path, &older, &[], &meta(1)).unwrap();
+        assert!(!prev.exists(), "a first checkpoint has no previous generation");
+        let newer = filled();
+        let t = newer.get(0).unwrap();
+        t.push(&[5, 6, 7], &vec![0.5; 3 * t.dim()], None).unwrap();
+        write_checkpoint(&path, &newer, &[], &meta(2)).unwrap();
+        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        assert_eq!(
+            (r.meta.update_seq, r.from.as_path(), r.latest_unusable.is_none()),
+            (2, path.as_path(), true)
+        );
+        assert_eq!(dump(&r.tables), dump(&newer));
+        assert_eq!(read_checkpoint(&prev, &specs()).unwrap().1.update_seq, 1);
+
+        // A corrupt block in the latest: the previous generation, bit-exact.
+        let mut bytes = fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        assert_eq!((r.meta.update_seq, r.from.as_path()), (1, prev.as_path()));
+        assert!(
+            matches!(r.latest_unusable, Some(CheckpointError::Checksum { .. })),
+            "{:?}",
+            r.latest_unusable
+        );
+        assert_eq!(dump(&r.tables), dump(&older));
+        assert!(!path.exists() && aside.exists(), "the corrupt file moved aside");
+        // The next checkpoint leaves the good previous generation in place.
+        write_checkpoint(&path, &newer, &[], &meta(3)).unwrap();
+        assert_eq!(read_checkpoint(&prev, &specs()).unwrap().1.update_seq, 1);
+
+        // A crash between the two renames: the latest is missing.
+        fs::remove_file(&path).unwrap();
+        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        assert_eq!(r.from, prev);
+
+        // Both unusable.
+        write_checkpoint(&path, &newer, &[], &meta(4)).unwrap();
+        for p in [&path, &prev] {
+            let mut b = fs::read(p).unwrap();
+            b.truncate(b.len() - 5);
+            fs::write(p, &b).unwrap();
+        }
+        let e = restore_checkpoint(&path, &specs()).unwrap_err();
+        assert!(matches!(e, CheckpointError::BothUnusable { .. }), "{e}");
+        assert!(e.to_string().contains("previous generation"), "{e}");
+
+        // Other table definitions: a configuration matter, no fallback.
+        write_checkpoint(&path, &newer, &[], &meta(5)).unwrap();
+        write_checkpoint(&path, &newer, &[], &meta(6)).unwrap();
+        let mut other = specs();
+        other[0].dim = 9;
+        let e = restore_checkpoint(&path, &other).unwrap_err();
+        assert!(matches!(e, CheckpointError::Mismatch(_)), "{e}");
+        assert!(path.exists(), "left where it is");
     }
 
     #[test]

@@ -225,35 +225,57 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
     // `try_exists`, not `exists`: a checkpoint that cannot be looked at (permissions, I/O, a
     // file where its directory should be) must stop the start, not read as "none" and let
     // an empty shard serve and then overwrite it with its next checkpoint.
+    let prev = checkpoint::previous_generation(&ckpt);
     let restore = cfg.server.restore_on_start
-        && ckpt.try_exists().unwrap_or_else(|e| {
-            die(1, &format!("checkpoint {}: cannot tell whether it exists: {e}", ckpt.display()))
+        && [&ckpt, &prev].into_iter().any(|p| {
+            p.try_exists().unwrap_or_else(|e| {
+                die(1, &format!("checkpoint {}: cannot tell whether it exists: {e}", p.display()))
+            })
         });
-    let (tables, update_seq, dedupe_windows, restored) = if restore {
-        match checkpoint::read_checkpoint(&ckpt, &specs) {
-            Ok((_, meta, _)) if (meta.shard, meta.shards) != (args.shard, topo.shards()) => die(
+    let restored = if restore {
+        checkpoint::restore_checkpoint(&ckpt, &specs).unwrap_or_else(|e| {
+            die(
                 1,
                 &format!(
-                    "checkpoint {} was written by shard {} of {}, this is shard {} of {}: its \
-                     rows belong to another layout (move it away to start empty)",
+                    "checkpoint {} is unusable: {e} (move it and {} away to start empty)",
                     ckpt.display(),
-                    meta.shard,
-                    meta.shards,
-                    args.shard,
-                    topo.shards()
+                    prev.display()
                 ),
-            ),
-            Ok((t, meta, windows)) => (t, meta.update_seq, windows, true),
-            Err(e) => die(
-                1,
-                &format!(
-                    "checkpoint {} is unusable: {e} (move it away to start empty)",
-                    ckpt.display()
-                ),
-            ),
-        }
+            )
+        })
     } else {
-        (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
+        None
+    };
+    let (tables, update_seq, dedupe_windows, restored) = match restored {
+        Some(r) if (r.meta.shard, r.meta.shards) != (args.shard, topo.shards()) => die(
+            1,
+            &format!(
+                "checkpoint {} was written by shard {} of {}, this is shard {} of {}: its \
+                 rows belong to another layout (move it away to start empty)",
+                r.from.display(),
+                r.meta.shard,
+                r.meta.shards,
+                args.shard,
+                topo.shards()
+            ),
+        ),
+        Some(r) => {
+            if let Some(why) = &r.latest_unusable {
+                // Older rows than the latest checkpoint held: the training pod catches up
+                // from its replicas, a replica from the training pod.
+                tracing::warn!(
+                    latest = %ckpt.display(),
+                    %why,
+                    restored = %r.from.display(),
+                    "the latest checkpoint is missing or unusable (an unusable one is kept as \
+                     .unusable); restored the previous generation"
+                );
+            }
+            (r.tables, r.meta.update_seq, r.windows, true)
+        }
+        None => {
+            (TableSet::new(specs).unwrap_or_else(|e| die(2, &e.to_string())), 0, Vec::new(), false)
+        }
     };
     let incarnation = incarnation_id().unwrap_or_else(|e| die(1, &e));
     let nic = nic_spec(&cfg.transport).unwrap_or_else(|e| die(e.exit_code, &e.to_string()));

@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 18)
+    bex_testkit::ports::base_port(salt, 12, 19)
 }
 
 impl Cluster {
@@ -653,6 +653,38 @@ async fn a_bounded_training_shard_restarts_into_the_same_rows_as_its_replica() {
         let held = sample(&text, "bex_ps_table_rows{table=\"emb\"}").unwrap();
         assert!(held <= 128.0, "pod {pod} shard {shard}: {held} rows");
     }
+}
+
+// A training server whose latest checkpoint is corrupt restores the previous generation
+// (it exited 1 before, with nothing to fall back to), says so, moves the corrupt file aside,
+// and catches up from its replica: every push made before the stop is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_latest_checkpoint_restores_the_previous_generation_and_catches_up() {
+    let mut c = Cluster::new("generations", 18).await;
+    let secret = c.secret();
+    let trainer = c.client(0, &secret).await;
+    let ks = keys(400);
+    for (i, batch) in ks.chunks(100).enumerate() {
+        let grads = vec![0.25f32; batch.len() * DIM as usize];
+        trainer.push(TABLE, DIM, batch, &grads).await.unwrap();
+        if i == 1 {
+            checkpoint(&c, &secret, 0, 0).await;
+        }
+    }
+    let want = converged(&c, &secret, &ks, Duration::from_secs(10)).await;
+    // SIGTERM writes the latest generation; the one asked for above becomes the previous.
+    c.term_clean(0, 0);
+    let latest = c.cfg.checkpoint_path(0, 0);
+    let mut bytes = std::fs::read(&latest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&latest, &bytes).unwrap();
+    c.restart(0, 0).await;
+    let err = c.stderr(0, 0);
+    assert!(err.contains("restored the previous generation"), "{err}");
+    assert!(bex_ps_core::checkpoint::unusable_generation(&latest).exists());
+    let rows = converged(&c, &secret, &ks, Duration::from_secs(10)).await;
+    assert!(rows.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "rows lost");
 }
 
 /// Waits until pod 1 answers `ks` with exactly the training pod's rows.

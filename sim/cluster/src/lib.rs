@@ -333,10 +333,11 @@ impl Cluster {
     /// Starts the shard from its checkpoint (written by [`Cluster::stop_gracefully`]).
     async fn start_restored(&mut self, pod: u32, shard: u32) -> Result<(), String> {
         let path = self.cfg.checkpoint_path(pod, shard);
-        let (tables, meta, windows) =
-            bex_ps_core::checkpoint::read_checkpoint(&path, &self.cfg.table_specs())
-                .map_err(|e| format!("restoring pod {pod} shard {shard}: {e}"))?;
-        let restored = Restored { tables, update_seq: meta.update_seq, windows };
+        let r = bex_ps_core::checkpoint::restore_checkpoint(&path, &self.cfg.table_specs())
+            .map_err(|e| format!("restoring pod {pod} shard {shard}: {e}"))?
+            .ok_or_else(|| format!("restoring pod {pod} shard {shard}: no checkpoint"))?;
+        let restored =
+            Restored { tables: r.tables, update_seq: r.meta.update_seq, windows: r.windows };
         self.start_from(pod, shard, restored, true).await;
         Ok(())
     }
