@@ -456,11 +456,19 @@ fn large_messages_both_ways_renew_grants_in_their_prefixes_and_skip_rts() {
 /// Announced messages (RTS) beyond the engine's budget of `max_message_bytes` wait for their
 /// CTS until earlier ones are written, in order, and every one arrives: a well-behaved peer is
 /// slowed, not failed.
+/// The budget of announced bytes of [`budgeted`] pairs.
+const BUDGET: u64 = 1 << 20;
+
+/// A pair whose engines hold at most [`BUDGET`] bytes for announced messages, without
+/// standing grants (so every large message announces itself by RTS).
+fn budgeted(seed: u64) -> Pair {
+    Pair::new(seed, Config { max_message_bytes: BUDGET, grant_max_bytes: 0, ..Config::default() })
+}
+
 #[test]
 fn rts_beyond_the_budget_wait_for_their_cts_and_every_message_arrives() {
-    let budget = 1u64 << 20;
-    let cfg = Config { max_message_bytes: budget, grant_max_bytes: 0, ..Config::default() };
-    let mut p = Pair::new(12, cfg);
+    let budget = BUDGET;
+    let mut p = budgeted(12);
     let (sa, sb) = p.open();
     let sizes = [1usize << 20, 700_000, 700_000, 1 << 20, 300_000, 200_000];
     for (i, &len) in sizes.iter().enumerate() {
@@ -494,9 +502,8 @@ fn rts_beyond_the_budget_wait_for_their_cts_and_every_message_arrives() {
 /// the pool for every engine.
 #[test]
 fn a_peer_that_announces_and_never_writes_holds_at_most_the_budget() {
-    let budget = 1u64 << 20;
-    let cfg = Config { max_message_bytes: budget, grant_max_bytes: 0, ..Config::default() };
-    let mut p = Pair::new(13, cfg);
+    let budget = BUDGET;
+    let mut p = budgeted(13);
     let (sa, _) = p.open();
     let (sa2, _) = {
         // A second socket: RTSs of several sockets share the engine's budget.
