@@ -62,6 +62,8 @@ pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
         path_mtu: Mtu::from_bytes(t.path_mtu).unwrap_or(Mtu::Mtu4096),
         keepalive_interval: Duration::from_millis(t.keepalive_interval_ms),
         keepalive_timeout: Duration::from_millis(t.keepalive_timeout_ms),
+        tcp_keepalive_interval: Duration::from_millis(t.tcp_keepalive_interval_ms),
+        tcp_keepalive_timeout: Duration::from_millis(t.tcp_keepalive_timeout_ms),
         connect_timeout: Duration::from_millis(t.connect_timeout_ms),
         spin: Duration::from_micros(t.spin_us),
         max_queued_sends: t.max_queued_sends,

@@ -80,8 +80,8 @@ const TRANSPORT_COUNTERS: &[Field<CounterSnapshot>] = &[
     ),
     (
         "bex_transport_wakeups_total",
-        "Times a transport task resumed after waiting for the network (at most one thread \
-         wake-up each)",
+        "Times a transport task resumed after waiting for the network or a timer (at most one \
+         thread wake-up each)",
         |c| c.wakeups,
     ),
 ];

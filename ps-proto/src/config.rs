@@ -557,6 +557,11 @@ pub struct TransportConfig {
     pub keepalive_interval_ms: u64,
     /// Keepalive failure timeout.
     pub keepalive_timeout_ms: u64,
+    /// TCP connections: an idle writer sends a keepalive this often.
+    pub tcp_keepalive_interval_ms: u64,
+    /// TCP connections: a peer silent this long is lost (longer than RDMA's: TCP's own
+    /// retransmissions back off to seconds).
+    pub tcp_keepalive_timeout_ms: u64,
     /// Engine/socket establishment deadline.
     pub connect_timeout_ms: u64,
     /// How long an idle endpoint driver keeps polling before it waits for an event.
@@ -586,6 +591,8 @@ impl Default for TransportConfig {
             path_mtu: 4096,
             keepalive_interval_ms: 100,
             keepalive_timeout_ms: 1000,
+            tcp_keepalive_interval_ms: 1000,
+            tcp_keepalive_timeout_ms: 10_000,
             connect_timeout_ms: 3000,
             spin_us: 0,
             max_queued_sends: 1024,
@@ -855,6 +862,12 @@ impl Config {
         }
         if t.keepalive_timeout_ms <= t.keepalive_interval_ms {
             bad("keepalive_timeout_ms", "must exceed keepalive_interval_ms");
+        }
+        if t.tcp_keepalive_interval_ms == 0 {
+            bad("tcp_keepalive_interval_ms", "must be ≥ 1");
+        }
+        if t.tcp_keepalive_timeout_ms <= t.tcp_keepalive_interval_ms {
+            bad("tcp_keepalive_timeout_ms", "must exceed tcp_keepalive_interval_ms");
         }
         if t.connect_timeout_ms == 0 {
             bad("connect_timeout_ms", "must be ≥ 1");
@@ -1177,6 +1190,7 @@ mod tests {
             init = { kind = "normal", std = -2.0 }
             [transport]
             keepalive_timeout_ms = 50
+            tcp_keepalive_timeout_ms = 500
             path_mtu = 9001
             [rpc]
             retry_probability = 1.5
@@ -1193,6 +1207,7 @@ mod tests {
                 "tables[2].optimizer.lr",
                 "transport.path_mtu",
                 "transport.keepalive_timeout_ms",
+                "transport.tcp_keepalive_timeout_ms",
                 "rpc.retry_probability",
             ]
         );

@@ -4,8 +4,14 @@
 //! and checks the other's in constant time. The role in the MAC refuses a reflected proof;
 //! the nonces refuse a replayed one; the label keeps an RDMA proof from passing as a TCP one.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
 use hmac::{Hmac, Mac};
+use parking_lot::Mutex;
 use sha2::Sha256;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Bytes of a proof.
 pub const PROOF_LEN: usize = 32;
@@ -14,6 +20,83 @@ pub const PROOF_LEN: usize = 32;
 /// and counted (`bootstrap_refused`), so a stranger's storm of silent connections costs a
 /// bounded number of tasks and sockets until `connect_timeout` ends each.
 pub const MAX_HANDSHAKES: usize = 1024;
+
+/// Of [`MAX_HANDSHAKES`], how many one source address may hold (loopback excepted: every
+/// local process shares it, and a local stranger has the host already). One source could
+/// otherwise take every place for `connect_timeout`, renewably, and keep every peer out; a
+/// legitimate process opens far fewer connections to one transport at once.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 128;
+
+/// The places of inbound handshakes in progress: [`MAX_HANDSHAKES`] in all,
+/// [`MAX_HANDSHAKES_PER_SOURCE`] per source address.
+#[derive(Clone)]
+pub(crate) struct HandshakeSlots {
+    total: Arc<Semaphore>,
+    per_source: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One inbound handshake's place, given back on drop.
+pub(crate) struct HandshakeSlot {
+    _total: OwnedSemaphorePermit,
+    source: Option<IpAddr>,
+    per_source: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// Why an inbound handshake got no place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoSlot {
+    /// Every place is taken.
+    Full,
+    /// Its source holds its share already.
+    SourceFull,
+}
+
+impl NoSlot {
+    /// For the refusal's log line.
+    pub(crate) fn why(self) -> &'static str {
+        match self {
+            NoSlot::Full => "too many handshakes in progress",
+            NoSlot::SourceFull => "too many handshakes in progress from this address",
+        }
+    }
+}
+
+impl HandshakeSlots {
+    pub(crate) fn new() -> HandshakeSlots {
+        HandshakeSlots {
+            total: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
+            per_source: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// A place for a handshake from `from`, if there is one.
+    pub(crate) fn try_take(&self, from: IpAddr) -> Result<HandshakeSlot, NoSlot> {
+        let total = self.total.clone().try_acquire_owned().map_err(|_| NoSlot::Full)?;
+        let source = (!from.is_loopback()).then_some(from);
+        if let Some(ip) = source {
+            let mut held = self.per_source.lock();
+            let n = held.entry(ip).or_default();
+            if *n >= MAX_HANDSHAKES_PER_SOURCE {
+                return Err(NoSlot::SourceFull);
+            }
+            *n += 1;
+        }
+        Ok(HandshakeSlot { _total: total, source, per_source: self.per_source.clone() })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let Some(ip) = self.source else { return };
+        let mut held = self.per_source.lock();
+        if let Some(n) = held.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&ip);
+            }
+        }
+    }
+}
 
 /// Which side of a handshake computes a proof.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +156,25 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_source_takes_at_most_its_share_of_handshakes_and_gives_them_back() {
+        let slots = HandshakeSlots::new();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let held: Vec<_> =
+            (0..MAX_HANDSHAKES_PER_SOURCE).map(|_| slots.try_take(a).unwrap()).collect();
+        assert_eq!(slots.try_take(a).err(), Some(NoSlot::SourceFull));
+        let other = slots.try_take(b).expect("another source still gets a place");
+        drop(held);
+        assert!(slots.try_take(a).is_ok(), "given back on drop");
+        assert!(slots.per_source.lock().get(&a).is_none(), "no entry left behind");
+        // Loopback has no share of its own; the total bounds it.
+        let local: Vec<_> = (0..MAX_HANDSHAKES - 1)
+            .map(|_| slots.try_take("127.0.0.1".parse().unwrap()).unwrap())
+            .collect();
+        assert_eq!(slots.try_take(b).err(), Some(NoSlot::Full));
+        drop((local, other));
+    }
 
     #[test]
     fn proofs_bind_secret_label_role_and_both_hellos() {

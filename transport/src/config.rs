@@ -1,6 +1,7 @@
 //! Transport configuration and counters.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bex_rnic::verbs::Mtu;
@@ -51,6 +52,12 @@ pub struct Config {
     pub keepalive_interval: Duration,
     /// An engine whose peer's keepalive does not advance for this long fails.
     pub keepalive_timeout: Duration,
+    /// TCP: a connection's writer idle this long sends a keepalive frame.
+    pub tcp_keepalive_interval: Duration,
+    /// TCP: a connection whose reader hears nothing for this long while it waits for the
+    /// peer fails. Longer than RDMA's: TCP's own retransmission backs off (200 ms, 400 ms,
+    /// …), so a few losses in a row of one segment stall a healthy stream for seconds.
+    pub tcp_keepalive_timeout: Duration,
     /// Deadline for establishing an engine or opening a socket.
     pub connect_timeout: Duration,
     /// The cluster's shared secret; peers without it are refused at bootstrap.
@@ -94,6 +101,8 @@ impl Default for Config {
             path_mtu: Mtu::Mtu4096,
             keepalive_interval: Duration::from_millis(100),
             keepalive_timeout: Duration::from_secs(1),
+            tcp_keepalive_interval: Duration::from_secs(1),
+            tcp_keepalive_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             secret: b"bex-default-secret".to_vec(),
             spin: Duration::ZERO,
@@ -105,6 +114,24 @@ impl Default for Config {
             qp_rnr_retry: 7,
         }
     }
+}
+
+/// What one engine uses with a peer that announced `peer_eager_max` and `peer_mtu`: the
+/// smaller eager limit and path MTU of the two sides, so a receive buffer always holds an
+/// eager message and a packet always fits (peers configured differently, as in a rolling
+/// change, overflowed each other's receive buffers). Both sides compute the same.
+pub(crate) fn agreed(
+    cfg: &Arc<Config>,
+    peer_eager_max: usize,
+    peer_mtu: Mtu,
+) -> (Arc<Config>, Mtu) {
+    let cfg = if peer_eager_max >= cfg.eager_max {
+        cfg.clone()
+    } else {
+        Arc::new(Config { eager_max: peer_eager_max, ..(**cfg).clone() })
+    };
+    let mtu = if peer_mtu.bytes() < cfg.path_mtu.bytes() { peer_mtu } else { cfg.path_mtu };
+    (cfg, mtu)
 }
 
 impl Config {
@@ -146,6 +173,12 @@ impl Config {
         }
         if self.keepalive_timeout <= self.keepalive_interval {
             return bad("keepalive_timeout", "must exceed keepalive_interval");
+        }
+        if self.tcp_keepalive_interval.is_zero() {
+            return bad("tcp_keepalive_interval", "must be positive");
+        }
+        if self.tcp_keepalive_timeout <= self.tcp_keepalive_interval {
+            return bad("tcp_keepalive_timeout", "must exceed tcp_keepalive_interval");
         }
         if self.max_queued_sends == 0 || self.max_queued_sends > 1 << 24 {
             return bad("max_queued_sends", "must be in 1..=2^24");
@@ -210,13 +243,15 @@ pub struct Counters {
     pub malformed: AtomicU64,
     /// Bootstrap attempts refused (bad secret, bad hello).
     pub bootstrap_refused: AtomicU64,
-    /// Times a transport task resumed after waiting for the network: an RDMA endpoint's
-    /// driver woken by its CQ's fd or a timer, a TCP connection's reader woken by its
-    /// socket. Each is at most one thread wake-up; per message, the number to compare.
+    /// Times a transport task resumed after waiting for the network or a timer: an RDMA
+    /// endpoint's driver woken by its CQ's fd or a timer, a TCP connection's reader woken by
+    /// its socket, and TCP's keepalive timers (an idle writer's, a reader's silence check).
+    /// Each is at most one thread wake-up; per message, the number to compare.
     pub wakeups: AtomicU64,
     /// Passes of RDMA endpoint drivers over their engines.
     pub driver_turns: AtomicU64,
-    /// Of `wakeups`, those an RDMA driver's timer caused (NIC or keepalive timers).
+    /// Of `wakeups`, those a timer caused: an RDMA driver's (NIC or keepalive timers), or
+    /// TCP's keepalive timers.
     pub timer_wakeups: AtomicU64,
 }
 

@@ -48,8 +48,8 @@ pub(crate) const RECV_TAG: u64 = 1 << 63;
 const REFUSED: u32 = u32::MAX;
 
 /// RTSs an engine holds back for its budget (see [`Engine::rts_budget`]) before it refuses
-/// more: a well-behaved peer has at most `rts_ahead + 1` per socket waiting, and 64 bytes each
-/// bound what a misbehaving one can make this side hold.
+/// more: a well-behaved peer has at most `rts_ahead + 1` per socket waiting, and a header
+/// (about 100 bytes) each bounds what a misbehaving one can make this side hold.
 const MAX_WAITING_RTS: usize = 1 << 16;
 
 /// What the application learns from an engine.
@@ -479,6 +479,10 @@ impl<T> Engine<T> {
     pub fn close_socket(&mut self, id: u32) {
         let Some(s) = self.sockets.remove(&id) else { return };
         self.rr.remove(id);
+        // Its waiting RTSs will never be answered (their buffers, once the peer's Close
+        // comes): they must not hold up the other sockets' behind them.
+        self.rts_waiting.retain(|w| w.dst_socket != id);
+        self.answer_waiting_rts();
         for m in s.sendq {
             self.events
                 .push_back(Event::Sent { done: m.done, result: Err(TransportError::Closed) });
@@ -707,6 +711,13 @@ impl<T> Engine<T> {
     fn on_rts(&mut self, h: &Header) {
         if h.slot != 0 {
             self.on_grant_returned(h.dst_socket, h.slot);
+        }
+        // A peer announces only what it cannot send eagerly: smaller RTSs would each hold a
+        // buffer while adding (next to) nothing to the budget's count.
+        if h.len <= self.cfg.eager_max as u64 {
+            Counters::add(&self.counters.malformed, 1);
+            self.answer_rts(h, false);
+            return;
         }
         let fits = h.len <= self.rts_budget() && self.sockets.contains_key(&h.dst_socket);
         if !fits {

@@ -203,6 +203,28 @@ impl Pair {
         (id, peer.nth(accepted_before).expect("b accepted"))
     }
 
+    /// Sends header `h` (its kind byte replaced by `kind`) and `payload` bytes straight from
+    /// a's QP, bypassing a's engine (freeze a first); the buffer must live until sent.
+    /// `None` once a's QP refuses the post.
+    fn send_raw(
+        &mut self,
+        wr_id: u64,
+        h: &crate::proto::Header,
+        kind: u8,
+        payload: usize,
+    ) -> Option<Msg> {
+        use bex_rnic::verbs::{SendOp, SendWr, SgList};
+        let mut m = self.msg(crate::proto::HEADER_LEN + payload, wr_id as u8);
+        h.encode(m.as_mut_slice());
+        m.as_mut_slice()[1] = kind;
+        let sge = m.sge(0, 0, m.len());
+        let wr = SendWr { wr_id, op: SendOp::Send, sg_list: SgList::one(sge), signaled: true };
+        // The frozen side's CQ is drained by hand: its engine must not see these.
+        let mut wcs = [WorkCompletion::default(); 32];
+        while self.a.cq.poll(&mut wcs).expect("poll") > 0 {}
+        self.a.qp.post_send(&[wr]).ok().map(|()| m)
+    }
+
     fn msg(&self, len: usize, seed: u8) -> Msg {
         let mut m = Msg::alloc(self.pool, len).expect("alloc");
         for (i, b) in m.as_mut_slice().iter_mut().enumerate() {
@@ -590,8 +612,7 @@ proptest::proptest! {
         frames in proptest::collection::vec(hostile_frame(), 1..40),
         seed in 0u64..1000,
     ) {
-        use crate::proto::{Header, Kind, HEADER_LEN};
-        use bex_rnic::verbs::{SendOp, SendWr, SgList};
+        use crate::proto::{Header, Kind};
         let mut p = Pair::new(seed, Config { max_message_bytes: 1 << 20, ..Config::default() });
         let _ = p.open();
         p.a.frozen = true;
@@ -606,17 +627,9 @@ proptest::proptest! {
             h.aux = f.aux;
             h.aux32 = f.aux32;
             h.slot = f.slot;
-            let mut m = p.msg(HEADER_LEN + f.payload, k as u8);
-            h.encode(m.as_mut_slice());
-            m.as_mut_slice()[1] = f.kind;
-            let sge = m.sge(0, 0, m.len());
-            let wr = SendWr { wr_id: k as u64, op: SendOp::Send, sg_list: SgList::one(sge), signaled: true };
-            // The frozen side's CQ is drained by hand: its engine must not see these.
-            let mut wcs = [WorkCompletion::default(); 32];
-            while p.a.cq.poll(&mut wcs).expect("poll") > 0 {}
-            if p.a.qp.post_send(&[wr]).is_err() {
+            let Some(m) = p.send_raw(k as u64, &h, f.kind, f.payload) else {
                 break; // its QP failed (b's NIC refused something): the rest cannot go
-            }
+            };
             keep.push(m);
             p.run(Duration::from_millis(2), |_| false);
         }
@@ -632,4 +645,28 @@ proptest::proptest! {
         }
         proptest::prop_assert!(p.b.engine.rts_held() <= 1 << 20);
     }
+}
+
+/// RTSs announcing no more than `eager_max` (a peer sends those eagerly) are refused and
+/// counted: each held a buffer while adding (next to) nothing to the budget's count, so a
+/// stream of 1-byte RTSs never written could drain the pool past any byte budget.
+#[test]
+fn rts_small_enough_to_go_eagerly_are_refused_and_hold_nothing() {
+    use crate::proto::{Header, Kind};
+    let mut p = budgeted(14);
+    let (_, sb) = p.open();
+    p.a.frozen = true;
+    let mut keep = Vec::new();
+    for (k, len) in [0u64, 1, 8192, 8193].into_iter().enumerate() {
+        let mut h = Header::new(Kind::Rts);
+        h.dst_socket = sb;
+        h.src_socket = 7;
+        h.msg_id = k as u32 + 1;
+        h.len = len;
+        keep.push(p.send_raw(k as u64, &h, Kind::Rts as u8, 0).expect("posted"));
+        p.run(Duration::from_millis(2), |_| false);
+    }
+    p.run(Duration::from_millis(20), |_| false);
+    assert_eq!(p.b.engine.counters.snapshot().malformed, 3, "0, 1 and 8192 bytes");
+    assert_eq!(p.b.engine.rts_held(), 8193, "only the one too large to go eagerly");
 }

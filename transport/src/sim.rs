@@ -247,10 +247,16 @@ impl SimNet {
         self.nodes[node].counters.snapshot()
     }
 
-    fn engine_parts(&self, node: usize, qpn: u32, peer_rq_depth: u32) -> EngineParts {
+    fn engine_parts(
+        &self,
+        node: usize,
+        qpn: u32,
+        peer_rq_depth: u32,
+        cfg: Arc<Config>,
+    ) -> EngineParts {
         let n = &self.nodes[node];
         EngineParts {
-            cfg: n.cfg.clone(),
+            cfg,
             pool: n.pool,
             dev: n.dev,
             counters: n.counters.clone(),
@@ -286,8 +292,12 @@ impl SimNet {
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
         // A node on an SRQ announces depth 0: no credits towards it.
         let depth = |n: &Node| if n.cfg.srq { 0 } else { n.cfg.rq_depth };
-        let parts_a = self.engine_parts(a, qa.qpn(), depth(&self.nodes[b]));
-        let parts_b = self.engine_parts(b, qb.qpn(), depth(&self.nodes[a]));
+        // What the bootstrap's hellos would agree on.
+        let (ca, cb) = (&self.nodes[a].cfg, &self.nodes[b].cfg);
+        let (cfg_a, mtu) = crate::config::agreed(ca, cb.eager_max, cb.path_mtu);
+        let (cfg_b, _) = crate::config::agreed(cb, ca.eager_max, ca.path_mtu);
+        let parts_a = self.engine_parts(a, qa.qpn(), depth(&self.nodes[b]), cfg_a);
+        let parts_b = self.engine_parts(b, qb.qpn(), depth(&self.nodes[a]), cfg_b);
         let mut engine_a = Engine::<Done>::new(parts_a, now)?;
         let mut engine_b = Engine::<Done>::new(parts_b, now)?;
         for (e, qp, remote, cfg) in [
@@ -297,7 +307,7 @@ impl SimNet {
             if let Some(Post::Recv(wrs)) = e.poll_post() {
                 qp.post_recv(wrs)?;
             }
-            qp.to_rtr(&RtrAttrs { remote, path_mtu: cfg.path_mtu, min_rnr_timer: 12 })?;
+            qp.to_rtr(&RtrAttrs { remote, path_mtu: mtu, min_rnr_timer: 12 })?;
             qp.to_rts(&RtsAttrs {
                 sq_psn: qp.endpoint().psn,
                 timeout: cfg.qp_timeout,

@@ -21,9 +21,10 @@
 //! after every earlier message); a connection that ends without one gives
 //! [`TransportError::ConnectionLost`].
 //!
-//! A writer idle for `keepalive_interval` sends a keepalive frame; a reader that waits
-//! `keepalive_timeout` for its peer's bytes in vain fails the connection (`keepalive_failures`),
-//! so a blackholed or hung peer's socket ends (`ConnectionLost`) instead of staying open.
+//! A writer idle for `tcp_keepalive_interval` sends a keepalive frame; a reader that waits
+//! `tcp_keepalive_timeout` for its peer's bytes in vain fails the connection
+//! (`keepalive_failures`), so a blackholed or hung peer's socket ends (`ConnectionLost`)
+//! instead of staying open.
 //!
 //! Counters used: `messages_{sent,received}`, `bytes_{sent,received}`, `engines_up` (TCP
 //! connections established), `engines_failed` (connections lost), `keepalive_failures`,
@@ -42,9 +43,9 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::auth::MAX_HANDSHAKES;
+use crate::auth::HandshakeSlots;
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::error::{Result, TransportError};
 use crate::log_limit::{accept, LogLimit, WARN_EVERY};
@@ -306,7 +307,7 @@ async fn read_loop(
 ) {
     let mut shutdown = shared.shutdown.subscribe();
     let c = &shared.counters;
-    let limit = shared.cfg.keepalive_timeout;
+    let limit = shared.cfg.tcp_keepalive_timeout;
     let end = loop {
         // Silence counts only while the reader waits for the peer, not while `recv`'s queue
         // is full (the peer's bytes then wait in the kernel, unread).
@@ -401,7 +402,7 @@ async fn write_loop(
     let mut done = Vec::with_capacity(MAX_BATCH);
     // Whether the stream stands between frames, where a close frame may follow.
     let mut at_boundary = true;
-    let idle = shared.cfg.keepalive_interval;
+    let idle = shared.cfg.tcp_keepalive_interval;
     loop {
         let first = tokio::select! {
             biased;
@@ -424,6 +425,10 @@ async fn write_loop(
             }
         };
         let mut bytes = 0;
+        // A keepalive goes into the empty buffer whole, and a cut flush keeps what it did not
+        // write there: the frame boundary survives its cancellation (a batch's large payloads
+        // go to the socket directly, so a cut batch leaves the stream mid-frame).
+        let cut_leaves_a_boundary = first.is_none();
         let write = async {
             match first {
                 Some(first) => {
@@ -455,7 +460,7 @@ async fn write_loop(
                 }
             }
             Err(e) => {
-                at_boundary = false;
+                at_boundary &= cut_leaves_a_boundary;
                 conn.fail_sends(&e, c);
                 let e = conn.send_err_or_lost();
                 for d in done.drain(..) {
@@ -564,16 +569,19 @@ async fn serve_inbound(
 }
 
 async fn listen_loop(listener: TcpListener, shared: Arc<Shared>, accepted: mpsc::Sender<Core>) {
-    let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let slots = HandshakeSlots::new();
     let (accept_warn, busy_warn) = (LogLimit::new(WARN_EVERY), LogLimit::new(WARN_EVERY));
     loop {
         let (stream, from) = accept(&listener, &accept_warn, "TCP").await;
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            Counters::add(&shared.counters.bootstrap_refused, 1);
-            if let Some(held) = busy_warn.allow(crate::clock::now()) {
-                tracing::warn!(%from, held_back = held, "too many TCP handshakes in progress; refused");
+        let slot = match slots.try_take(from.ip()) {
+            Ok(slot) => slot,
+            Err(no) => {
+                Counters::add(&shared.counters.bootstrap_refused, 1);
+                if let Some(held) = busy_warn.allow(crate::clock::now()) {
+                    tracing::warn!(%from, held_back = held, "TCP handshake refused: {}", no.why());
+                }
+                continue;
             }
-            continue;
         };
         let (shared, accepted) = (shared.clone(), accepted.clone());
         tokio::spawn(async move {

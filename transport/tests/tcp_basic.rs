@@ -344,8 +344,8 @@ async fn the_unified_types_work_over_rdma() {
 /// Short keepalives, so the tests below take a second, not several.
 fn quick_keepalive() -> Config {
     Config {
-        keepalive_interval: Duration::from_millis(50),
-        keepalive_timeout: Duration::from_millis(300),
+        tcp_keepalive_interval: Duration::from_millis(50),
+        tcp_keepalive_timeout: Duration::from_millis(300),
         ..Config::default()
     }
 }

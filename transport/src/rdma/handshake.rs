@@ -8,7 +8,7 @@
 //! Why the QP comes after the proofs (version 3 sent its endpoint in the hello): a place on
 //! an endpoint's CQ and a QP are scarce, and a stranger holding a few silent connections took
 //! every place for `connect_timeout`, renewably. Now a stranger costs a task and a TCP socket
-//! until its proof is due, within [`MAX_HANDSHAKES`].
+//! until its proof is due, within [`crate::auth::MAX_HANDSHAKES`] (and its share per source).
 
 use super::placement::PlacedEngine;
 use super::*;
@@ -170,16 +170,8 @@ impl<D: Device + 'static> FactoryImpl<D> {
         qp.to_init(&InitAttrs { port: self.cfg.qp_port, ..InitAttrs::default() })?;
         let peer = if initiator { stream.peer_addr()? } else { hello.listen };
         let driven = &self.endpoints[endpoint];
-        let cfg = if hello.eager_max as usize >= self.cfg.eager_max {
-            self.cfg.clone()
-        } else {
-            Arc::new(Config { eager_max: hello.eager_max as usize, ..(*self.cfg).clone() })
-        };
-        let path_mtu = if hello.path_mtu.bytes() < cfg.path_mtu.bytes() {
-            hello.path_mtu
-        } else {
-            cfg.path_mtu
-        };
+        let (cfg, path_mtu) =
+            crate::config::agreed(&self.cfg, hello.eager_max as usize, hello.path_mtu);
         let parts = EngineParts {
             cfg,
             pool: self.pool,

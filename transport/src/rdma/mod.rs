@@ -9,7 +9,8 @@
 //! gets an engine place and a QP: each side sends its QP endpoint with a MAC, connects its QP
 //! (receives posted in INIT, before the peer may send) and sends a ready byte. A peer with
 //! another secret gets a closed connection and a counter increments; at most
-//! [`MAX_HANDSHAKES`] inbound bootstraps run at once, as for TCP.
+//! [`crate::auth::MAX_HANDSHAKES`] inbound bootstraps run at once, and at most
+//! [`crate::auth::MAX_HANDSHAKES_PER_SOURCE`] from one address, as for TCP.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -24,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore};
 
-use crate::auth::{proof, verify, Role, MAX_HANDSHAKES, PROOF_LEN};
+use crate::auth::{proof, verify, HandshakeSlots, Role, PROOF_LEN};
 use crate::config::{Config, CounterSnapshot, Counters};
 use crate::driver::{Cmd, Control, Driven};
 use crate::endpoint::{Accepted, Done, Endpoint, OnEngineGone};
@@ -238,7 +239,7 @@ impl RdmaTransport {
         tasks.push(tokio::spawn(async move {
             let (accept_warn, busy_warn) = (LogLimit::new(WARN_EVERY), LogLimit::new(WARN_EVERY));
             let inbound_warn = Arc::new(LogLimit::new(WARN_EVERY));
-            let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+            let slots = HandshakeSlots::new();
             loop {
                 let (stream, from) = accept(&listener, &accept_warn, "bootstrap").await;
                 if !acc2.load(Ordering::Acquire) {
@@ -246,12 +247,15 @@ impl RdmaTransport {
                     drop(stream);
                     continue;
                 }
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    Counters::add(&c2.bootstrap_refused, 1);
-                    if let Some(held) = busy_warn.allow(crate::clock::now()) {
-                        tracing::warn!(%from, held_back = held, "too many RDMA bootstraps in progress; refused");
+                let slot = match slots.try_take(from.ip()) {
+                    Ok(slot) => slot,
+                    Err(no) => {
+                        Counters::add(&c2.bootstrap_refused, 1);
+                        if let Some(held) = busy_warn.allow(crate::clock::now()) {
+                            tracing::warn!(%from, held_back = held, "RDMA bootstrap refused: {}", no.why());
+                        }
+                        continue;
                     }
-                    continue;
                 };
                 let f = f2.clone();
                 let c = c2.clone();

@@ -21,8 +21,8 @@
 //!
 //! A close frame carries no payload and ends the sender's direction; a connection that ends
 //! without one ended by failure. A keepalive carries no payload either: a writer idle for
-//! `keepalive_interval` sends one, so a reader that waits `keepalive_timeout` for bytes in
-//! vain knows its peer is gone or hung (version 1 had none: a blackholed or stopped peer's
+//! `tcp_keepalive_interval` sends one, so a reader that waits `tcp_keepalive_timeout` for
+//! bytes in vain knows its peer is gone or hung (version 1 had none: a blackholed or stopped peer's
 //! connection stayed open for good).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
