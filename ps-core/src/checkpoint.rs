@@ -180,6 +180,9 @@ pub enum CheckpointError {
     /// Building tables failed.
     #[error(transparent)]
     Table(#[from] TableError),
+    /// Written by a newer build (a rolled-back binary): no reason to use an older generation.
+    #[error("checkpoint version {0} is newer than this build reads ({CHECKPOINT_VERSION})")]
+    NewerVersion(u32),
     /// Neither the latest checkpoint nor the previous generation could be read.
     #[error("{latest}; and the previous generation: {previous}")]
     BothUnusable {
@@ -203,6 +206,13 @@ impl CheckpointError {
             _ => false,
         }
     }
+}
+
+/// Where a checkpoint of `path` is written before it is renamed into place.
+fn temporary(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".tmp");
+    path.with_file_name(name)
 }
 
 /// Where the generation before the checkpoint at `path` is kept.
@@ -252,6 +262,16 @@ pub fn restore_checkpoint(
         Err(e) => return Err(e),
     };
     let missing = matches!(&latest, CheckpointError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound);
+    if missing {
+        // A crash between the two renames of a write: the new checkpoint is whole (written
+        // and synced) under its temporary name. Finish the write.
+        let tmp = temporary(path);
+        if let Ok((tables, meta, windows)) = read_checkpoint(&tmp, specs) {
+            fs::rename(&tmp, path).map_err(io_err(path))?;
+            let from = path.to_owned();
+            return Ok(Some(Restored { tables, meta, windows, from, latest_unusable: None }));
+        }
+    }
     match read_checkpoint(&prev, specs) {
         Ok((tables, meta, windows)) => {
             if !missing {
@@ -315,9 +335,7 @@ pub fn write_checkpoint(
 ) -> Result<CheckpointInfo, CheckpointError> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
+    let tmp = temporary(path);
     let result = write_tmp(&tmp, tables, windows, meta);
     let (bytes, rows, body_crc32) = match result {
         Ok(v) => v,
@@ -467,23 +485,43 @@ fn decode_windows(
 }
 
 /// A reader that CRCs and counts what it reads, bounded by the declared body length.
-struct CrcReader<R> {
+struct CrcReader<'p, R> {
     inner: R,
     crc: crc32fast::Hasher,
     left: u64,
+    path: &'p Path,
 }
 
-impl<R: Read> CrcReader<R> {
+impl<R: Read> CrcReader<'_, R> {
     fn read_exact_body(&mut self, buf: &mut [u8], what: &str) -> Result<(), CheckpointError> {
         if (buf.len() as u64) > self.left {
             return Err(CheckpointError::Truncated(format!("{what} runs past the body")));
         }
-        self.inner
-            .read_exact(buf)
-            .map_err(|e| CheckpointError::Truncated(format!("{what}: {e}")))?;
+        self.inner.read_exact(buf).map_err(|e| read_err(self.path, what, e))?;
         self.crc.update(buf);
         self.left -= buf.len() as u64;
         Ok(())
+    }
+
+    /// Reads the rest of the body through the CRC: true if it matches `stored`.
+    fn rest_matches(&mut self, stored: u32) -> Result<bool, CheckpointError> {
+        let mut buf = vec![0u8; BATCH_BYTES];
+        while self.left > 0 {
+            let n = self.left.min(buf.len() as u64) as usize;
+            self.read_exact_body(&mut buf[..n], "body")?;
+        }
+        Ok(self.crc.clone().finalize() == stored)
+    }
+}
+
+/// A read that failed: the file ending early is truncation (its contents are unusable); any
+/// other error is the file system's (EIO: the same file may read next time, so it is no
+/// reason to use an older generation).
+fn read_err(path: &Path, what: &str, e: io::Error) -> CheckpointError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        CheckpointError::Truncated(format!("{what}: {e}"))
+    } else {
+        CheckpointError::Io { path: path.to_owned(), source: e }
     }
 }
 
@@ -499,7 +537,7 @@ pub fn read_checkpoint(
     let file_len = file.metadata().map_err(io_err(path))?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut h = [0u8; CHECKPOINT_HEADER_LEN];
-    r.read_exact(&mut h).map_err(|e| CheckpointError::Truncated(format!("header: {e}")))?;
+    r.read_exact(&mut h).map_err(|e| read_err(path, "header", e))?;
     if h[0..8] != CHECKPOINT_MAGIC {
         return Err(CheckpointError::Format("bad magic".into()));
     }
@@ -514,6 +552,9 @@ pub fn read_checkpoint(
     }
     let version = rd_u32(&h, 8);
     let n_windows = rd_u32(&h, 60);
+    if version > CHECKPOINT_VERSION {
+        return Err(CheckpointError::NewerVersion(version));
+    }
     if !(1..=CHECKPOINT_VERSION).contains(&version)
         || rd_u32(&h, 12) as usize != CHECKPOINT_HEADER_LEN
         || (version == 1 && n_windows != 0)
@@ -536,7 +577,47 @@ pub fn read_checkpoint(
         created_ms: rd_u64(&h, 48),
     };
     let set = TableSet::new(specs.to_vec())?;
-    let mut body = CrcReader { inner: r, crc: crc32fast::Hasher::new(), left: body_len };
+    let mut body = CrcReader { inner: r, crc: crc32fast::Hasher::new(), left: body_len, path };
+    let windows = match read_body(&mut body, &set, n_tables, version, n_windows) {
+        Ok(windows) => windows,
+        // The body checksum is checked last; a corrupt block that makes the body parse as
+        // something else (another table name or dim, a version out of range, a row count
+        // past the end) is corruption all the same, which an older generation can replace.
+        Err(e) if !matches!(e, CheckpointError::Io { .. }) => {
+            let stored = stored_crc;
+            return match body.rest_matches(stored) {
+                Ok(true) => Err(e),
+                Ok(false) => Err(CheckpointError::Checksum {
+                    what: "body",
+                    stored,
+                    computed: body.crc.clone().finalize(),
+                }),
+                Err(io) => Err(io),
+            };
+        }
+        Err(e) => return Err(e),
+    };
+    if body.left != 0 {
+        return Err(CheckpointError::Truncated(format!(
+            "{} bytes after the last table",
+            body.left
+        )));
+    }
+    let crc = body.crc.finalize();
+    if crc != stored_crc {
+        return Err(CheckpointError::Checksum { what: "body", stored: stored_crc, computed: crc });
+    }
+    Ok((set, meta, windows))
+}
+
+/// The tables' rows (into `set`) and the dedupe windows of a checkpoint body.
+fn read_body<R: Read>(
+    body: &mut CrcReader<'_, R>,
+    set: &TableSet,
+    n_tables: u32,
+    version: u32,
+    n_windows: u32,
+) -> Result<Vec<WindowState>, CheckpointError> {
     let mut seen = std::collections::HashSet::new();
     let mut buf = Vec::new();
     for _ in 0..n_tables {
@@ -581,18 +662,7 @@ pub fn read_checkpoint(
             left -= n as u64;
         }
     }
-    let windows = decode_windows(n_windows, |b, what| body.read_exact_body(b, what))?;
-    if body.left != 0 {
-        return Err(CheckpointError::Truncated(format!(
-            "{} bytes after the last table",
-            body.left
-        )));
-    }
-    let crc = body.crc.finalize();
-    if crc != stored_crc {
-        return Err(CheckpointError::Checksum { what: "body", stored: stored_crc, computed: crc });
-    }
-    Ok((set, meta, windows))
+    decode_windows(n_windows, |b, what| body.read_exact_body(b, what))
 }
 
 /// When the next periodic checkpoint is due (pure; `now` from the caller's clock). On-demand
@@ -984,10 +1054,41 @@ mod tests {
         write_checkpoint(&path, &newer, &[], &meta(3)).unwrap();
         assert_eq!(read_checkpoint(&prev, &specs()).unwrap().1.update_seq, 1);
 
-        // A crash between the two renames: the latest is missing.
+        // A crash between the two renames: the latest is missing, the new one whole under
+        // its temporary name; the restore finishes the write.
+        fs::rename(&path, temporary(&path)).unwrap();
+        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        assert_eq!((r.from.as_path(), r.meta.update_seq), (path.as_path(), 3));
+        assert!(path.exists() && !temporary(&path).exists());
+        // Without the temporary file: the previous generation.
         fs::remove_file(&path).unwrap();
         let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
         assert_eq!(r.from, prev);
+
+        // Corruption where the body parses as something else (here a table's name): found
+        // by the body checksum, so the previous generation is used all the same.
+        write_checkpoint(&path, &newer, &[], &meta(7)).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[CHECKPOINT_HEADER_LEN + 2] ^= 0x01;
+        fs::write(&path, &bytes).unwrap();
+        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        assert!(
+            matches!(r.latest_unusable, Some(CheckpointError::Checksum { .. })),
+            "{:?}",
+            r.latest_unusable
+        );
+
+        // Written by a newer build: not corruption, no fallback (a rolled-back binary must not
+        // quietly serve older rows).
+        write_checkpoint(&path, &newer, &[], &meta(8)).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&(CHECKPOINT_VERSION + 1).to_le_bytes());
+        let hcrc = crc32fast::hash(&bytes[..56]);
+        bytes[56..60].copy_from_slice(&hcrc.to_le_bytes());
+        fs::write(&path, &bytes).unwrap();
+        let e = restore_checkpoint(&path, &specs()).unwrap_err();
+        assert!(matches!(e, CheckpointError::NewerVersion(_)), "{e}");
+        assert!(path.exists(), "left where it is");
 
         // Both unusable.
         write_checkpoint(&path, &newer, &[], &meta(4)).unwrap();

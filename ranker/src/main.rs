@@ -136,7 +136,8 @@ fn main() {
                     exit::usage(TOOL, format!("{} line {}: {e}", path.display(), i + 1));
                 }
             }
-            let info = TraceInfo::of(path, &trace);
+            let warmup = Duration::from_secs_f64(settings.raw.warmup_seconds);
+            let info = TraceInfo::of(path, &trace, warmup);
             (Schedule::Trace(trace.into_iter()), Some(info))
         }
         None => (Schedule::generated(&settings).unwrap_or_else(|e| exit::usage(TOOL, e)), None),

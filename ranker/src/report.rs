@@ -31,30 +31,36 @@ pub struct RunInfo {
 pub struct TraceInfo {
     /// Its path.
     pub path: String,
-    /// Its requests.
-    pub requests: usize,
+    /// Its requests after the warm-up (the measured ones).
+    pub measured: usize,
     /// The last request's offset.
     pub span: std::time::Duration,
 }
 
 impl TraceInfo {
-    /// What a trace holds.
-    pub fn of(path: &std::path::Path, trace: &[bex_traffic::TraceRecord]) -> TraceInfo {
-        let span = trace.iter().map(bex_traffic::TraceRecord::offset).max().unwrap_or_default();
-        TraceInfo { path: path.display().to_string(), requests: trace.len(), span }
+    /// What a trace holds, with its first `warmup` unmeasured.
+    pub fn of(
+        path: &std::path::Path,
+        trace: &[bex_traffic::TraceRecord],
+        warmup: std::time::Duration,
+    ) -> TraceInfo {
+        let offsets = trace.iter().map(bex_traffic::TraceRecord::offset);
+        let span = offsets.clone().max().unwrap_or_default();
+        let measured = offsets.filter(|&at| at >= warmup).count();
+        TraceInfo { path: path.display().to_string(), measured, span }
     }
 }
 
 /// The offered load the report states, (requests per second, measured seconds): the
-/// settings', or a replayed trace's (its mean rate, its span after the warm-up). A trace
-/// replay reported the configured rate and seconds, which it ignores.
+/// settings', or a replayed trace's (its requests after the warm-up over its span after the
+/// warm-up). A trace replay reported the configured rate and seconds, which it ignores.
 pub fn offered(s: &Settings, trace: Option<&TraceInfo>) -> (f64, f64) {
     match trace {
         None => (s.raw.rate, s.raw.seconds),
         Some(t) => {
-            let span = t.span.as_secs_f64();
-            let rate = if span > 0.0 { t.requests as f64 / span } else { 0.0 };
-            (rate, (span - s.raw.warmup_seconds).max(0.0))
+            let seconds = (t.span.as_secs_f64() - s.raw.warmup_seconds).max(0.0);
+            let rate = if seconds > 0.0 { t.measured as f64 / seconds } else { 0.0 };
+            (rate, seconds)
         }
     }
 }
@@ -181,9 +187,21 @@ mod tests {
         let cfg = bex_ps_proto::Config::from_toml_str(&text).unwrap();
         let s = Settings::from_config(&cfg, &Overrides::default()).unwrap();
         assert_eq!(offered(&s, None), (200.0, 10.0));
-        let t = TraceInfo { path: "t.jsonl".into(), requests: 150, span: Duration::from_secs(3) };
-        assert_eq!(offered(&s, Some(&t)), (50.0, 2.0));
-        let empty = TraceInfo { path: "e.jsonl".into(), requests: 0, span: Duration::ZERO };
+        // A ramp: 10 requests in the 1 s warm-up, then 40 a second for 2 s.
+        let at = |ms: u64| {
+            let r = bex_traffic::Request { id: ms, candidates: 1, models: vec![] };
+            bex_traffic::TraceRecord::new(Duration::from_millis(ms), r)
+        };
+        let trace: Vec<_> =
+            (0..10).map(|i| at(i * 100)).chain((0..80).map(|i| at(1000 + i * 25))).collect();
+        let t = TraceInfo::of(std::path::Path::new("t.jsonl"), &trace, Duration::from_secs(1));
+        assert_eq!(t.measured, 80);
+        let (rate, seconds) = offered(&s, Some(&t));
+        assert!(
+            (seconds - 1.975).abs() < 1e-9 && (rate - 80.0 / 1.975).abs() < 1e-9,
+            "{rate} {seconds}"
+        );
+        let empty = TraceInfo { path: "e.jsonl".into(), measured: 0, span: Duration::ZERO };
         assert_eq!(offered(&s, Some(&empty)), (0.0, 0.0));
     }
 }
