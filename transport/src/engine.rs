@@ -49,7 +49,10 @@ const REFUSED: u32 = u32::MAX;
 
 /// RTSs an engine holds back for its budget (see [`Engine::rts_budget`]) before it refuses
 /// more: a well-behaved peer has at most `rts_ahead + 1` per socket waiting, and a header
-/// (about 100 bytes) each bounds what a misbehaving one can make this side hold.
+/// (about 100 bytes) each bounds what a misbehaving one can make this side hold. One refused
+/// for it is answered at once, ahead of its socket's earlier RTSs still waiting: its sender
+/// fails that message alone, as when an allocation fails (queueing the refusal behind them
+/// would itself need unbounded room).
 const MAX_WAITING_RTS: usize = 1 << 16;
 
 /// What the application learns from an engine.
@@ -191,6 +194,85 @@ enum Landing {
     Grant,
 }
 
+/// The buffers the peer may write into, by slot, with the bytes of those allocated for RTSs
+/// kept as a running count: the RTS budget is checked on every RTS and every freed buffer,
+/// and summing the map each time cost O(buffers) per header.
+#[derive(Default)]
+struct Landings {
+    by_slot: HashMap<u32, LargeIn>,
+    rts_bytes: u64,
+}
+
+impl Landings {
+    fn rts_len(l: &LargeIn) -> u64 {
+        if l.landing == Landing::Rts {
+            l.buf.len() as u64
+        } else {
+            0
+        }
+    }
+
+    fn insert(&mut self, slot: u32, l: LargeIn) {
+        self.rts_bytes += Self::rts_len(&l);
+        if let Some(old) = self.by_slot.insert(slot, l) {
+            debug_assert!(false, "slot {slot} taken twice");
+            self.rts_bytes -= Self::rts_len(&old);
+        }
+    }
+
+    fn remove(&mut self, slot: u32) -> Option<LargeIn> {
+        let l = self.by_slot.remove(&slot)?;
+        self.rts_bytes -= Self::rts_len(&l);
+        Some(l)
+    }
+
+    /// Frees every buffer of `socket`.
+    fn remove_socket(&mut self, socket: u32) {
+        let Landings { by_slot, rts_bytes } = self;
+        by_slot.retain(|_, l| {
+            let keep = l.socket != socket;
+            if !keep {
+                *rts_bytes -= Self::rts_len(l);
+            }
+            keep
+        });
+    }
+
+    fn clear(&mut self) {
+        self.by_slot.clear();
+        self.rts_bytes = 0;
+    }
+
+    fn get(&self, slot: u32) -> Option<&LargeIn> {
+        self.by_slot.get(&slot)
+    }
+
+    /// Bytes held for messages announced by RTS and not yet written.
+    fn rts_bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.rts_bytes,
+            self.by_slot.values().map(Self::rts_len).sum::<u64>(),
+            "the running count of RTS bytes matches the buffers"
+        );
+        self.rts_bytes
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_slot.len()
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.by_slot.is_empty()
+    }
+
+    #[cfg(test)]
+    fn buffers(&self) -> impl Iterator<Item = &LargeIn> {
+        self.by_slot.values()
+    }
+}
+
 /// What a chain slot holds until its request completes.
 struct SlotData<T> {
     /// Bytes the send window admitted for it.
@@ -261,7 +343,7 @@ pub(crate) struct Engine<T> {
     credits: SendCredits,
     window: SendWindow,
     recv: Receives,
-    large_in: HashMap<u32, LargeIn>,
+    large_in: Landings,
     /// RTSs whose buffers would exceed the budget of bytes the peer may have this side hold
     /// for announced messages: answered in order as written messages free their buffers.
     rts_waiting: VecDeque<Header>,
@@ -324,7 +406,7 @@ impl<T> Engine<T> {
             credits,
             window: SendWindow::new(cfg.cwnd_bytes),
             recv,
-            large_in: HashMap::new(),
+            large_in: Landings::default(),
             rts_waiting: VecDeque::new(),
             next_large_slot: 1,
             ctrl: VecDeque::new(),
@@ -468,7 +550,7 @@ impl<T> Engine<T> {
         loop {
             let s = self.next_large_slot;
             self.next_large_slot = self.next_large_slot.wrapping_add(1).max(1);
-            if s != REFUSED && !self.large_in.contains_key(&s) {
+            if s != REFUSED && self.large_in.get(s).is_none() {
                 return s;
             }
         }
@@ -683,7 +765,7 @@ impl<T> Engine<T> {
                 // RTS buffers it was sent a CTS for, buffers exposed for it. Also when this
                 // side closed first (the socket is gone): otherwise they stayed until the
                 // engine ended, a leak of registered memory per timed-out call.
-                self.large_in.retain(|_, l| l.socket != h.dst_socket);
+                self.large_in.remove_socket(h.dst_socket);
                 self.rts_waiting.retain(|w| w.dst_socket != h.dst_socket);
                 self.answer_waiting_rts();
                 if let Some(s) = self.sockets.get_mut(&h.dst_socket) {
@@ -743,8 +825,7 @@ impl<T> Engine<T> {
 
     /// Bytes held now for announced messages.
     fn rts_held(&self) -> u64 {
-        let held = self.large_in.values().filter(|l| l.landing == Landing::Rts);
-        held.map(|l| l.buf.len() as u64).sum()
+        self.large_in.rts_bytes()
     }
 
     /// Answers waiting RTSs, in the order they came, while the budget has room.
@@ -827,7 +908,7 @@ impl<T> Engine<T> {
     /// and an exposed buffer is delivered whole (the application's protocol knows how much
     /// of it the peer wrote).
     fn on_large_done(&mut self, slot: u32) {
-        let Some(large) = self.large_in.remove(&slot) else {
+        let Some(large) = self.large_in.remove(slot) else {
             Counters::add(&self.counters.malformed, 1);
             return;
         };
@@ -895,13 +976,13 @@ impl<T> Engine<T> {
     fn on_grant_returned(&mut self, socket: u32, slot: u32) {
         let ours = self
             .large_in
-            .get(&slot)
+            .get(slot)
             .is_some_and(|l| l.landing == Landing::Grant && l.socket == socket);
         if !ours {
             Counters::add(&self.counters.malformed, 1);
             return;
         }
-        self.large_in.remove(&slot);
+        self.large_in.remove(slot);
         if let Some(s) = self.sockets.get_mut(&socket) {
             s.granted = None;
         }

@@ -403,7 +403,7 @@ fn large_requests_answered_by_small_replies_take_standing_grants_instead_of_rts(
     assert_eq!(cb.malformed, 0);
     // b holds exactly the one grant a has not used yet, of the size the last request earned.
     assert_eq!(p.b.engine.large_in.len(), 1);
-    assert!(p.b.engine.large_in.values().all(|l| l.buf.len() >= 256 * 1024));
+    assert!(p.b.engine.large_in.buffers().all(|l| l.buf.len() >= 256 * 1024));
     // a's close frees it: a writes nothing after its Close.
     p.a.engine.close_socket(sa);
     p.a.settle();

@@ -214,6 +214,44 @@ async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
     assert_eq!(server.counters().engines_failed, 0, "{:?}", server.counters());
 }
 
+/// `bootstrap_refused` counts strangers: an inbound bootstrap cut off by the listener's
+/// timeout counts only if the peer had not proven it holds the secret. Before, a peer that
+/// authenticated and then stalled (a slow host) was counted as refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_that_times_out_counts_as_refused_only_before_the_proof() {
+    use tokio::io::AsyncReadExt;
+    let quick = Config { connect_timeout: Duration::from_millis(300), ..Config::default() };
+    let (server, _ds) = rdma(quick.clone()).await;
+    let (client, _dc) = rdma(Config::default()).await;
+    // A stranger: connects, says nothing.
+    let stranger = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    // A peer with the secret whose hellos and proofs go through, then nothing more.
+    const HELLO_AND_PROOF: u64 = 8 + 16 + bex_rnic::bootstrap::ENDPOINT_LEN as u64 + 26 + 32;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap();
+    let target = server.local_addr();
+    let stall = tokio::spawn(async move {
+        let (a, _) = proxy.accept().await.unwrap();
+        let b = tokio::net::TcpStream::connect(target).await.unwrap();
+        let ((mut ar, mut aw), (mut br, mut bw)) = (a.into_split(), b.into_split());
+        let up = async { tokio::io::copy(&mut (&mut ar).take(HELLO_AND_PROOF), &mut bw).await };
+        let down = async { tokio::io::copy(&mut (&mut br).take(HELLO_AND_PROOF), &mut aw).await };
+        let (u, d) = tokio::join!(up, down);
+        assert_eq!((u.unwrap(), d.unwrap()), (HELLO_AND_PROOF, HELLO_AND_PROOF));
+        // Both connections stay open, silent.
+        (ar, aw, br, bw)
+    });
+    let attempt = tokio::time::timeout(Duration::from_secs(10), client.connect(proxy_addr)).await;
+    assert!(attempt.expect("the stalled bootstrap ends").is_err(), "no connection");
+    let _held = stall.await.unwrap();
+    // Past the server's timeout for both inbound bootstraps (they began before the client's
+    // 3 s connect timeout ran out).
+    #[allow(clippy::disallowed_methods)] // a wait past the server's timeout, on purpose
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(server.counters().bootstrap_refused, 1, "the stranger alone");
+    drop(stranger);
+}
+
 /// Buffers the peer may write into for a socket (here one exposed for a reply, as the RPC
 /// client does) are freed once both ends have closed it: before, they stayed allocated until
 /// the engine ended — with keepalives, the process — one per call given up on.

@@ -81,6 +81,26 @@ fn role(initiator: bool) -> Role {
     }
 }
 
+/// Counts an inbound bootstrap as refused when it ends, however, before [`proven`](Self::proven).
+struct Unproven<'a> {
+    counters: &'a Counters,
+    armed: bool,
+}
+
+impl Unproven<'_> {
+    fn proven(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unproven<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+        }
+    }
+}
+
 impl<D: Device + 'static> FactoryImpl<D> {
     pub(super) async fn bootstrap(
         &self,
@@ -99,34 +119,41 @@ impl<D: Device + 'static> FactoryImpl<D> {
             path_mtu: self.cfg.path_mtu,
         }
         .encode();
-        // An inbound peer that goes away before proving itself counts as refused (a
-        // stranger's probe); a cancelled outbound bootstrap is this side's doing.
-        let refused_inbound = |e: std::io::Error| {
-            if !initiator {
+        // An inbound peer that leaves before proving itself counts once as refused (a
+        // stranger's probe), whether it errs, sends a bad hello or proof, or is cut off by
+        // the listener's timeout (which drops this future: hence a guard). A cancelled
+        // outbound bootstrap is this side's doing; an outbound one refused by what the peer
+        // sent counts. Once the peer has proven itself, a failure is no refusal.
+        let unproven = Unproven { counters: &self.counters, armed: !initiator };
+        let refuse = |why: &str| {
+            if initiator {
                 Counters::add(&self.counters.bootstrap_refused, 1);
             }
-            e
-        };
-        let refuse = |why: &str| {
-            Counters::add(&self.counters.bootstrap_refused, 1);
             TransportError::Refused(format!("bootstrap: {why}"))
         };
-        stream.write_all(&mine).await.map_err(refused_inbound)?;
+        stream.write_all(&mine).await?;
         let mut theirs = [0u8; HELLO_LEN];
-        stream.read_exact(&mut theirs).await.map_err(refused_inbound)?;
+        stream.read_exact(&mut theirs).await?;
         let hello = Hello::decode(&theirs).inspect_err(|_| {
-            Counters::add(&self.counters.bootstrap_refused, 1);
+            if initiator {
+                Counters::add(&self.counters.bootstrap_refused, 1);
+            }
         })?;
         let (hi, ha) = if initiator { (&mine, &theirs) } else { (&theirs, &mine) };
         stream.write_all(&proof(&self.cfg.secret, PROOF_LABEL, role(initiator), hi, ha)).await?;
         let mut their_proof = [0u8; PROOF_LEN];
-        stream.read_exact(&mut their_proof).await.map_err(|e| {
-            let _ = refused_inbound(e);
+        stream.read_exact(&mut their_proof).await.map_err(|_| {
             TransportError::Refused("bootstrap: the peer closed during authentication".into())
         })?;
         if !verify(&self.cfg.secret, PROOF_LABEL, role(initiator).peer(), hi, ha, &their_proof) {
             return Err(refuse("the peer does not have the cluster's shared secret"));
         }
+        unproven.proven();
+        // From here on, a MAC that does not check is the peer's fault whichever side it is.
+        let refuse = |why: &str| {
+            Counters::add(&self.counters.bootstrap_refused, 1);
+            TransportError::Refused(format!("bootstrap: {why}"))
+        };
         // The peer is authenticated: only now a place and a QP.
         let endpoint = self.place_engine()?;
         let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
