@@ -143,6 +143,11 @@ fn dim_of(table: u32) -> u32 {
     local_specs()[table as usize].dim
 }
 
+/// f32 words of a whole row of `table` in a Replicate (see `wire::flags::STATE`).
+fn state_width(table: u32) -> usize {
+    local_specs()[table as usize].stride() + bex_ps_proto::spec::STATE_EXTRA_WORDS
+}
+
 /// Fetches the canaries of `table` with a valid request; their rows as bytes.
 async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
     let keys = canary_keys(table);
@@ -191,20 +196,31 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
             }
             continue;
         }
-        let rows: Vec<f32> =
-            (0..keys.len() * dim as usize).map(|i| 0.5 - i as f32 * 0.01).collect();
-        let dh = DataHeader { table, dim, client: SETUP_CLIENT, seq: table.into(), flags: 0 };
-        let mut f = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
+        // Whole rows: values, zeroed optimizer state, no steps, version 1 (above no row's).
+        let (dim, width) = (dim as usize, state_width(table));
+        let mut rows = vec![0f32; keys.len() * width];
+        for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+            for (j, v) in row[..dim].iter_mut().enumerate() {
+                *v = 0.5 - (i * dim + j) as f32 * 0.01;
+            }
+            row[width - 2] = f32::from_bits(1);
+        }
+        let dh = DataHeader {
+            table,
+            dim: width as u32,
+            client: SETUP_CLIENT,
+            seq: table.into(),
+            flags: flags::STATE,
+        };
+        let mut f = vec![0u8; wire::push_request_len(keys.len(), width)];
         wire::encode_replicate_into(&mut f, &dh, &keys, &rows).expect("canaries encode");
         let r = call(&h, Op::Replicate as u16, &f).await;
         let v = wire::decode_response(&r, &LIMITS).expect("a replicate reply decodes");
         assert_eq!(v.header.status, Status::Ok, "the canary replication succeeds");
         let got = fetch_canaries(&h, table).await;
         for (i, (k, row)) in keys.iter().zip(got).enumerate() {
-            let want: Vec<u8> = rows[i * dim as usize..(i + 1) * dim as usize]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
+            let want: Vec<u8> =
+                rows[i * width..i * width + dim].iter().flat_map(|x| x.to_le_bytes()).collect();
             assert_eq!(row, want, "a replicated row reads back");
             expected.insert((table, *k), Some(row));
         }
@@ -261,16 +277,11 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
             }
             (Op::Replicate, Status::Ok) => {
                 assert_eq!(pod, 1, "only replicas take Replicate");
-                let keys = req.keys.to_vec();
-                let row = 4 * hd.dim as usize;
-                // A whole row (STATE) applies only over an older version: the model does
-                // not follow versions, so those rows become unknown.
-                let whole = hd.flags & flags::STATE != 0;
-                let values = req.values.as_bytes();
-                for (i, k) in keys.iter().enumerate() {
-                    if let Some(e) = expected.get_mut(&(hd.table, *k)) {
-                        let once = keys.iter().filter(|x| *x == k).count() == 1;
-                        *e = (once && !whole).then(|| values[i * row..(i + 1) * row].to_vec());
+                // A whole row applies only over an older version: the model does not follow
+                // versions, so the rows it names become unknown.
+                for k in req.keys.iter() {
+                    if let Some(e) = expected.get_mut(&(hd.table, k)) {
+                        *e = None;
                     }
                 }
             }

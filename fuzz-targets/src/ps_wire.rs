@@ -55,9 +55,11 @@ fn request(data: &[u8], limits: &Limits) {
     assert!(data.len() <= limits.max_frame_bytes);
     let mut again = vec![0u8; data.len()];
     if h.op.is_data() {
-        // Whole rows (Replicate with STATE): up to three arrays, a step count and a version.
-        let max_dim = if h.flags & wire::flags::STATE != 0 {
-            assert_eq!(h.op, Op::Replicate, "STATE only on Replicate");
+        // Whole rows (Replicate, always with STATE): up to three arrays, a step count and a
+        // version.
+        let state = h.flags & wire::flags::STATE != 0;
+        assert_eq!(state, h.op == Op::Replicate, "STATE on Replicate and only there");
+        let max_dim = if state {
             3 * limits.max_dim + bex_ps_proto::spec::STATE_EXTRA_WORDS as u32
         } else {
             limits.max_dim

@@ -137,8 +137,10 @@ fn ps_requests() -> Vec<(u16, Vec<u8>)> {
             (0..keys.len() * dim as usize).map(|i| i as f32 * 0.25 - 1.0).collect();
         let n = wire::encode_push_into(&mut f, &h, &keys, &grads).expect("push encodes");
         out.push((Op::Push as u16, f[..n].to_vec()));
-        let n = wire::encode_replicate_into(&mut f, &DataHeader { seq: 99, ..h }, &keys, &grads)
-            .expect("replicate encodes");
+        // A Replicate of values only, as the protocol once had: refused.
+        let n = wire::encode_push_into(&mut f, &DataHeader { seq: 99, ..h }, &keys, &grads)
+            .expect("push encodes");
+        f[5] = Op::Replicate as u8;
         out.push((Op::Replicate as u16, f[..n].to_vec()));
         // Whole rows: the table's stride, a step count and a version per row.
         let width = (spec.stride() + bex_ps_proto::spec::STATE_EXTRA_WORDS) as u32;

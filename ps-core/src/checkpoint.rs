@@ -183,6 +183,21 @@ pub enum CheckpointError {
     /// Written by a newer build (a rolled-back binary): no reason to use an older generation.
     #[error("checkpoint version {0} is newer than this build reads ({CHECKPOINT_VERSION})")]
     NewerVersion(u32),
+    /// Written by another shard, or with another shard count: its rows belong to another
+    /// layout (a configuration mistake, the same for every generation).
+    #[error(
+        "{path} was written by shard {} of {}, this is shard {} of {}: its rows belong to \
+         another layout",
+        written.0, written.1, want.0, want.1
+    )]
+    OtherLayout {
+        /// The file.
+        path: PathBuf,
+        /// (shard, shards) of its writer.
+        written: (u32, u32),
+        /// (shard, shards) of the reader.
+        want: (u32, u32),
+    },
     /// Neither the latest checkpoint nor the previous generation could be read.
     #[error("{latest}; and the previous generation: {previous}")]
     BothUnusable {
@@ -245,19 +260,31 @@ pub struct Restored {
 }
 
 /// Reads the checkpoint at `path` ([`read_checkpoint`]) or, when it is missing or its
-/// contents are unusable, the previous generation ([`previous_generation`]). An unusable
-/// latest file is moved to [`unusable_generation`] first, so the next checkpoint does not
-/// rotate it into the previous generation's place. `Ok(None)`: neither exists.
+/// contents are unusable, the previous generation ([`previous_generation`]), for shard
+/// `layout.0` of `layout.1`: a generation another layout wrote is an error
+/// ([`CheckpointError::OtherLayout`]) and nothing is moved. An unusable latest file is moved
+/// to [`unusable_generation`] once the previous generation has been read and checked, so
+/// the next checkpoint does not rotate it into the previous generation's place (moved
+/// earlier, a restore that then failed would have left it aside). `Ok(None)`: neither
+/// exists.
 pub fn restore_checkpoint(
     path: &Path,
     specs: &[TableSpec],
+    layout: (u32, u32),
 ) -> Result<Option<Restored>, CheckpointError> {
-    let prev = previous_generation(path);
-    let latest = match read_checkpoint(path, specs) {
-        Ok((tables, meta, windows)) => {
-            let from = path.to_owned();
-            return Ok(Some(Restored { tables, meta, windows, from, latest_unusable: None }));
+    let read = |from: &Path| -> Result<Restored, CheckpointError> {
+        let (tables, meta, windows) = read_checkpoint(from, specs)?;
+        let written = (meta.shard, meta.shards);
+        if written != layout {
+            let path = from.to_owned();
+            return Err(CheckpointError::OtherLayout { path, written, want: layout });
         }
+        let from = from.to_owned();
+        Ok(Restored { tables, meta, windows, from, latest_unusable: None })
+    };
+    let prev = previous_generation(path);
+    let latest = match read(path) {
+        Ok(r) => return Ok(Some(r)),
         Err(e) if e.older_generation_may_do() => e,
         Err(e) => return Err(e),
     };
@@ -266,19 +293,21 @@ pub fn restore_checkpoint(
         // A crash between the two renames of a write: the new checkpoint is whole (written
         // and synced) under its temporary name. Finish the write.
         let tmp = temporary(path);
-        if let Ok((tables, meta, windows)) = read_checkpoint(&tmp, specs) {
-            fs::rename(&tmp, path).map_err(io_err(path))?;
-            let from = path.to_owned();
-            return Ok(Some(Restored { tables, meta, windows, from, latest_unusable: None }));
+        match read(&tmp) {
+            Ok(r) => {
+                fs::rename(&tmp, path).map_err(io_err(path))?;
+                return Ok(Some(Restored { from: path.to_owned(), ..r }));
+            }
+            Err(e @ CheckpointError::OtherLayout { .. }) => return Err(e),
+            Err(_) => {}
         }
     }
-    match read_checkpoint(&prev, specs) {
-        Ok((tables, meta, windows)) => {
+    match read(&prev) {
+        Ok(r) => {
             if !missing {
                 fs::rename(path, unusable_generation(path)).map_err(io_err(path))?;
             }
-            let latest_unusable = Some(latest);
-            Ok(Some(Restored { tables, meta, windows, from: prev, latest_unusable }))
+            Ok(Some(Restored { latest_unusable: Some(latest), ..r }))
         }
         Err(CheckpointError::Io { source, .. })
             if missing && source.kind() == io::ErrorKind::NotFound =>
@@ -288,6 +317,8 @@ pub fn restore_checkpoint(
         Err(CheckpointError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
             Err(latest)
         }
+        // A configuration matter: what is wrong with the latest is beside the point.
+        Err(e @ CheckpointError::OtherLayout { .. }) => Err(e),
         Err(previous) => Err(CheckpointError::BothUnusable {
             latest: Box::new(latest),
             previous: Box::new(previous),
@@ -1020,7 +1051,7 @@ mod tests {
         let path = dir.join("shard0.ckpt");
         let (prev, aside) = (previous_generation(&path), unusable_generation(&path));
         let meta = |seq| CheckpointMeta { shard: 0, shards: 1, update_seq: seq, created_ms: 1 };
-        assert!(restore_checkpoint(&path, &specs()).unwrap().is_none(), "nothing yet");
+        assert!(restore_checkpoint(&path, &specs(), (0, 1)).unwrap().is_none(), "nothing yet");
         let older = filled();
         write_checkpoint(&path, &older, &[], &meta(1)).unwrap();
         assert!(!prev.exists(), "a first checkpoint has no previous generation");
@@ -1028,7 +1059,7 @@ mod tests {
         let t = newer.get(0).unwrap();
         t.push(&[5, 6, 7], &vec![0.5; 3 * t.dim()], None).unwrap();
         write_checkpoint(&path, &newer, &[], &meta(2)).unwrap();
-        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        let r = restore_checkpoint(&path, &specs(), (0, 1)).unwrap().unwrap();
         assert_eq!(
             (r.meta.update_seq, r.from.as_path(), r.latest_unusable.is_none()),
             (2, path.as_path(), true)
@@ -1041,7 +1072,7 @@ mod tests {
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0x40;
         fs::write(&path, &bytes).unwrap();
-        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        let r = restore_checkpoint(&path, &specs(), (0, 1)).unwrap().unwrap();
         assert_eq!((r.meta.update_seq, r.from.as_path()), (1, prev.as_path()));
         assert!(
             matches!(r.latest_unusable, Some(CheckpointError::Checksum { .. })),
@@ -1057,12 +1088,12 @@ mod tests {
         // A crash between the two renames: the latest is missing, the new one whole under
         // its temporary name; the restore finishes the write.
         fs::rename(&path, temporary(&path)).unwrap();
-        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        let r = restore_checkpoint(&path, &specs(), (0, 1)).unwrap().unwrap();
         assert_eq!((r.from.as_path(), r.meta.update_seq), (path.as_path(), 3));
         assert!(path.exists() && !temporary(&path).exists());
         // Without the temporary file: the previous generation.
         fs::remove_file(&path).unwrap();
-        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        let r = restore_checkpoint(&path, &specs(), (0, 1)).unwrap().unwrap();
         assert_eq!(r.from, prev);
 
         // Corruption where the body parses as something else (here a table's name): found
@@ -1071,7 +1102,7 @@ mod tests {
         let mut bytes = fs::read(&path).unwrap();
         bytes[CHECKPOINT_HEADER_LEN + 2] ^= 0x01;
         fs::write(&path, &bytes).unwrap();
-        let r = restore_checkpoint(&path, &specs()).unwrap().unwrap();
+        let r = restore_checkpoint(&path, &specs(), (0, 1)).unwrap().unwrap();
         assert!(
             matches!(r.latest_unusable, Some(CheckpointError::Checksum { .. })),
             "{:?}",
@@ -1086,7 +1117,7 @@ mod tests {
         let hcrc = crc32fast::hash(&bytes[..56]);
         bytes[56..60].copy_from_slice(&hcrc.to_le_bytes());
         fs::write(&path, &bytes).unwrap();
-        let e = restore_checkpoint(&path, &specs()).unwrap_err();
+        let e = restore_checkpoint(&path, &specs(), (0, 1)).unwrap_err();
         assert!(matches!(e, CheckpointError::NewerVersion(_)), "{e}");
         assert!(path.exists(), "left where it is");
 
@@ -1097,7 +1128,7 @@ mod tests {
             b.truncate(b.len() - 5);
             fs::write(p, &b).unwrap();
         }
-        let e = restore_checkpoint(&path, &specs()).unwrap_err();
+        let e = restore_checkpoint(&path, &specs(), (0, 1)).unwrap_err();
         assert!(matches!(e, CheckpointError::BothUnusable { .. }), "{e}");
         assert!(e.to_string().contains("previous generation"), "{e}");
 
@@ -1106,9 +1137,29 @@ mod tests {
         write_checkpoint(&path, &newer, &[], &meta(6)).unwrap();
         let mut other = specs();
         other[0].dim = 9;
-        let e = restore_checkpoint(&path, &other).unwrap_err();
+        let e = restore_checkpoint(&path, &other, (0, 1)).unwrap_err();
         assert!(matches!(e, CheckpointError::Mismatch(_)), "{e}");
         assert!(path.exists(), "left where it is");
+
+        // Another shard's or shard count's checkpoint: no fallback, nothing moved, also when
+        // the latest is corrupt and only the previous generation says whose it is (before,
+        // the latest was moved aside before its caller checked the layout, and the start
+        // then stopped with the file gone from its place).
+        let e = restore_checkpoint(&path, &specs(), (1, 2)).unwrap_err();
+        assert!(
+            matches!(e, CheckpointError::OtherLayout { written: (0, 1), want: (1, 2), .. }),
+            "{e}"
+        );
+        let mut bytes = fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        let _ = fs::remove_file(&aside);
+        let e = restore_checkpoint(&path, &specs(), (1, 2)).unwrap_err();
+        assert!(matches!(e, CheckpointError::OtherLayout { .. }), "{e}");
+        assert!(path.exists() && !aside.exists(), "left where it is");
+        let r = restore_checkpoint(&path, &specs(), (0, 1)).unwrap().unwrap();
+        assert_eq!((r.from.as_path(), r.meta.update_seq), (prev.as_path(), 5));
     }
 
     #[test]

@@ -38,8 +38,9 @@
 //!   the optimizer per key in order (duplicate keys are applied once per occurrence; the
 //!   fan-out planner sums them before sending). It can copy the resulting rows out for
 //!   replication.
-//! - [`Table::apply_replica`] overwrites values with the training pod's results, leaving
-//!   optimizer state alone (replicas converge to the same bits).
+//! - [`Table::apply_replica_state_le`] stores the training pod's whole versioned rows
+//!   (values, optimizer state, steps) over older ones, so replicas converge to the same bits
+//!   whatever order copies arrive in.
 //! - A fetch concurrent with a push of the same key sees the row before or after the whole
 //!   update of that key, never half of it.
 //!
@@ -860,29 +861,16 @@ impl Table {
         n
     }
 
-    /// Replicas: overwrite the values of `keys` with `rows` (`keys.len() × dim`), creating
-    /// rows as needed; optimizer state is left alone. Returns the number of keys applied.
+    /// Overwrites the values of `keys` with `rows` (`keys.len() × dim`), creating rows as
+    /// needed; optimizer state and versions are left alone. Returns the number of keys
+    /// applied. Models and tests only: servers copy whole versioned rows
+    /// ([`apply_replica_state_le`](Self::apply_replica_state_le)), which apply only over
+    /// older ones.
     pub fn apply_replica(&self, keys: &[u64], rows: &[f32]) -> Result<usize, TableError> {
         let dim = self.dim();
         Self::check_len("rows", keys.len().checked_mul(dim), rows.len())?;
         let row = |i: usize, out: &mut [f32]| out.copy_from_slice(&rows[i * dim..(i + 1) * dim]);
         Ok(self.replica_rows(keys.iter().copied(), row))
-    }
-
-    /// [`apply_replica`](Self::apply_replica) straight from a Replicate frame.
-    pub fn apply_replica_le(
-        &self,
-        keys: LeU64s<'_>,
-        rows: LeF32s<'_>,
-    ) -> Result<usize, TableError> {
-        let dim = self.dim();
-        Self::check_len("rows", keys.len().checked_mul(dim), rows.len())?;
-        let row = |i: usize, out: &mut [f32]| {
-            if let Some(r) = rows.row(i, dim) {
-                r.copy_to(out);
-            }
-        };
-        Ok(self.replica_rows(keys.iter(), row))
     }
 
     /// Whole rows of `keys` as Replicate with [`flags::STATE`](bex_ps_proto::wire::flags::STATE)

@@ -62,9 +62,16 @@ impl Server {
         let err = |s: Status, m: String| wire::error_response_vec(Some(h.op), s, h.seq, &m);
         match h.op {
             Op::Fetch | Op::Push | Op::Replicate => {
-                let t = match self.tables.resolve(h.table, h.dim) {
-                    Ok(t) => t,
-                    Err(e) => return err(e.status(), e.to_string()),
+                // A Replicate carries whole rows: the table's state width.
+                let t = match h.op {
+                    Op::Replicate => match self.tables.get(h.table) {
+                        Some(t) if t.state_width() == h.dim as usize => t,
+                        _ => return err(Status::WrongDim, "not a table's whole rows".into()),
+                    },
+                    _ => match self.tables.resolve(h.table, h.dim) {
+                        Ok(t) => t,
+                        Err(e) => return err(e.status(), e.to_string()),
+                    },
                 };
                 match h.op {
                     Op::Fetch => {
@@ -77,6 +84,16 @@ impl Server {
                     }
                     Op::Push if !self.training => {
                         err(Status::NotTraining, "not the training pod".into())
+                    }
+                    Op::Replicate => {
+                        // Versioned whole rows apply only over older ones: a retry changes
+                        // nothing, whatever dedupe says.
+                        t.apply_replica_state_le(req.keys, req.values).unwrap();
+                        self.dedupe.admit(h.client, h.seq);
+                        let mut out = vec![0u8; wire::RESPONSE_HEADER_LEN];
+                        wire::encode_status_into(&mut out, Some(h.op), Status::Ok, h.seq, h.count)
+                            .unwrap();
+                        out
                     }
                     _ => {
                         // Validate fully, then dedupe, then apply.
@@ -101,25 +118,22 @@ impl Server {
                                 return err(Status::TooOld, "beyond the dedupe window".into())
                             }
                         }
-                        if h.op == Op::Push {
-                            let mut rows = vec![0f32; req.values.len()];
-                            t.push_le(req.keys, req.values, Some(&mut rows)).unwrap();
-                            self.replication_seq += 1;
-                            let hdr = DataHeader {
-                                table: h.table,
-                                dim: h.dim,
-                                client: 0xF00D,
-                                seq: self.replication_seq,
-                                flags: 0,
-                            };
-                            let keys = req.keys.to_vec();
-                            let mut frame =
-                                vec![0u8; wire::push_request_len(keys.len(), h.dim as usize)];
-                            wire::encode_replicate_into(&mut frame, &hdr, &keys, &rows).unwrap();
-                            self.outbox.push(frame);
-                        } else {
-                            t.apply_replica_le(req.keys, req.values).unwrap();
-                        }
+                        t.push_le(req.keys, req.values, None).unwrap();
+                        self.replication_seq += 1;
+                        let width = t.state_width();
+                        let keys = req.keys.to_vec();
+                        let mut rows = vec![0f32; keys.len() * width];
+                        t.read_state_into(&keys, &mut rows).unwrap();
+                        let hdr = DataHeader {
+                            table: h.table,
+                            dim: width as u32,
+                            client: 0xF00D,
+                            seq: self.replication_seq,
+                            flags: flags::STATE,
+                        };
+                        let mut frame = vec![0u8; wire::push_request_len(keys.len(), width)];
+                        wire::encode_replicate_into(&mut frame, &hdr, &keys, &rows).unwrap();
+                        self.outbox.push(frame);
                         let mut out = vec![0u8; wire::RESPONSE_HEADER_LEN];
                         wire::encode_status_into(&mut out, Some(h.op), Status::Ok, h.seq, h.count)
                             .unwrap();
@@ -253,8 +267,9 @@ fn replicate(cluster: &mut [Vec<Server>]) {
         for frame in server.outbox.drain(..) {
             for pod in others.iter_mut() {
                 assert_eq!(status(&pod[s].handle(&frame)), Status::Ok);
-                // A retried Replicate frame is a Duplicate, not a second application.
-                assert_eq!(status(&pod[s].handle(&frame)), Status::Duplicate);
+                // A retried Replicate frame applies nothing new (its rows' versions are not
+                // newer); the fetch after replication checks the rows are the push's.
+                assert_eq!(status(&pod[s].handle(&frame)), Status::Ok);
             }
         }
     }

@@ -76,10 +76,12 @@ pub mod flags {
     pub const NO_CREATE: u16 = 1 << 0;
     /// The sender is retrying this (client, seq); informational (dedupe does not depend on it).
     pub const RETRY: u16 = 1 << 1;
-    /// Replicate: each row of the value array is the table's whole row — `stride` f32
-    /// (values, then optimizer state) and then the row's step count as the bits of one more
-    /// element — so `dim` is the table's stride + 1 (at most 3 × the dimension limit + 1) and
-    /// replicas hold the optimizer state too.
+    /// Replicate, always (and only): each row of the value array is the table's whole row —
+    /// `stride` f32 (values, then optimizer state), then the row's step count and its
+    /// version (low, high 32 bits) as the bits of three more elements — so `dim` is the
+    /// table's stride + [`STATE_EXTRA_WORDS`](crate::spec::STATE_EXTRA_WORDS) (at most 3 × the
+    /// dimension limit + 3), and a copy applies only over an older version of its row.
+    /// Values-only copies were dropped: they overwrote rows with no version check.
     pub const STATE: u16 = 1 << 2;
     /// Every defined flag; decoders reject others.
     pub const ALL: u16 = NO_CREATE | RETRY | STATE;
@@ -265,8 +267,9 @@ pub enum WireError {
     /// The status byte names no [`Status`].
     #[error("unknown status {0}")]
     UnknownStatus(u8),
-    /// Flags outside [`flags::ALL`] are set, or a reserved byte is not zero.
-    #[error("undefined flags or reserved bits {0:#x}")]
+    /// Flags outside [`flags::ALL`] are set, [`flags::STATE`] is set on an op other than
+    /// Replicate or missing from a Replicate, or a reserved byte is not zero.
+    #[error("flags or reserved bits {0:#x} undefined or wrong for the op")]
     BadFlags(u32),
     /// The frame exceeds [`Limits::max_frame_bytes`].
     #[error("frame of {len} bytes exceeds the limit of {max}")]
@@ -542,8 +545,8 @@ impl RequestHeader {
         let op = Op::from_u8(buf[5]).ok_or(WireError::UnknownOp(buf[5]))?;
         let flags = rd_u16(buf, 6);
         // Whole rows exist only in Replicate (found by the ps_wire fuzz target: a Fetch with
-        // STATE got the wider dimension limit).
-        if flags & !flags::ALL != 0 || (flags & flags::STATE != 0 && op != Op::Replicate) {
+        // STATE got the wider dimension limit), and a Replicate carries nothing else.
+        if flags & !flags::ALL != 0 || (flags & flags::STATE != 0) != (op == Op::Replicate) {
             return Err(WireError::BadFlags(flags.into()));
         }
         Ok(RequestHeader {
@@ -666,15 +669,17 @@ pub fn encode_push_into(
     encode_values_into(buf, Op::Push, h, keys, grads)
 }
 
-/// Encodes a Replicate request (`rows` = resulting values, `keys.len() × dim`) into `buf`;
-/// returns the frame length.
+/// Encodes a Replicate request of whole rows (`rows`: `keys.len() × dim`, `dim` the table's
+/// state width; see [`flags::STATE`], which the header gets) into `buf`; returns the frame
+/// length.
 pub fn encode_replicate_into(
     buf: &mut [u8],
     h: &DataHeader,
     keys: &[u64],
     rows: &[f32],
 ) -> Result<usize, WireError> {
-    encode_values_into(buf, Op::Replicate, h, keys, rows)
+    let h = DataHeader { flags: h.flags | flags::STATE, ..*h };
+    encode_values_into(buf, Op::Replicate, &h, keys, rows)
 }
 
 /// Encodes a control request (`op` not a data op) whose body is `msg` in postcard; returns
@@ -1207,15 +1212,22 @@ mod tests {
         f[12..16].copy_from_slice(&wide.to_le_bytes());
         f[6..8].copy_from_slice(&0u16.to_le_bytes());
         assert!(
-            matches!(decode_request(&f, &big), Err(WireError::BadDim { .. })),
+            matches!(decode_request(&f, &big), Err(WireError::BadFlags(_))),
             "not without STATE"
         );
         // STATE on another op is refused, whatever the dimension.
         let mut p = vec![0u8; push_request_len(2, 3)];
         let h = DataHeader { table: 0, dim: 3, client: 1, seq: 1, flags: 0 };
         encode_push_into(&mut p, &h, &keys, &[1.0; 6]).unwrap();
-        p[6..8].copy_from_slice(&flags::STATE.to_le_bytes());
+        assert!(decode_request(&p, &lim).is_ok());
+        let mut s = p.clone();
+        s[6..8].copy_from_slice(&flags::STATE.to_le_bytes());
+        assert!(matches!(decode_request(&s, &lim), Err(WireError::BadFlags(_))));
+        // A Replicate of values only (no version to order it by) is refused.
+        p[5] = Op::Replicate as u8;
         assert!(matches!(decode_request(&p, &lim), Err(WireError::BadFlags(_))));
+        p[6..8].copy_from_slice(&flags::STATE.to_le_bytes());
+        assert!(decode_request(&p, &lim).is_ok());
         // count disagreeing with body_len.
         let mut b = buf.clone();
         b[16..20].copy_from_slice(&3u32.to_le_bytes());

@@ -233,7 +233,8 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
             })
         });
     let restored = if restore {
-        checkpoint::restore_checkpoint(&ckpt, &specs).unwrap_or_else(|e| {
+        let layout = (args.shard, topo.shards());
+        checkpoint::restore_checkpoint(&ckpt, &specs, layout).unwrap_or_else(|e| {
             die(
                 1,
                 &format!(
@@ -247,18 +248,6 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
         None
     };
     let (tables, update_seq, dedupe_windows, restored) = match restored {
-        Some(r) if (r.meta.shard, r.meta.shards) != (args.shard, topo.shards()) => die(
-            1,
-            &format!(
-                "checkpoint {} was written by shard {} of {}, this is shard {} of {}: its \
-                 rows belong to another layout (move it away to start empty)",
-                r.from.display(),
-                r.meta.shard,
-                r.meta.shards,
-                args.shard,
-                topo.shards()
-            ),
-        ),
         Some(r) => {
             if let Some(why) = &r.latest_unusable {
                 // Older rows than the latest checkpoint held: the training pod catches up

@@ -1146,9 +1146,9 @@ impl PsServer {
                 "only the training pod applies pushes",
             );
         }
-        // Rows flow from the training pod only: a Replicate to it could overwrite its rows
-        // (values-only, no version check) or plant a push identity in its dedupe window, so
-        // that push, when it came, would be answered Duplicate and never applied.
+        // Rows flow from the training pod only: a Replicate to it could plant a push
+        // identity in its dedupe window, so that push, when it came, would be answered
+        // Duplicate and never applied.
         if op == Op::Replicate && self.role == Role::Training {
             return self.error(
                 Some(op),
@@ -1183,9 +1183,10 @@ impl PsServer {
         let Some(t) = table(h.table) else {
             return self.error(Some(op), Status::UnknownTable, seq, "no such table");
         };
-        // A Replicate with whole rows carries the table's stride, steps and version.
-        let state = op == Op::Replicate && h.flags & wire::flags::STATE != 0;
-        let want = if state { t.state_width() } else { t.dim() };
+        // A Replicate carries whole rows (the wire refuses it without STATE): the table's
+        // stride, steps and version.
+        let whole_rows = op == Op::Replicate;
+        let want = if whole_rows { t.state_width() } else { t.dim() };
         if want != h.dim as usize {
             return self.error(
                 Some(op),
@@ -1194,7 +1195,7 @@ impl PsServer {
                 "dimension differs from the table's",
             );
         }
-        if state {
+        if whole_rows {
             return self.apply_whole_rows(t, v);
         }
         // Validated before admission (the dedupe contract): a push admitted and then
@@ -1210,28 +1211,19 @@ impl PsServer {
         let verdict = {
             let verdict = self.dedupe.admit(h.client, seq);
             if verdict == Verdict::New {
-                let applied = if op == Op::Replicate {
-                    t.apply_replica_le(v.keys, v.values)
-                } else {
-                    // A row's version is the time of its last push (bounded tables keep
-                    // the most recent rows, and every pod orders them alike by it).
-                    t.raise_version_floor(self.push_clock.now());
-                    t.push_le(v.keys, v.values, None)
-                };
-                if let Err(e) = applied {
+                // A row's version is the time of its last push (bounded tables keep the most
+                // recent rows, and every pod orders them alike by it).
+                t.raise_version_floor(self.push_clock.now());
+                if let Err(e) = t.push_le(v.keys, v.values, None) {
                     return self.error(Some(op), Status::BadValue, seq, &e.to_string());
                 }
                 self.update_seq.fetch_add(1, Ordering::AcqRel);
             }
             verdict
         };
-        let push = PendingPush {
-            table: h.table,
-            keys: if op == Op::Push { v.keys.iter().collect() } else { Vec::new() },
-            client: h.client,
-            seq,
-        };
-        if op == Op::Push && verdict == Verdict::New && self.push_ack == PushAck::Applied {
+        let push =
+            PendingPush { table: h.table, keys: v.keys.iter().collect(), client: h.client, seq };
+        if verdict == Verdict::New && self.push_ack == PushAck::Applied {
             // Queued under the gate: a drain that holds it next sees this push.
             self.queue_for_replicas(push.clone(), h.dim, None);
         }
@@ -1249,10 +1241,6 @@ impl PsServer {
                     "sequence older than the dedupe window",
                 );
             }
-        }
-        if op == Op::Replicate {
-            let status = if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
-            return self.status(op, status, seq, h.count);
         }
         if verdict == Verdict::New {
             self.metrics.pushed_keys.add(u64::from(h.count));

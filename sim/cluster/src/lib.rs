@@ -333,7 +333,8 @@ impl Cluster {
     /// Starts the shard from its checkpoint (written by [`Cluster::stop_gracefully`]).
     async fn start_restored(&mut self, pod: u32, shard: u32) -> Result<(), String> {
         let path = self.cfg.checkpoint_path(pod, shard);
-        let r = bex_ps_core::checkpoint::restore_checkpoint(&path, &self.cfg.table_specs())
+        let layout = (shard, self.cfg.cluster.shards);
+        let r = bex_ps_core::checkpoint::restore_checkpoint(&path, &self.cfg.table_specs(), layout)
             .map_err(|e| format!("restoring pod {pod} shard {shard}: {e}"))?
             .ok_or_else(|| format!("restoring pod {pod} shard {shard}: no checkpoint"))?;
         let restored =
