@@ -39,6 +39,7 @@ pub mod sim;
 pub mod simio;
 pub mod stack;
 pub mod tcp;
+pub(crate) mod undo;
 
 pub use any::{Socket, Transport, TransportKind};
 pub use bex_rnic::verbs::Mtu;

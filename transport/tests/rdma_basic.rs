@@ -168,26 +168,18 @@ async fn detached_sends_arrive_in_order_and_free_their_queue_slots() {
     let _b = tokio::time::timeout(Duration::from_secs(30), server).await.unwrap().unwrap();
 }
 
-/// A bootstrap cut after the proofs (the ready bytes lost, as when a caller's connect
-/// deadline cancels it) ends the engines both sides hosted: left on, they lived unseen by any
-/// connection table, and when one died its CQ place was given back a second time, the count
-/// wrapped, and the server refused every later peer with "every endpoint's CQ is full".
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
+/// A proxy to `target` for one bootstrap: it forwards the hellos and proofs each way
+/// (58 + 32 bytes), then nothing more; it closes both connections then, or with `hold`
+/// hands them back open. Returns the address to connect to.
+async fn proofs_only_proxy(
+    target: std::net::SocketAddr,
+    hold: bool,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<Option<[tokio::net::TcpStream; 2]>>) {
     use tokio::io::AsyncReadExt;
-    let quick = Config {
-        keepalive_interval: Duration::from_millis(20),
-        keepalive_timeout: Duration::from_millis(200),
-        ..Config::default()
-    };
-    let (server, _ds) = rdma(quick.clone()).await;
-    let (client, _dc) = rdma(quick.clone()).await;
-    // Forwards the hellos and proofs each way (58 + 32 bytes), then closes both sides.
     const HELLO_AND_PROOF: u64 = 8 + 16 + bex_rnic::bootstrap::ENDPOINT_LEN as u64 + 26 + 32;
     let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let proxy_addr = proxy.local_addr().unwrap();
-    let target = server.local_addr();
-    let cut = tokio::spawn(async move {
+    let addr = proxy.local_addr().unwrap();
+    let task = tokio::spawn(async move {
         let (a, _) = proxy.accept().await.unwrap();
         let b = tokio::net::TcpStream::connect(target).await.unwrap();
         let ((mut ar, mut aw), (mut br, mut bw)) = (a.into_split(), b.into_split());
@@ -195,7 +187,27 @@ async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
         let down = async { tokio::io::copy(&mut (&mut br).take(HELLO_AND_PROOF), &mut aw).await };
         let (u, d) = tokio::join!(up, down);
         assert_eq!((u.unwrap(), d.unwrap()), (HELLO_AND_PROOF, HELLO_AND_PROOF));
+        hold.then(|| [ar.reunite(aw).unwrap(), br.reunite(bw).unwrap()])
     });
+    (addr, task)
+}
+
+/// A bootstrap cut after the proofs (the ready bytes lost, as when a caller's connect
+/// deadline cancels it) ends the engines both sides hosted: left on, they lived unseen by any
+/// connection table, and when one died its CQ place was given back a second time, the count
+/// wrapped, and the server refused every later peer with "every endpoint's CQ is full".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
+    let quick = Config {
+        keepalive_interval: Duration::from_millis(20),
+        keepalive_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (server, _ds) = rdma(quick.clone()).await;
+    let (client, _dc) = rdma(quick.clone()).await;
+    // The hellos and proofs go through, then both sides are closed.
+    let target = server.local_addr();
+    let (proxy_addr, cut) = proofs_only_proxy(target, false).await;
     let attempt = tokio::time::timeout(Duration::from_secs(10), client.connect(proxy_addr)).await;
     assert!(attempt.expect("the cut bootstrap ends").is_err(), "no ready byte: no connection");
     cut.await.unwrap();
@@ -219,28 +231,14 @@ async fn a_bootstrap_cut_before_the_ready_byte_leaves_no_engine_behind() {
 /// authenticated and then stalled (a slow host) was counted as refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootstrap_that_times_out_counts_as_refused_only_before_the_proof() {
-    use tokio::io::AsyncReadExt;
     let quick = Config { connect_timeout: Duration::from_millis(300), ..Config::default() };
     let (server, _ds) = rdma(quick.clone()).await;
     let (client, _dc) = rdma(Config::default()).await;
     // A stranger: connects, says nothing.
     let stranger = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
-    // A peer with the secret whose hellos and proofs go through, then nothing more.
-    const HELLO_AND_PROOF: u64 = 8 + 16 + bex_rnic::bootstrap::ENDPOINT_LEN as u64 + 26 + 32;
-    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let proxy_addr = proxy.local_addr().unwrap();
-    let target = server.local_addr();
-    let stall = tokio::spawn(async move {
-        let (a, _) = proxy.accept().await.unwrap();
-        let b = tokio::net::TcpStream::connect(target).await.unwrap();
-        let ((mut ar, mut aw), (mut br, mut bw)) = (a.into_split(), b.into_split());
-        let up = async { tokio::io::copy(&mut (&mut ar).take(HELLO_AND_PROOF), &mut bw).await };
-        let down = async { tokio::io::copy(&mut (&mut br).take(HELLO_AND_PROOF), &mut aw).await };
-        let (u, d) = tokio::join!(up, down);
-        assert_eq!((u.unwrap(), d.unwrap()), (HELLO_AND_PROOF, HELLO_AND_PROOF));
-        // Both connections stay open, silent.
-        (ar, aw, br, bw)
-    });
+    // A peer with the secret whose hellos and proofs go through, then nothing more (both
+    // connections held open, silent).
+    let (proxy_addr, stall) = proofs_only_proxy(server.local_addr(), true).await;
     let attempt = tokio::time::timeout(Duration::from_secs(10), client.connect(proxy_addr)).await;
     assert!(attempt.expect("the stalled bootstrap ends").is_err(), "no connection");
     let _held = stall.await.unwrap();

@@ -10,8 +10,8 @@
 //! every place for `connect_timeout`, renewably. Now a stranger costs a task and a TCP socket
 //! until its proof is due, within [`crate::auth::MAX_HANDSHAKES`] (and its share per source).
 
-use super::placement::PlacedEngine;
 use super::*;
+use crate::undo::Undo;
 use bex_rnic::verbs::Mtu;
 
 struct Hello {
@@ -81,26 +81,6 @@ fn role(initiator: bool) -> Role {
     }
 }
 
-/// Counts an inbound bootstrap as refused when it ends, however, before [`proven`](Self::proven).
-struct Unproven<'a> {
-    counters: &'a Counters,
-    armed: bool,
-}
-
-impl Unproven<'_> {
-    fn proven(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Unproven<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            Counters::add(&self.counters.bootstrap_refused, 1);
-        }
-    }
-}
-
 impl<D: Device + 'static> FactoryImpl<D> {
     pub(super) async fn bootstrap(
         &self,
@@ -124,7 +104,11 @@ impl<D: Device + 'static> FactoryImpl<D> {
         // the listener's timeout (which drops this future: hence a guard). A cancelled
         // outbound bootstrap is this side's doing; an outbound one refused by what the peer
         // sent counts. Once the peer has proven itself, a failure is no refusal.
-        let unproven = Unproven { counters: &self.counters, armed: !initiator };
+        let unproven = Undo::new(|| {
+            if !initiator {
+                Counters::add(&self.counters.bootstrap_refused, 1);
+            }
+        });
         let refuse = |why: &str| {
             if initiator {
                 Counters::add(&self.counters.bootstrap_refused, 1);
@@ -148,7 +132,7 @@ impl<D: Device + 'static> FactoryImpl<D> {
         if !verify(&self.cfg.secret, PROOF_LABEL, role(initiator).peer(), hi, ha, &their_proof) {
             return Err(refuse("the peer does not have the cluster's shared secret"));
         }
-        unproven.proven();
+        unproven.done();
         // From here on, a MAC that does not check is the peer's fault whichever side it is.
         let refuse = |why: &str| {
             Counters::add(&self.counters.bootstrap_refused, 1);
@@ -156,7 +140,10 @@ impl<D: Device + 'static> FactoryImpl<D> {
         };
         // The peer is authenticated: only now a place and a QP.
         let endpoint = self.place_engine()?;
-        let placed = PlacedEngine { counts: self.engine_counts.clone(), endpoint, keep: false };
+        // Given back unless the endpoint takes the engine (and with it the place).
+        let placed = Undo::new(|| {
+            self.engine_counts[endpoint].fetch_sub(1, Ordering::AcqRel);
+        });
         let cq = &self.cqs[endpoint];
         let caps = QpCaps {
             max_send_wr: self.cfg.sq_depth,
@@ -231,36 +218,14 @@ impl<D: Device + 'static> FactoryImpl<D> {
         // peer's ready byte, a failed or cancelled bootstrap ends the engine: left hosted, it
         // would live on, known to no connection table, and give its place back a second time
         // when it died (the count wrapping, every later bootstrap refused as "CQ full").
-        placed.keep();
-        let hosted = Unconfirmed { driven, qpn, confirmed: false };
+        placed.done();
+        let hosted = Undo::new(|| driven.ep.lock().abandon_engine(qpn));
         stream.write_all(&[1]).await?;
         let mut ready = [0u8; 1];
         stream.read_exact(&mut ready).await?;
-        hosted.confirm();
+        hosted.done();
         Counters::add(&self.counters.engines_up, 1);
         Ok((peer, EngineRef { endpoint, qpn }))
-    }
-}
-
-/// An engine hosted by a bootstrap that has not yet read the peer's ready byte: ended on drop
-/// unless confirmed.
-struct Unconfirmed<'a, D: Device> {
-    driven: &'a Driven<D>,
-    qpn: u32,
-    confirmed: bool,
-}
-
-impl<D: Device> Unconfirmed<'_, D> {
-    fn confirm(mut self) {
-        self.confirmed = true;
-    }
-}
-
-impl<D: Device> Drop for Unconfirmed<'_, D> {
-    fn drop(&mut self) {
-        if !self.confirmed {
-            self.driven.ep.lock().abandon_engine(self.qpn);
-        }
     }
 }
 

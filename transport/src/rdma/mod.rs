@@ -35,6 +35,7 @@ use crate::log_limit::{accept, LogLimit, WARN_EVERY};
 use crate::msg::{Msg, Payload, SharedMsg};
 use crate::proto::HEADER_LEN;
 use crate::recv::RecvRing;
+use crate::undo::Undo;
 
 /// The hello's magic and version, which also versions the engine header (2: standing
 /// grants). 3: the hello carries `eager_max` and the path MTU (peers
@@ -362,10 +363,12 @@ impl RdmaTransport {
         ctl.apply(Cmd::Open { engine: engine.qpn, socket: id, inbox: tx, reply })?;
         // Closed again unless handed out: on a timeout, and when the caller drops this
         // future (its own deadline), which left the socket open on both sides for good.
-        let opening = Opening { ctl: ctl.as_ref(), socket: id, handed_out: false };
+        let opening = Undo::new(|| {
+            let _ = ctl.apply(Cmd::Close { socket: id });
+        });
         match tokio::time::timeout(self.inner.cfg.connect_timeout, done).await {
             Ok(Ok(Ok(()))) => {
-                opening.hand_out();
+                opening.done();
                 Ok(self.socket(id, engine.endpoint, rx, addr))
             }
             Ok(Ok(Err(e))) => Err(e),
@@ -430,26 +433,5 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// A socket this side asked to open, closed on drop unless handed to the caller.
-struct Opening<'a> {
-    ctl: &'a dyn Control,
-    socket: u32,
-    handed_out: bool,
-}
-
-impl Opening<'_> {
-    fn hand_out(mut self) {
-        self.handed_out = true;
-    }
-}
-
-impl Drop for Opening<'_> {
-    fn drop(&mut self) {
-        if !self.handed_out {
-            let _ = self.ctl.apply(Cmd::Close { socket: self.socket });
-        }
     }
 }

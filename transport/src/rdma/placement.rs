@@ -3,27 +3,6 @@
 
 use super::*;
 
-/// An engine's place on an endpoint, given back unless the bootstrap completes.
-pub(super) struct PlacedEngine {
-    pub(super) counts: Arc<Vec<AtomicUsize>>,
-    pub(super) endpoint: usize,
-    pub(super) keep: bool,
-}
-
-impl PlacedEngine {
-    pub(super) fn keep(mut self) {
-        self.keep = true;
-    }
-}
-
-impl Drop for PlacedEngine {
-    fn drop(&mut self) {
-        if !self.keep {
-            self.counts[self.endpoint].fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
 impl<D: Device + 'static> FactoryImpl<D> {
     /// Completion entries one engine may need on its endpoint's CQ.
     pub(super) fn cq_entries_per_engine(&self) -> usize {
