@@ -236,7 +236,8 @@ fn server() -> Vec<Vec<u8>> {
     let admin: Vec<_> = pick(Op::Admin).collect();
     out.push(crate::encode_frames(&[pushes[0], pushes[0], fetches[0]]));
     out.push(crate::encode_frames(&[admin[1], pushes[1], admin[2], pushes[1], fetches[2]]));
-    out.push(crate::encode_frames(&[repls[0], fetches[0], admin[3], repls[0], fetches[0]]));
+    // repls[1]: whole rows (repls[0] is a values-only frame, refused).
+    out.push(crate::encode_frames(&[repls[1], fetches[0], admin[3], repls[1], fetches[0]]));
     out
 }
 

@@ -223,8 +223,9 @@ impl CheckpointError {
     }
 }
 
-/// Where a checkpoint of `path` is written before it is renamed into place.
-fn temporary(path: &Path) -> PathBuf {
+/// Where a checkpoint of `path` is written before it is renamed into place (a crash between
+/// the renames leaves the newest generation there alone: see [`restore_checkpoint`]).
+pub fn temporary(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_owned();
     name.push(".tmp");
     path.with_file_name(name)
@@ -292,14 +293,21 @@ pub fn restore_checkpoint(
     if missing {
         // A crash between the two renames of a write: the new checkpoint is whole (written
         // and synced) under its temporary name. Finish the write.
+        // A `.tmp` that is missing, cut short or corrupt (a crash while writing), or not a
+        // file at all, is passed over; one this build cannot read for another reason (a newer
+        // version, EIO, other tables or layout) stops the restore like a latest file would:
+        // it may be the newest.
         let tmp = temporary(path);
         match read(&tmp) {
             Ok(r) => {
                 fs::rename(&tmp, path).map_err(io_err(path))?;
+                sync_dir(path)?;
                 return Ok(Some(Restored { from: path.to_owned(), ..r }));
             }
-            Err(e @ CheckpointError::OtherLayout { .. }) => return Err(e),
-            Err(_) => {}
+            Err(e) if e.older_generation_may_do() => {}
+            Err(CheckpointError::Io { source, .. })
+                if source.kind() == io::ErrorKind::IsADirectory => {}
+            Err(e) => return Err(e),
         }
     }
     match read(&prev) {
@@ -324,6 +332,17 @@ pub fn restore_checkpoint(
             previous: Box::new(previous),
         }),
     }
+}
+
+/// The directory `path` is in.
+fn dir_of(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Makes renames into `path`'s directory durable.
+fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
+    let dir = dir_of(path);
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
@@ -364,7 +383,7 @@ pub fn write_checkpoint(
     windows: &[WindowState],
     meta: &CheckpointMeta,
 ) -> Result<CheckpointInfo, CheckpointError> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = dir_of(path);
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let tmp = temporary(path);
     let result = write_tmp(&tmp, tables, windows, meta);
@@ -389,8 +408,7 @@ pub fn write_checkpoint(
         let _ = fs::remove_file(&tmp);
         return Err(io_err(path)(e));
     }
-    // Make the rename durable.
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
+    sync_dir(path)?;
     Ok(CheckpointInfo { path: path.to_owned(), bytes, rows, body_crc32 })
 }
 
@@ -1120,6 +1138,13 @@ mod tests {
         let e = restore_checkpoint(&path, &specs(), (0, 1)).unwrap_err();
         assert!(matches!(e, CheckpointError::NewerVersion(_)), "{e}");
         assert!(path.exists(), "left where it is");
+        // The same under `.tmp` after a crash between the renames: it may be the newest
+        // generation, so no fallback to the previous one either.
+        fs::rename(&path, temporary(&path)).unwrap();
+        let e = restore_checkpoint(&path, &specs(), (0, 1)).unwrap_err();
+        assert!(matches!(e, CheckpointError::NewerVersion(_)), "{e}");
+        assert!(temporary(&path).exists() && !path.exists(), "left where it is");
+        fs::remove_file(temporary(&path)).unwrap();
 
         // Both unusable.
         write_checkpoint(&path, &newer, &[], &meta(4)).unwrap();

@@ -225,9 +225,12 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
     // `try_exists`, not `exists`: a checkpoint that cannot be looked at (permissions, I/O, a
     // file where its directory should be) must stop the start, not read as "none" and let
     // an empty shard serve and then overwrite it with its next checkpoint.
+    // `.tmp` too: a crash between a first checkpoint's two renames leaves the only
+    // generation there, which the next checkpoint would overwrite.
     let prev = checkpoint::previous_generation(&ckpt);
+    let tmp = checkpoint::temporary(&ckpt);
     let restore = cfg.server.restore_on_start
-        && [&ckpt, &prev].into_iter().any(|p| {
+        && [&ckpt, &prev, &tmp].into_iter().any(|p| {
             p.try_exists().unwrap_or_else(|e| {
                 die(1, &format!("checkpoint {}: cannot tell whether it exists: {e}", p.display()))
             })
@@ -235,14 +238,16 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
     let restored = if restore {
         let layout = (args.shard, topo.shards());
         checkpoint::restore_checkpoint(&ckpt, &specs, layout).unwrap_or_else(|e| {
-            die(
-                1,
-                &format!(
-                    "checkpoint {} is unusable: {e} (move it and {} away to start empty)",
-                    ckpt.display(),
-                    prev.display()
-                ),
-            )
+            // Moving a newer build's checkpoint away would serve nothing of it: run that build.
+            let advice = match e {
+                checkpoint::CheckpointError::NewerVersion(_) => {
+                    "run the build that wrote it".to_owned()
+                }
+                _ => {
+                    format!("move it, {} and {} away to start empty", prev.display(), tmp.display())
+                }
+            };
+            die(1, &format!("checkpoint {} is unusable: {e} ({advice})", ckpt.display()))
         })
     } else {
         None

@@ -21,11 +21,22 @@ pub const PROOF_LEN: usize = 32;
 /// bounded number of tasks and sockets until `connect_timeout` ends each.
 pub const MAX_HANDSHAKES: usize = 1024;
 
-/// Of [`MAX_HANDSHAKES`], how many one source address may hold (loopback excepted: every
-/// local process shares it, and a local stranger has the host already). One source could
-/// otherwise take every place for `connect_timeout`, renewably, and keep every peer out; a
-/// legitimate process opens far fewer connections to one transport at once.
+/// Of [`MAX_HANDSHAKES`], how many one source may hold: an IPv4 address, or an IPv6 /64 (one
+/// host commonly has a whole /64 to pick addresses from); loopback excepted, also as an
+/// IPv4-mapped IPv6 address on a dual-stack listener (every local process shares it, and a
+/// local stranger has the host already). One source could otherwise take every place for
+/// `connect_timeout`, renewably, and keep every peer out; a legitimate process opens far
+/// fewer connections to one transport at once.
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 128;
+
+/// The source whose share a connection from `from` counts against (`None`: loopback).
+fn source_of(from: IpAddr) -> Option<IpAddr> {
+    match from.to_canonical() {
+        ip if ip.is_loopback() => None,
+        IpAddr::V6(v6) => Some(IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into())),
+        v4 => Some(v4),
+    }
+}
 
 /// The places of inbound handshakes in progress: [`MAX_HANDSHAKES`] in all,
 /// [`MAX_HANDSHAKES_PER_SOURCE`] per source address.
@@ -72,7 +83,7 @@ impl HandshakeSlots {
     /// A place for a handshake from `from`, if there is one.
     pub(crate) fn try_take(&self, from: IpAddr) -> Result<HandshakeSlot, NoSlot> {
         let total = self.total.clone().try_acquire_owned().map_err(|_| NoSlot::Full)?;
-        let source = (!from.is_loopback()).then_some(from);
+        let source = source_of(from);
         if let Some(ip) = source {
             let mut held = self.per_source.lock();
             let n = held.entry(ip).or_default();
@@ -174,6 +185,19 @@ mod tests {
             .collect();
         assert_eq!(slots.try_take(b).err(), Some(NoSlot::Full));
         drop((local, other));
+        // Loopback mapped into IPv6 (a dual-stack listener) is loopback.
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let local: Vec<_> =
+            (0..MAX_HANDSHAKES_PER_SOURCE + 1).map(|_| slots.try_take(mapped).unwrap()).collect();
+        drop(local);
+        // One IPv6 /64 is one source, whichever of its addresses a connection comes from.
+        let in_64 = |i: u16| -> IpAddr { format!("2001:db8:0:1::{i:x}").parse().unwrap() };
+        let held: Vec<_> = (0..MAX_HANDSHAKES_PER_SOURCE as u16)
+            .map(|i| slots.try_take(in_64(i)).unwrap())
+            .collect();
+        assert_eq!(slots.try_take(in_64(999)).err(), Some(NoSlot::SourceFull));
+        assert!(slots.try_take("2001:db8:0:2::1".parse().unwrap()).is_ok(), "another /64");
+        drop(held);
     }
 
     #[test]
