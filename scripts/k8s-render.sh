@@ -54,6 +54,19 @@ for c in containers:
                 problems.append(f"{c['name']}: {k} {ref[k]['name']} is not in the tree")
     if not any(e["name"] == "BEX_SECRET" for e in c.get("env", [])):
         problems.append(f"{c['name']}: no BEX_SECRET")
+# An added capability reaches the effective set only of uid 0 (Kubernetes sets no ambient
+# capabilities): IPC_LOCK granted to the image's uid 10001 did nothing.
+for d in docs:
+    for p in pods(d):
+        for c in p["containers"]:
+            sc = c.get("securityContext", {})
+            if sc.get("capabilities", {}).get("add"):
+                uid = sc.get("runAsUser", p.get("securityContext", {}).get("runAsUser"))
+                if uid != 0:
+                    problems.append(f"{c['name']}: capabilities {sc['capabilities']['add']} "
+                                    f"added for uid {uid}, which never has them")
+                elif "ALL" not in sc["capabilities"].get("drop", []):
+                    problems.append(f"{c['name']}: runs as root without dropping ALL")
 statefulsets = [d for d in docs if d["kind"] == "StatefulSet"]
 services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
 if len(statefulsets) != 2:
