@@ -293,4 +293,51 @@ mod tests {
         assert_eq!(r.unwrap().as_slice(), b"abc");
         assert_eq!(stats.malformed_replies.load(Ordering::Relaxed), 2);
     }
+
+    // Replies matched by id, whatever a peer does with them: out of order, twice, to no call
+    // (a call given up on), or a request where a reply belongs. Each call gets its own reply
+    // once; nothing stale reaches a later call; nothing is left waiting.
+    #[tokio::test]
+    async fn replies_out_of_order_twice_or_to_no_call_reach_only_their_own_call() {
+        let stats = Arc::new(ClientStats::default());
+        let (ch, peer, pool, _transports) = pair(stats.clone()).await;
+        let reply = |kind: Kind, id: u64, body: &[u8]| {
+            let mut b = vec![0u8; HEADER_LEN + body.len()];
+            Header::reply(kind, 1, 0, id, body.len()).encode(&mut b);
+            b[HEADER_LEN..].copy_from_slice(body);
+            Msg::copy_from(pool, &b).unwrap()
+        };
+        let request = |m: &Msg| {
+            let id = Header::decode(m.as_slice()).unwrap().id;
+            (id, m.as_slice()[HEADER_LEN..].to_ascii_uppercase())
+        };
+        let answer = async {
+            let (r1, r2) = (peer.recv().await.unwrap(), peer.recv().await.unwrap());
+            let (first, second) = (request(&r1), request(&r2));
+            // The second first, then the first twice, a reply to no call, and a request.
+            peer.send(reply(Kind::Response, second.0, &second.1)).await.unwrap();
+            peer.send(reply(Kind::Response, first.0, &first.1)).await.unwrap();
+            peer.send(reply(Kind::Response, first.0, b"STALE")).await.unwrap();
+            peer.send(reply(Kind::Response, u64::MAX, b"NOBODY'S")).await.unwrap();
+            let mut req = vec![0u8; HEADER_LEN];
+            Header::request(1, first.0).encode(&mut req);
+            peer.send(Msg::copy_from(pool, &req).unwrap()).await.unwrap();
+            // A later call is answered with its own reply after all of that.
+            let (id, body) = request(&peer.recv().await.unwrap());
+            peer.send(reply(Kind::Response, id, &body)).await.unwrap();
+        };
+        let calls = async {
+            let deadline = Duration::from_secs(10);
+            let (a, b) = tokio::join!(ch.call(1, b"a", deadline), ch.call(1, b"b", deadline));
+            let c = ch.call(1, b"c", deadline).await;
+            (a, b, c)
+        };
+        let ((a, b, c), ()) = tokio::join!(calls, answer);
+        assert_eq!(a.unwrap().as_slice(), b"A");
+        assert_eq!(b.unwrap().as_slice(), b"B");
+        assert_eq!(c.unwrap().as_slice(), b"C", "nothing stale reaches a later call");
+        assert_eq!(ch.calls_waiting(), 0);
+        assert!(ch.broken().is_none(), "the channel serves on");
+        assert_eq!(stats.malformed_replies.load(Ordering::Relaxed), 0, "well-formed, only late");
+    }
 }
