@@ -1,20 +1,55 @@
 //! Leftovers of launchers that died without tearing down (SIGKILL, a crash): their network
 //! namespaces (`bex-<pid>-*`) and the processes they recorded in
-//! `<tmp>/bex-cluster/<pid>.pids`. Children normally die with the launcher (pdeathsig);
-//! this is for the rest (a process stuck in a namespace, a child that started while its
-//! parent was dying).
+//! `<pid>.pids` in the user's own record directory ([`state_dir`]). Children normally die
+//! with the launcher (pdeathsig); this is for the rest (a process stuck in a namespace, a
+//! child that started while its parent was dying).
 
-use std::path::PathBuf;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::unistd::{geteuid, Pid};
 
 use crate::plan::ns_owner;
 
-/// The directory of the launchers' records.
+/// The directory of this user's launchers' records: `$XDG_RUNTIME_DIR/bex-cluster`, else
+/// `<tmp>/bex-cluster-<uid>`. Per user and private ([`private_dir`]): the records name
+/// processes a later launcher kills, so one shared `/tmp/bex-cluster` let any local user
+/// plant a record (or a symlink) and have root's launcher SIGKILL any process or overwrite
+/// any file.
 pub fn state_dir() -> PathBuf {
-    std::env::temp_dir().join("bex-cluster")
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("bex-cluster"),
+        None => std::env::temp_dir().join(format!("bex-cluster-{}", geteuid())),
+    }
+}
+
+/// Creates `dir` (mode 0700) if missing, and checks it is a real directory owned by this
+/// user that nobody else may write to; an error says which check failed.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    let why = if !m.file_type().is_dir() {
+        Some("is not a directory (a symlink?)".to_owned())
+    } else if m.uid() != geteuid().as_raw() {
+        Some(format!("belongs to uid {}, not this user", m.uid()))
+    } else if m.mode() & 0o022 != 0 {
+        Some(format!("may be written by others (mode {:o})", m.mode() & 0o777))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("the launchers' record directory {} {why}: remove it", dir.display()),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Whether `pid` is a running `bex-cluster` (a pid reused by another program is not, nor
@@ -45,7 +80,7 @@ impl Record {
     /// The record of this launcher.
     pub fn new(launcher_pid: u32) -> std::io::Result<Record> {
         let dir = state_dir();
-        std::fs::create_dir_all(&dir)?;
+        private_dir(&dir)?;
         Ok(Record { path: dir.join(format!("{launcher_pid}.pids")), lines: Vec::new() })
     }
 
@@ -105,9 +140,23 @@ pub fn delete_namespace(ns: &str) -> Result<(), String> {
 /// Removes every leftover of dead launchers; returns what was done, one line each.
 pub fn stale() -> Vec<String> {
     let mut done = Vec::new();
-    if let Ok(dir) = std::fs::read_dir(state_dir()) {
+    let records = state_dir();
+    let readable = match private_dir(&records) {
+        Ok(()) => std::fs::read_dir(&records).ok(),
+        Err(e) => {
+            done.push(format!("records not read: {e}"));
+            None
+        }
+    };
+    if let Some(dir) = readable {
         for e in dir.flatten() {
             let path = e.path();
+            // Only this user's own regular files (the directory admits no one else's).
+            let ours = std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.file_type().is_file() && m.uid() == geteuid().as_raw());
+            if !ours {
+                continue;
+            }
             let Some(owner) = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -150,4 +199,42 @@ pub fn stale() -> Vec<String> {
         }
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// The record directory is made private, and one that is a symlink, writable by others
+    /// or another user's is refused (its records could name any process to kill).
+    #[test]
+    fn the_record_directory_must_be_this_users_and_private() {
+        let base = std::env::temp_dir().join(format!("bex-cleanup-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let dir = base.join("records");
+        private_dir(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "made private: {mode:o}");
+        private_dir(&dir).expect("an existing private directory is fine");
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&dir).unwrap_err();
+        assert!(e.to_string().contains("written by others"), "{e}");
+
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let e = private_dir(&link).unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+
+        // Another user's (as root, where the tests run in CI; elsewhere chown is refused).
+        let theirs = base.join("theirs");
+        std::fs::DirBuilder::new().mode(0o700).create(&theirs).unwrap();
+        if std::os::unix::fs::chown(&theirs, Some(12345), None).is_ok() {
+            let e = private_dir(&theirs).unwrap_err();
+            assert!(e.to_string().contains("uid 12345"), "{e}");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

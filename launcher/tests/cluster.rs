@@ -230,9 +230,14 @@ fn bad_overrides_are_usage_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ps-server not found"));
 }
 
-/// The pids in the launcher's record (`<tmp>/bex-cluster/<pid>.pids`).
+/// The launcher's record of its children.
+fn record_of(launcher: u32) -> PathBuf {
+    bex_launcher::cleanup::state_dir().join(format!("{launcher}.pids"))
+}
+
+/// The pids in the launcher's record.
 fn recorded(launcher: u32) -> Vec<u64> {
-    let path = std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids"));
+    let path = record_of(launcher);
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -330,7 +335,7 @@ fn sigterm_mid_run_tears_everything_down() {
     for c in clients {
         assert_eq!(c["report"]["stopped"], true, "{c:#}");
     }
-    assert!(!std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids")).exists());
+    assert!(!record_of(launcher).exists());
 }
 
 // `--die-with-parent` (what bex-exp passes): the launcher's parent killed by SIGKILL, the
@@ -439,8 +444,8 @@ fn cleanup_removes_leftovers_of_dead_launchers() {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", orphan.id())).unwrap();
     let start =
         stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_string();
-    let dir = std::env::temp_dir().join("bex-cluster");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = bex_launcher::cleanup::state_dir();
+    bex_launcher::cleanup::private_dir(&dir).unwrap();
     let record = dir.join(format!("{dead}.pids"));
     std::fs::write(&record, format!("{} {start} ranker-1\n", orphan.id())).unwrap();
     let ns = format!("bex-{dead}-sw");
@@ -538,7 +543,7 @@ fn sigkilled_launcher_leaves_nothing_after_cleanup() {
         }
         pause(20);
     }
-    assert!(!std::env::temp_dir().join(format!("bex-cluster/{launcher}.pids")).exists());
+    assert!(!record_of(launcher).exists());
     assert!(!alive(pids[2]));
 }
 

@@ -12,7 +12,7 @@
 //! except [`Guard::terminate`]'s grace period, which polls `try_wait` (there is no portable
 //! way to wait for a child with a timeout).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -134,8 +134,11 @@ impl Guard {
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             let _ = tx.send(lines.next());
+            // Not `eprintln!`, which panics on a closed stderr: the thread must keep
+            // draining the pipe whatever becomes of ours, or the child blocks writing.
+            let mut err = std::io::stderr();
             for line in lines.map_while(Result::ok) {
-                eprintln!("{name}: {line}");
+                let _ = writeln!(err, "{name}: {line}");
             }
         });
         match rx.recv_timeout(timeout) {

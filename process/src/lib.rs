@@ -355,4 +355,12 @@ pub mod exit {
         eprintln!("{tool}: {message}");
         std::process::exit(status.into())
     }
+
+    /// Creates (or empties) the report file `path` before a run, exiting 2 naming it when it
+    /// cannot be written: found at the end, a missing directory cost the whole run.
+    pub fn writable_output(tool: &str, path: &std::path::Path) {
+        if let Err(e) = std::fs::File::create(path) {
+            usage(tool, format!("{}: {e}", path.display()));
+        }
+    }
 }

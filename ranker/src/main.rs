@@ -26,8 +26,8 @@ use clap::Parser;
 ///
 /// Defaults come from the `[ranker]` section of the cluster config (see configs/local.toml);
 /// options given here override them. Exit codes: 0 done (also after SIGINT/SIGTERM, with
-/// `"interrupted": true` in the report), 1 runtime failure (cluster unreachable), 2 bad usage
-/// or config.
+/// `"interrupted": true` in the report), 1 runtime failure (cluster unreachable, or no
+/// request succeeded), 2 bad usage or config (also a --json path that cannot be written).
 #[derive(Debug, Parser)]
 #[command(name = "ranker", version, after_help = bex_process::logging::LOG_HELP)]
 struct Cli {
@@ -145,8 +145,11 @@ fn main() {
     let kind = cli.transport.unwrap_or(cfg.transport.kind);
     let client_id = cli.id.unwrap_or_else(bex_process::identity::default_client_id);
 
+    if let Some(path) = &cli.json {
+        exit::writable_output(TOOL, path);
+    }
     let rt = exit::runtime(TOOL, cfg.transport.app_threads);
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let signals = tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};
@@ -209,15 +212,23 @@ fn main() {
             ),
         };
         let json = report::build(&settings, &info, &out);
+        // The summary first: a report that then cannot be written (a full disk) loses no
+        // figure. stdout may be a closed pipe (`| head`).
+        let _ = writeln!(std::io::stdout(), "{}", report::summary(&json));
         if let Some(path) = &cli.json {
             let text = serde_json::to_string_pretty(&json)
                 .unwrap_or_else(|e| exit::failure(TOOL, format!("report: {e}")));
             std::fs::write(path, text + "\n")
                 .unwrap_or_else(|e| exit::failure(TOOL, format!("{}: {e}", path.display())));
         }
-        // stdout may be a closed pipe (`| head`): the report is already written.
-        let _ = writeln!(std::io::stdout(), "{}", report::summary(&json));
+        // Answering nothing is a failed run, not a measurement of one (a launcher reading
+        // only the status said OK).
+        if json.requests > 0 && json.ok == 0 {
+            tracing::error!(requests = json.requests, errors = json.errors, "no request succeeded");
+            return 1;
+        }
+        0
     });
     // The transports' threads need no orderly shutdown: the report is written.
-    std::process::exit(0);
+    std::process::exit(code);
 }

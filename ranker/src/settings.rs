@@ -133,6 +133,9 @@ pub enum SettingsError {
     Spec(#[from] bex_traffic::SpecError),
 }
 
+/// The highest `rate` a ranker takes, requests/s.
+pub const MAX_RATE: f64 = 1e6;
+
 fn invalid(key: &str, message: impl Into<String>) -> SettingsError {
     SettingsError::Invalid { key: key.into(), message: message.into() }
 }
@@ -246,6 +249,11 @@ impl Settings {
             }
         };
         finite_pos("rate", raw.rate)?;
+        // One process's offered rate: far above what one ranker sends (each request is a
+        // fan-out of fetches), and a bound on the schedule it builds (rate x seconds).
+        if raw.rate > MAX_RATE {
+            return Err(invalid("rate", format!("must be at most {MAX_RATE} requests/s")));
+        }
         finite_pos("seconds", raw.seconds)?;
         finite_pos("dense_refresh_s", raw.dense_refresh_s)?;
         if !(raw.warmup_seconds.is_finite() && raw.warmup_seconds >= 0.0) {
@@ -453,6 +461,7 @@ slots = [{ table = "item", ids_per_candidate = 2, vocab = 100, zipf_s = 0.5 }]"#
         assert!(err("dense_table = \"x\"").contains("unknown table"));
         assert!(err("rate = 0.0").contains("rate"));
         assert!(err("rate = -3.0").contains("rate"));
+        assert!(err("rate = 1e9").contains("at most"));
         assert!(err("candidates_min = 0").contains("candidates_min"));
         assert!(err("candidates_min = 50\ncandidates_max = 5").contains("candidates_min"));
         assert!(err("models_per_request = 3").contains("models_per_request"));

@@ -11,6 +11,7 @@
 //! and reported with fetch/push latency, message sizes and RPC/RNIC counters at the end.
 
 use bex_process::exit;
+use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +37,7 @@ use clap::Parser;
 /// file (keys documented in configs/local.toml); options given here override them. Exit
 /// codes: 0 done (or interrupted by SIGINT/SIGTERM after a final evaluation and report),
 /// 1 runtime failure (cluster unreachable, more than half the steps failed), 2 bad usage or
-/// configuration.
+/// configuration (also a --json path that cannot be written).
 #[derive(Debug, Parser)]
 #[command(name = "trainer", version, after_help = bex_process::logging::LOG_HELP)]
 struct Args {
@@ -155,30 +156,76 @@ fn main() {
     if pod >= cfg.cluster.pods {
         exit::usage(TOOL, format!("--pod {pod}: the cluster has {} pods", cfg.cluster.pods));
     }
+    if let Some(path) = &args.json {
+        exit::writable_output(TOOL, path);
+    }
     let rt = exit::runtime(TOOL, cfg.transport.app_threads);
     let code = rt.block_on(run(args, cfg, settings, pod));
     std::process::exit(code);
 }
 
-/// Sets the returned flag on SIGINT or SIGTERM.
-fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
+/// How long a step or the final evaluation in flight when SIGINT/SIGTERM arrives may go
+/// on: a push can retry for `push_retry_ms` (10 s) against a server that is down, and a
+/// launcher waits 5 s for the report before its SIGKILL.
+const STOPPING_CAP: Duration = Duration::from_secs(2);
+
+/// SIGINT or SIGTERM asked the run to stop.
+struct Stop {
+    flag: Arc<AtomicBool>,
+    asked: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Stop {
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a stop is asked for.
+    async fn asked(&mut self) {
+        // An error means the signal task is gone: no stop will come.
+        if self.asked.wait_for(|&s| s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// `f` to its end, or, once a stop is asked for, at most [`STOPPING_CAP`] more of it.
+    async fn bounded<T>(&mut self, f: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::pin!(f);
+        if self.is_set() {
+            return tokio::time::timeout(STOPPING_CAP, f).await.ok();
+        }
+        tokio::select! {
+            biased;
+            v = &mut f => Some(v),
+            () = self.asked() => tokio::time::timeout(STOPPING_CAP, f).await.ok(),
+        }
+    }
+}
+
+/// Watches SIGINT and SIGTERM.
+fn stop_on_signals() -> std::io::Result<Stop> {
     use tokio::signal::unix::{signal, SignalKind};
-    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::new(AtomicBool::new(false));
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
-    let flag = stop.clone();
+    let (tx, asked) = tokio::sync::watch::channel(false);
+    let set = flag.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
         }
-        flag.store(true, Ordering::SeqCst);
+        set.store(true, Ordering::SeqCst);
+        let _ = tx.send(true);
+        // Kept: a dropped sender would end the receivers' waits.
+        std::future::pending::<()>().await;
     });
-    Ok(stop)
+    Ok(Stop { flag, asked })
 }
 
 async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
-    let stop = stop_on_signals().unwrap_or_else(|e| exit::failure(TOOL, format!("signals: {e}")));
+    let mut stop =
+        stop_on_signals().unwrap_or_else(|e| exit::failure(TOOL, format!("signals: {e}")));
     let kind = args.transport.unwrap_or(cfg.transport.kind);
     let client = connect_client(&cfg, pod, args.bind, kind, args.id, ClientRole::Training)
         .await
@@ -203,7 +250,7 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no answer".to_string(),
         };
-        if stop.load(Ordering::SeqCst) {
+        if stop.is_set() {
             // Nothing trained, nothing to report: say so, not "unreachable".
             exit::failure(TOOL, format!("interrupted before the cluster answered ({err})"));
         }
@@ -245,12 +292,16 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             Some(end) => clock::now() >= end,
             None => steps >= s.steps,
         };
-        if done || stop.load(Ordering::SeqCst) {
+        if done || stop.is_set() {
             break;
         }
-        trainer.step(&store).await;
+        // A step cut off by the cap counts as begun, not as failed: the run is ending.
+        stop.bounded(trainer.step(&store)).await;
         if let Some(m) = &metrics {
             m.update(&trainer.stats);
+        }
+        if stop.is_set() {
+            break;
         }
         let steps = trainer.stats.steps;
         if s.eval_every > 0 && steps % s.eval_every == 0 {
@@ -274,14 +325,14 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
     let st = &trainer.stats;
     let needs_final = eval.last().is_none_or(|p| p.step != st.steps);
     if needs_final {
-        match trainer.evaluate(&store).await {
-            Ok((auc, log_loss)) => {
+        match stop.bounded(trainer.evaluate(&store)).await {
+            Some(Ok((auc, log_loss))) => {
                 let st = &trainer.stats;
                 let p = EvalPoint { step: st.steps, samples: st.samples, elapsed_s, auc, log_loss };
                 progress(&p, &trainer);
                 eval.push(p);
             }
-            Err(_) => eval_errors += 1,
+            _ => eval_errors += 1,
         }
     }
     let last = eval.last().cloned().unwrap_or(eval[0].clone());
@@ -317,8 +368,10 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
         rpc: counters(&client.ps.rpc().stats().snapshot()),
         rnic: counters(&client.stack.nic_stats()),
         cpu: CpuTimes::of_self().unwrap_or_default().since(&cpu0),
-        interrupted: stop.load(Ordering::SeqCst),
+        interrupted: stop.is_set(),
     };
+    // The summary first: a report that then cannot be written (a full disk) loses no figure.
+    let _ = writeln!(std::io::stdout(), "{}", report.summary());
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)
             .unwrap_or_else(|e| exit::failure(TOOL, format!("report: {e}")));
@@ -326,7 +379,6 @@ async fn run(args: Args, cfg: Config, settings: Settings, pod: u32) -> i32 {
             exit::failure(TOOL, format!("writing {}: {e}", path.display()));
         }
     }
-    println!("{}", report.summary());
     if st.errors * 2 > st.steps {
         tracing::error!(
             failed = st.errors,

@@ -139,4 +139,10 @@ fn an_unreachable_cluster_exits_1_and_a_bad_config_exits_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("trainer.table"), "{out:?}");
     let out = Command::new(trainer_bin()).arg("--bogus").output().expect("run");
     assert_eq!(out.status.code(), Some(2));
+    // A report path that cannot be written is found before the run, not after it (the
+    // cluster is unreachable: exit 1 would mean it was found only at the end).
+    let missing = dir.join("no-such-dir/x.json");
+    let out = trainer(&config, 1, "tcp", &missing, &["--quiet"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-dir"), "{out:?}");
 }

@@ -65,6 +65,15 @@ pub enum TraceError {
         /// The previous record's offset.
         previous_ns: u64,
     },
+    /// The line arrives after [`MAX_TRACE_SPAN_NS`]: one mistyped offset would have the
+    /// replay sleep for years.
+    #[error("trace line {line}: offset_ns {offset_ns} is past one day, the longest run")]
+    TooLate {
+        /// Line number.
+        line: usize,
+        /// This line's offset.
+        offset_ns: u64,
+    },
     /// Opening the file failed.
     #[error("trace {path}: {source}")]
     Open {
@@ -88,8 +97,12 @@ pub fn write_trace<'a, W: Write>(
     w.flush()
 }
 
+/// The latest offset a trace may hold: one day, the longest run a ranker makes.
+pub const MAX_TRACE_SPAN_NS: u64 = 86_400 * 1_000_000_000;
+
 /// Reads a trace written by [`write_trace`]. Blank (whitespace-only) lines are skipped; any
-/// other line must be one record, with offsets non-decreasing. Never panics on bad input.
+/// other line must be one record, with offsets non-decreasing and at most
+/// [`MAX_TRACE_SPAN_NS`]. Never panics on bad input.
 pub fn read_trace<R: BufRead>(r: R) -> Result<Vec<TraceRecord>, TraceError> {
     let mut out: Vec<TraceRecord> = Vec::new();
     for (i, line) in r.lines().enumerate() {
@@ -100,6 +113,9 @@ pub fn read_trace<R: BufRead>(r: R) -> Result<Vec<TraceRecord>, TraceError> {
         }
         let rec: TraceRecord = serde_json::from_str(&text)
             .map_err(|e| TraceError::Malformed { line: line_no, message: e.to_string() })?;
+        if rec.offset_ns > MAX_TRACE_SPAN_NS {
+            return Err(TraceError::TooLate { line: line_no, offset_ns: rec.offset_ns });
+        }
         if let Some(prev) = out.last() {
             if rec.offset_ns < prev.offset_ns {
                 return Err(TraceError::OutOfOrder {
@@ -239,6 +255,14 @@ mod tests {
         let recs = trace();
         let text = format!("{}\n{}\n", line_of(&recs[1]), line_of(&recs[0]));
         assert!(matches!(read_trace(text.as_bytes()), Err(TraceError::OutOfOrder { line: 2, .. })));
+        // An offset past a day (a mistyped one would have the replay sleep for years).
+        let mut late = recs[1].clone();
+        late.offset_ns = MAX_TRACE_SPAN_NS + 1;
+        let text = format!("{}\n{}\n", line_of(&recs[0]), line_of(&late));
+        assert!(matches!(read_trace(text.as_bytes()), Err(TraceError::TooLate { line: 2, .. })));
+        late.offset_ns = MAX_TRACE_SPAN_NS;
+        let text = format!("{}\n{}\n", line_of(&recs[0]), line_of(&late));
+        assert!(read_trace(text.as_bytes()).is_ok(), "a day exactly");
         let mut bytes = format!("{}\n", line_of(&recs[0])).into_bytes();
         bytes.extend_from_slice(&[0xff, 0xfe, b'\n']);
         assert!(matches!(read_trace(&bytes[..]), Err(TraceError::Io { line: 2, .. })));
