@@ -148,8 +148,6 @@ pub struct Executor {
     namespaces: Vec<String>,
     reasons: Vec<String>,
     torn_down: bool,
-    /// `launch.hold` kept the cluster up until a signal: the signal ends the run, not fails it.
-    held: bool,
     /// When the first phase started: the chaos schedule's zero.
     chaos_t0: Option<Instant>,
     /// The schedule, in time order, and how much of it has run.
@@ -238,7 +236,6 @@ impl Executor {
             namespaces: Vec::new(),
             reasons: Vec::new(),
             torn_down: false,
-            held: false,
             chaos_t0: None,
             chaos,
             chaos_next: 0,
@@ -327,11 +324,7 @@ impl Executor {
 
     fn setup_network(&mut self) -> Result<(), String> {
         let Some(net) = self.plan.net.clone() else { return Ok(()) };
-        println!(
-            "bex-cluster: netns: {} hosts behind bridge in {}",
-            net.hosts.len(),
-            net.switch_ns
-        );
+        say!("bex-cluster: netns: {} hosts behind bridge in {}", net.hosts.len(), net.switch_ns);
         for cmd in &net.setup {
             if self.interrupted() {
                 return Err("interrupted during network setup".into());
@@ -443,7 +436,7 @@ impl Executor {
             }
             None => "this BEX_SECRET".to_string(),
         };
-        println!(
+        say!(
             "bex-cluster: holding the cluster; clients connect with --config {} and {secret}; \
              SIGTERM or Ctrl-C stops it",
             self.plan.config_path.display()
@@ -456,7 +449,6 @@ impl Executor {
             }
             wait_then_now(Duration::from_millis(100));
         }
-        self.held = true;
     }
 
     /// Applies every scheduled fault that is due.
@@ -470,7 +462,7 @@ impl Executor {
             let started = secs(now() - t0);
             let result = self.chaos_action(&ev);
             let at = secs(now() - t0);
-            println!(
+            say!(
                 "bex-cluster: chaos t={at:.1}s {} {}: {}",
                 ev.action,
                 ev.target,
@@ -720,7 +712,7 @@ impl Executor {
             self.reasons
                 .push(format!("{name} was killed and never restarted: verify cannot read it"));
         }
-        println!("bex-cluster: verifying the invariants (bex-chaos verify)");
+        say!("bex-cluster: verifying the invariants (bex-chaos verify)");
         let mut r = match self.spawn(&spec) {
             Ok(r) => r,
             Err(e) => {
@@ -736,7 +728,7 @@ impl Executor {
         stop_all(std::slice::from_mut(&mut r), STOP_GRACE);
         let (out, _) = log_paths(&self.out, &spec.name);
         let stdout = std::fs::read_to_string(&out).unwrap_or_default();
-        println!("== verify ==\n{}", stdout.trim_end());
+        say!("== verify ==\n{}", stdout.trim_end());
         let report = spec
             .json
             .as_ref()
@@ -760,12 +752,7 @@ impl Executor {
 
     fn run_phase(&mut self, idx: usize, deadline: Instant) -> PhaseReport {
         let phase = self.plan.phases[idx].clone();
-        println!(
-            "bex-cluster: phase {} ({}): {} client(s)",
-            idx + 1,
-            phase.name,
-            phase.clients.len()
-        );
+        say!("bex-cluster: phase {} ({}): {} client(s)", idx + 1, phase.name, phase.clients.len());
         let before = self.snapshot();
         let tcp_before = self.tcp_segments();
         self.chaos_t0.get_or_insert_with(now);
@@ -842,7 +829,7 @@ impl Executor {
         for c in &self.clients[first..] {
             let (out, _) = log_paths(&self.out, &c.spec.name);
             let stdout = std::fs::read_to_string(&out).unwrap_or_default();
-            println!("== {} ==\n{}", c.spec.name, stdout.trim_end());
+            say!("== {} ==\n{}", c.spec.name, stdout.trim_end());
             let report = c
                 .spec
                 .json
@@ -973,7 +960,7 @@ impl Executor {
             match self.start_servers() {
                 Ok(d) => {
                     startup_s = Some(secs(d));
-                    println!(
+                    say!(
                         "bex-cluster: {} servers healthy in {:.2}s",
                         self.servers.len(),
                         d.as_secs_f64()
@@ -1002,7 +989,7 @@ impl Executor {
                         verify = self.run_verify(deadline);
                         let d = self.deadline_invariant(&phases);
                         let verdict = if d.ok { "HOLDS " } else { "BROKEN" };
-                        println!("{verdict} {}: {}", d.name, d.detail);
+                        say!("{verdict} {}: {}", d.name, d.detail);
                         if !d.ok {
                             self.reasons.push(format!("invariant broken: {}", d.detail));
                         }
@@ -1034,10 +1021,12 @@ impl Executor {
             }
         }
         let ok = self.reasons.is_empty();
+        // The status agrees with the report: a signal that only ended a held cluster, or
+        // arrived during the teardown of a run that had succeeded, is no failure (it gave
+        // 130/143 beside `"ok": true`); one that cut the run short is a reason already.
         let exit_code = match self.stop.signal() {
-            Some(_) if ok && self.held => 0,
+            _ if ok => 0,
             Some(sig) => 128 + sig as i32,
-            None if ok => 0,
             None => 1,
         };
         let servers = self

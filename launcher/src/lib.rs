@@ -10,6 +10,16 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` that ignores a closed stdout (`bex-cluster run | head`): `println!` panicked
+/// there, mid-run, and the report was lost; the run, its teardown and its report go on.
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 pub mod cleanup;
 pub mod clock;
 pub mod doctor;

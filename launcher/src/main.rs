@@ -9,7 +9,7 @@ use bex_launcher::exec::Executor;
 use bex_launcher::launch::Mode;
 use bex_launcher::plan::{Plan, PlanInput};
 use bex_launcher::probe::Stop;
-use bex_launcher::{cleanup, load_config};
+use bex_launcher::{cleanup, load_config, say};
 use clap::{Parser, Subcommand};
 
 /// Starts a bex cluster from its TOML file, runs the workload, collects the reports and
@@ -117,7 +117,7 @@ fn config_cmd(args: ConfigArgs) -> i32 {
     };
     match bex_launcher::exec::process_config_text(&cfg) {
         Ok(t) => {
-            print!("{t}");
+            say!("{}", t.trim_end_matches('\n'));
             0
         }
         Err(e) => usage(&e),
@@ -162,11 +162,11 @@ fn doctor_cmd(args: DoctorArgs) -> i32 {
     let findings = doctor::examine(&input, &doctor::Host::default());
     if args.json {
         match serde_json::to_string_pretty(&findings) {
-            Ok(j) => println!("{j}"),
+            Ok(j) => say!("{j}"),
             Err(e) => return usage(&e.to_string()),
         }
     } else {
-        print!("{}", doctor::render(&findings));
+        say!("{}", doctor::render(&findings).trim_end_matches('\n'));
     }
     i32::from(doctor::worst(&findings) == Level::Error)
 }
@@ -186,10 +186,10 @@ fn main() {
         Cmd::Cleanup => {
             let done = cleanup::stale();
             if done.is_empty() {
-                println!("bex-cluster: nothing to clean up");
+                say!("bex-cluster: nothing to clean up");
             }
             for d in done {
-                println!("bex-cluster: {d}");
+                say!("bex-cluster: {d}");
             }
             0
         }
@@ -301,7 +301,7 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
         );
     }
     for d in cleanup::stale() {
-        println!("bex-cluster: {d}");
+        say!("bex-cluster: {d}");
     }
     let input = PlanInput { launcher_pid: pid, out_dir: out.clone(), bin_dir };
     let plan = match Plan::build(&cfg, &launch, &input) {
@@ -317,15 +317,19 @@ fn run(args: RunArgs, stop: Stop) -> i32 {
     };
     let outcome = exec.run();
     let r = &outcome.report;
-    println!("bex-cluster: report {}", out.join("report.json").display());
+    say!("bex-cluster: report {}", out.join("report.json").display());
     for p in &r.phases {
-        println!(
+        say!(
             "  phase {}: {}s, server cpu user {:.2}s sys {:.2}s, rnic {:?}",
-            p.name, p.duration_s, p.server_cpu_total.user_s, p.server_cpu_total.sys_s, p.rnic_total
+            p.name,
+            p.duration_s,
+            p.server_cpu_total.user_s,
+            p.server_cpu_total.sys_s,
+            p.rnic_total
         );
     }
     if outcome.ok {
-        println!("bex-cluster: OK ({}s)", r.duration_s);
+        say!("bex-cluster: OK ({}s)", r.duration_s);
     } else {
         eprintln!("bex-cluster: FAILED");
         for reason in &r.reasons {

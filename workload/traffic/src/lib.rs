@@ -53,6 +53,6 @@ pub use request::{
 };
 pub use trace::{
     generate_trace, read_trace, read_trace_file, write_trace, write_trace_file, TraceError,
-    TraceRecord,
+    TraceRecord, MAX_TRACE_SPAN_NS,
 };
 pub use zipf::{Zipf, ZipfError};
