@@ -25,8 +25,6 @@ use crate::launch::{ChaosAction, ChaosEvent, LaunchConfig};
 use crate::plan::{log_paths, tbf_params, Plan, ProcSpec, Role};
 use crate::probe::{counter_delta, http_get, rnic_counters, Stop};
 
-/// How long servers get to print `ready` and answer `/health` 200.
-pub const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 /// How long servers get to checkpoint and exit after SIGTERM at the end.
 pub const SERVER_STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long clients (and everything on an abort) get after SIGTERM.
@@ -35,6 +33,9 @@ const POLL: Duration = Duration::from_millis(50);
 /// How often running clients' `/metrics` are scraped (servers': before and after a phase).
 const SCRAPE_EVERY: Duration = Duration::from_millis(500);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
+/// An HTTP probe's timeout once a signal asked for the teardown: the before-teardown scrape
+/// then costs a hung server a moment instead of seconds per probe.
+const STOPPING_HTTP_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// A started process.
 #[derive(Debug)]
@@ -199,6 +200,11 @@ fn healthy_now(s: &ProcSpec) -> bool {
     matches!(http_get(http, "/health", s.netns.as_deref(), HTTP_TIMEOUT), Ok((200, _)))
 }
 
+/// `launch.startup_timeout_s`.
+fn startup_timeout(launch: &LaunchConfig) -> Duration {
+    Duration::from_secs(launch.startup_timeout_s)
+}
+
 /// `pid`'s CPU time; zero, with a warning, when it cannot be read (the process is gone).
 fn cpu_of(pid: u32) -> CpuTimes {
     CpuTimes::of_pid(pid).unwrap_or_else(|e| {
@@ -272,6 +278,9 @@ impl Executor {
         // stops clients before servers (the whole group signalled at once, servers drained
         // while trainers still pushed). Its death still reaches them (PR_SET_PDEATHSIG).
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        // Set before exec, so a launcher SIGKILLed while the child starts takes it along too
+        // (and every child, not only bex programs).
+        bex_process::die_with_this_process(&mut cmd);
         let child = cmd
             .args(&argv[1..])
             .stdin(Stdio::null())
@@ -309,7 +318,9 @@ impl Executor {
     /// each process, as a Prometheus would have it).
     fn scrape(&self, spec: &ProcSpec) -> Option<String> {
         let a = spec.http?;
-        let (code, body) = http_get(a, "/metrics", spec.netns.as_deref(), HTTP_TIMEOUT).ok()?;
+        let timeout =
+            if self.stop.signal().is_some() { STOPPING_HTTP_TIMEOUT } else { HTTP_TIMEOUT };
+        let (code, body) = http_get(a, "/metrics", spec.netns.as_deref(), timeout).ok()?;
         if code != 200 {
             return None;
         }
@@ -362,7 +373,7 @@ impl Executor {
             let r = self.spawn(&spec)?;
             self.servers.push(r);
         }
-        let deadline = t0 + STARTUP_DEADLINE;
+        let deadline = t0 + startup_timeout(&self.launch);
         let mut healthy = vec![false; self.servers.len()];
         loop {
             if self.interrupted() {
@@ -391,9 +402,9 @@ impl Executor {
                 let i = healthy.iter().position(|h| !h).unwrap_or(0);
                 let (_, err) = log_paths(&self.out, &self.servers[i].spec.name);
                 return Err(format!(
-                    "{} not healthy after {}s; stderr tail:\n{}",
+                    "{} not healthy after {}s (launch.startup_timeout_s); stderr tail:\n{}",
                     self.servers[i].spec.name,
-                    STARTUP_DEADLINE.as_secs(),
+                    self.launch.startup_timeout_s,
                     tail(&err, 15)
                 ));
             }
@@ -812,16 +823,31 @@ impl Executor {
             _ => None,
         };
         // A server restarted by the schedule gets the start-up deadline from its restart.
-        for (name, at) in std::mem::take(&mut self.restarted) {
-            let Some(s) = self.servers.iter().find(|s| s.spec.name == name) else { continue };
-            while now() < at + STARTUP_DEADLINE && s.status.is_none() && !healthy_now(&s.spec) {
-                wait_then_now(POLL);
+        // After a signal neither wait nor check: the run has failed already, and a hung
+        // server would hold the teardown for the deadline.
+        let restarted = std::mem::take(&mut self.restarted);
+        if !self.interrupted() {
+            for (name, at) in restarted {
+                let Some(s) = self.servers.iter().find(|s| s.spec.name == name) else { continue };
+                let until = at + startup_timeout(&self.launch);
+                while now() < until
+                    && s.status.is_none()
+                    && self.stop.signal().is_none()
+                    && !healthy_now(&s.spec)
+                {
+                    wait_then_now(POLL);
+                }
             }
         }
-        for s in &self.servers {
-            if s.status.is_none() && !self.down.contains(&s.spec.name) && !healthy_now(&s.spec) {
-                self.reasons
-                    .push(format!("{}: /health not 200 after phase {}", s.spec.name, phase.name));
+        if !self.interrupted() {
+            for s in &self.servers {
+                if s.status.is_none() && !self.down.contains(&s.spec.name) && !healthy_now(&s.spec)
+                {
+                    self.reasons.push(format!(
+                        "{}: /health not 200 after phase {}",
+                        s.spec.name, phase.name
+                    ));
+                }
             }
         }
 

@@ -6,6 +6,8 @@ use bex_ps_proto::config::{FieldError, TransportKind};
 
 /// Longest run `launch.timeout_s` may ask for (a year): the clock arithmetic stays in range.
 const MAX_TIMEOUT_S: u64 = 365 * 86_400;
+/// Longest `launch.startup_timeout_s` (a day: a restore longer than that is a fault).
+const MAX_STARTUP_TIMEOUT_S: u64 = 86_400;
 
 /// Where the processes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +45,10 @@ pub struct LaunchConfig {
     pub transport: TransportKind,
     /// Deadline of the whole workload (all phases), seconds.
     pub timeout_s: u64,
+    /// How long servers get to print `ready` and answer `/health` 200, at the start and
+    /// after a chaos `restart`, seconds: a server restores its checkpoint first, which for a
+    /// shard of many GB outlasts the default.
+    pub startup_timeout_s: u64,
     /// Directory of the binaries; empty = the directory of `bex-cluster`.
     pub bin_dir: String,
     /// Canary processes per phase that names `canary` (`bex-chaos canary`: countable pushes).
@@ -80,6 +86,7 @@ impl Default for LaunchConfig {
             trainer_args: Vec::new(),
             transport: TransportKind::Rdma,
             timeout_s: 600,
+            startup_timeout_s: 30,
             fresh_data: true,
             bin_dir: String::new(),
             canaries: 1,
@@ -322,6 +329,9 @@ impl LaunchConfig {
         if !(1..=MAX_TIMEOUT_S).contains(&self.timeout_s) {
             e.push(FieldError::new("launch.timeout_s", "must be in 1..=31536000 (a year)"));
         }
+        if !(1..=MAX_STARTUP_TIMEOUT_S).contains(&self.startup_timeout_s) {
+            e.push(FieldError::new("launch.startup_timeout_s", "must be in 1..=86400 (a day)"));
+        }
         if self.rankers > 1000 || self.trainers > 1000 || self.canaries > 1000 {
             e.push(FieldError::new(
                 "launch.rankers",
@@ -489,6 +499,8 @@ mod tests {
         assert!(text.iter().any(|m| m.starts_with("launch.link_rate")), "{text:?}");
         let t: toml::Table = toml::from_str("timeout_s = 100000000000").unwrap();
         assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("a year"));
+        let t: toml::Table = toml::from_str("startup_timeout_s = 0").unwrap();
+        assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("a day"));
         let t: toml::Table = toml::from_str("verify_settle_s = 1e20").unwrap();
         assert!(LaunchConfig::from_table(&t).unwrap_err()[0].message.contains("0..=3600"));
         let t: toml::Table = toml::from_str("rankerz = 2").unwrap();

@@ -38,6 +38,7 @@ const RUN_AFTER: &str = "\
   ranker_args, trainer_args = []    extra CLI args of the clients
   transport = \"rdma\" | \"tcp\"       the clients' transport
   timeout_s = 600                   deadline of the whole workload
+  startup_timeout_s = 30            how long servers get to answer /health 200 (start, chaos restart)
   bin_dir = \"\"                      ps-server/ranker/trainer directory (default: next to bex-cluster)
   fresh_data = true                 empty tables each run (checkpoints in OUT/data); false: [cluster].data_dir
   client_metrics_port = 19100       rankers/trainers serve /metrics here (loopback: + id - 1; 0 = off);

@@ -38,6 +38,11 @@ fn pause(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
+#[allow(clippy::disallowed_methods)] // the same clock, read
+fn now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
 struct Run {
     dir: Scratch,
     bin: PathBuf,
@@ -69,7 +74,7 @@ fn setup(name: &str, pods: u32, shards: u32) -> Run {
 
 /// Test `salt` gets ports `base + 6·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 6, 11)
+    bex_testkit::ports::base_port(salt, 6, 12)
 }
 
 impl Run {
@@ -338,6 +343,47 @@ fn sigterm_mid_run_tears_everything_down() {
     assert!(!record_of(launcher).exists());
 }
 
+// A hung server (stopped, so its /health and /metrics never answer) and a SIGTERM: the
+// teardown's probes give up at once instead of seconds each, so the launcher is gone about
+// when the hung server's stop grace (10 s, then SIGKILL) ends. Before: three probes of
+// 2 s each (the phase's last scrape, its health check, the whole-run scrape) came first.
+#[test]
+fn a_sigterm_teardown_waits_on_a_hung_server_only_for_its_stop_grace() {
+    let r = setup("hung", 1, 2);
+    let mut child = r
+        .cmd(11, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let launcher = child.id();
+    let pids = wait_recorded(launcher, 3);
+    assert_eq!(pids.len(), 3, "two servers and a ranker started");
+    // Lines of "PID START_TIME NAME"; servers are named ps-p<pod>-s<shard>.
+    let record = std::fs::read_to_string(record_of(launcher)).unwrap();
+    let server = record
+        .lines()
+        .find(|l| l.ends_with(" ps-p0-s0"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("ps-p0-s0 is recorded")
+        .to_string();
+    Command::new("kill").args(["-STOP", &server]).status().unwrap();
+    let t0 = now();
+    Command::new("kill").args(["-TERM", &launcher.to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    let took = t0.elapsed();
+    assert_eq!(status.code(), Some(143), "128 + SIGTERM");
+    // 10 s of stop grace for the hung server, then its SIGKILL; 3 s for the rest.
+    assert!(took < Duration::from_secs(13), "the teardown took {took:?}");
+    for p in &pids {
+        assert!(!alive(*p), "pid {p} survived the launcher");
+    }
+    let rep: Value =
+        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
+            .unwrap();
+    assert!(rep["reasons"].to_string().contains("did not exit cleanly"), "{rep:#}");
+}
+
 // `--die-with-parent` (what bex-exp passes): the launcher's parent killed by SIGKILL, the
 // launcher gets SIGTERM and tears the whole cluster down, as on a SIGTERM of its own.
 #[test]
@@ -523,28 +569,23 @@ fn sigkilled_launcher_leaves_nothing_after_cleanup() {
     assert_eq!(pids.len(), 3, "2 servers and the ranker started");
     child.kill().unwrap();
     child.wait().unwrap();
-    // The servers die with the launcher (pdeathsig → SIGTERM → checkpoint and exit).
+    // Every child dies with the launcher (pdeathsig → SIGTERM: servers checkpoint and exit),
+    // the fake ranker too: a shell script, which sets no death signal of its own (the launcher
+    // sets it before exec).
     for _ in 0..300 {
-        if !pids[..2].iter().any(|p| alive(*p)) {
+        if !pids.iter().any(|p| alive(*p)) {
             break;
         }
         pause(50);
     }
-    for p in &pids[..2] {
-        assert!(!alive(*p), "server {p} outlived its SIGKILLed launcher");
+    for p in &pids {
+        assert!(!alive(*p), "child {p} outlived its SIGKILLed launcher");
     }
-    // The fake ranker (a shell script) has no pdeathsig: `cleanup` finds it in the record.
-    // (A launcher of a concurrent test may clean it up first: the end state is what counts.)
+    // `cleanup` removes the dead launcher's record. (A launcher of a concurrent test may
+    // clean it up first: the end state is what counts.)
     let out = Command::new(env!("CARGO_BIN_EXE_bex-cluster")).arg("cleanup").output().unwrap();
     assert!(out.status.success(), "{}", show(&out));
-    for _ in 0..100 {
-        if !alive(pids[2]) {
-            break;
-        }
-        pause(20);
-    }
     assert!(!record_of(launcher).exists());
-    assert!(!alive(pids[2]));
 }
 
 #[test]

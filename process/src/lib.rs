@@ -31,6 +31,34 @@ pub fn exit_with_parent() {
     }
 }
 
+/// Makes the child that `cmd` starts get SIGTERM when this process dies, from before the
+/// program runs: with only the program's own [`exit_with_parent`], a parent SIGKILLed
+/// between the fork and that call leaves the child re-parented, and the call then takes the
+/// new parent for its own (an orphan for good). In the child, before exec, the death signal
+/// is set and the parent checked against this process; a child whose parent is already gone
+/// fails to start. The death signal survives exec (but not into set-uid programs).
+///
+/// Like `PR_SET_PDEATHSIG` itself, "this process" is the thread that spawns: spawn from a
+/// thread that lives as long as the children should.
+pub fn die_with_this_process(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    let in_child = move || -> std::io::Result<()> {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+        if nix::unistd::getppid() != parent {
+            // No allocation between fork and exec: an OS error code, not a message.
+            return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // work is allowed: it makes two system calls (prctl, getppid), takes no lock and
+    // allocates nothing (its error is a raw OS code).
+    unsafe {
+        cmd.pre_exec(in_child);
+    }
+}
+
 /// A fresh 64-bit identity for this process incarnation, from the OS's random source.
 ///
 /// Servers deduplicate pushes and replication batches by (identity, sequence), and a process
@@ -247,6 +275,24 @@ impl SystemCpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The death signal is the spawner's, set before exec: `sleep` sets none of its own, yet
+    /// ends with SIGTERM when the thread that started it ends (as a dead launcher's children).
+    #[test]
+    fn a_child_started_to_die_with_this_process_gets_sigterm_when_its_spawner_ends() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = std::thread::spawn(|| {
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg("30");
+            die_with_this_process(&mut cmd);
+            cmd.spawn().expect("coreutils' sleep runs")
+        })
+        .join()
+        .unwrap();
+        // Without the death signal this would wait out the 30 s sleep and exit 0.
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(15), "{status}");
+    }
 
     #[test]
     #[allow(clippy::disallowed_methods)] // the sleeps are what is counted
