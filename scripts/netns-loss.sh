@@ -38,6 +38,17 @@ for loss in "${LOSSES[@]}"; do
     drops=$(ip netns exec "$NA" iptables -L OUTPUT -v -x -n | awk '/DROP/ {print $1}')
     drops_b=$(ip netns exec "$NB" iptables -L OUTPUT -v -x -n | awk '/DROP/ {print $1}')
     echo "loss=$loss iptables_dropped=$((drops + drops_b))"
+    # The run proves recovery only if packets were lost and resent: a rule that never
+    # matched would pass as a clean run.
+    if [ $((drops + drops_b)) -eq 0 ]; then
+        echo "netns-loss: loss=$loss: iptables dropped nothing" >&2
+        status=1
+    fi
+    resent=$(grep -ho '"retransmitted_packets":[0-9]*' "/tmp/$TAG.client" | cut -d: -f2)
+    if [ "${resent:-0}" -eq 0 ]; then
+        echo "netns-loss: loss=$loss: the client retransmitted nothing" >&2
+        status=1
+    fi
     grep -h '{' "/tmp/$TAG.server" "/tmp/$TAG.client" | grep -v ready
     grep -h -v '{' "/tmp/$TAG.server" "/tmp/$TAG.client" >&2 || true
     rm -f "/tmp/$TAG.server" "/tmp/$TAG.client"

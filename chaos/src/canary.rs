@@ -49,6 +49,10 @@ pub struct CanaryReport {
     pub first_error: Option<String>,
     /// Stopped by a signal.
     pub interrupted: bool,
+    /// Workers that panicked: their keys are missing from `keys` (so `verify` cannot check
+    /// them), and the canary fails.
+    #[serde(default)]
+    pub workers_lost: u32,
 }
 
 /// Where a canary pushes: `keys` keys of `owner`'s (its push identity) or, without an owner,
@@ -122,11 +126,17 @@ pub async fn run(
         ..CanaryReport::default()
     };
     for t in tasks {
-        if let Ok((counts, err)) = t.await {
-            if report.first_error.is_none() {
-                report.first_error = err;
+        match t.await {
+            Ok((counts, err)) => {
+                if report.first_error.is_none() {
+                    report.first_error = err;
+                }
+                report.keys.extend(counts);
             }
-            report.keys.extend(counts);
+            Err(e) => {
+                report.workers_lost += 1;
+                report.first_error.get_or_insert_with(|| format!("a worker ended: {e}"));
+            }
         }
     }
     report.keys.sort_by_key(|k| k.key);

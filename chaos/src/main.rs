@@ -197,7 +197,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
                     .map(|e| format!("; first error: {e}"))
                     .unwrap_or_default()
             );
-            Ok(report.acked > 0)
+            Ok(report.acked > 0 && report.workers_lost == 0)
         }
         Cmd::Verify { common, canaries, settle_s } => {
             let cfg = load(&common.config).map_err(usage)?;

@@ -44,6 +44,11 @@ pub fn transport_frame(data: &[u8]) {
         for role in [Role::Initiator, Role::Acceptor] {
             let p = wire::proof(secret, role, &hi, &ha);
             assert!(wire::verify(secret, role, &hi, &ha, &p), "the right proof verifies");
+            // Bound to the role and to both hellos in order, for any input.
+            assert!(!wire::verify(secret, role.peer(), &hi, &ha, &p), "a reflected proof");
+            if hi != ha {
+                assert!(!wire::verify(secret, role, &ha, &hi, &p), "swapped hellos");
+            }
             assert_eq!(wire::verify(secret, role, &hi, &ha, &got), got == p, "only it verifies");
         }
     }

@@ -74,9 +74,10 @@
 //! retries are answered Duplicate rather than applied twice; asked for before the rows, the
 //! windows name no push whose rows the copy lacks.
 //!
-//! Rows are never removed and stripes only grow, so a (table, stripe, row) cursor visits
-//! every row that existed when the snapshot began; rows created later may or may not be
-//! included. Rows carry versions and are applied only over older rows, so a bootstrapping
+//! Stripes only grow and a row keeps its slot until it is evicted or expires (a displaced
+//! row's slot goes to the new row), so a (table, stripe, row) cursor visits every row that
+//! lives from the snapshot's start to its end; rows created, displaced or expired meanwhile
+//! may or may not be included, and the replication stream carries what they became. Rows carry versions and are applied only over older rows, so a bootstrapping
 //! replica applies chunks and the replication stream as they come, in any order, and ends
 //! at the newest rows (see [`crate::table`]). Rows never pushed (version 0) are not sent:
 //! the receiver's initializer recreates their values.

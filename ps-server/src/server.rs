@@ -299,7 +299,11 @@ impl Metrics {
                 .counter("bex_ps_fetched_keys_total", "Keys fetched", &[])
                 .expect("static metric"),
             pushed_keys: registry
-                .counter("bex_ps_pushed_keys_total", "Gradient rows applied", &[])
+                .counter(
+                    "bex_ps_pushed_keys_total",
+                    "Gradient rows applied (pushes of keys not yet admitted are not)",
+                    &[],
+                )
                 .expect("static metric"),
             duplicates: registry
                 .counter(
@@ -605,7 +609,8 @@ impl PsServer {
             let bytes = read.clone();
             reg.gauge_fn(
                 "bex_ps_table_bytes",
-                "Bytes of rows (values and optimizer state), by table",
+                "Bytes of memory the table holds (row slab, index, eviction order and \
+                 admission sketch, as allocated), by table",
                 &labels,
                 move || bytes(bex_ps_core::Table::bytes),
             )
@@ -1208,14 +1213,20 @@ impl PsServer {
                 &format!("value {i} is not finite"),
             );
         }
+        // Rows the push updated or created (keys below the admission threshold are counted
+        // by the table, not applied).
+        let mut applied = 0;
         let verdict = {
             let verdict = self.dedupe.admit(h.client, seq);
             if verdict == Verdict::New {
                 // A row's version is the time of its last push (bounded tables keep the most
                 // recent rows, and every pod orders them alike by it).
                 t.raise_version_floor(self.push_clock.now());
-                if let Err(e) = t.push_le(v.keys, v.values, None) {
-                    return self.error(Some(op), Status::BadValue, seq, &e.to_string());
+                match t.push_le(v.keys, v.values, None) {
+                    Ok(n) => applied = n,
+                    Err(e) => {
+                        return self.error(Some(op), Status::BadValue, seq, &e.to_string());
+                    }
                 }
                 self.update_seq.fetch_add(1, Ordering::AcqRel);
             }
@@ -1243,7 +1254,7 @@ impl PsServer {
             }
         }
         if verdict == Verdict::New {
-            self.metrics.pushed_keys.add(u64::from(h.count));
+            self.metrics.pushed_keys.add(applied as u64);
         }
         let acked = match order {
             // A retry answered Duplicate replicates too: the first attempt's

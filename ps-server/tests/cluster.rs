@@ -221,11 +221,17 @@ async fn a_duplicated_push_is_applied_once_and_checkpoints_restore_bit_exactly()
     let first = cl.raw(0, 0, Op::Push, &frame).await.unwrap();
     let r = wire::decode_response(first.as_slice(), &Limits::default()).unwrap();
     assert_eq!(r.header.status, Status::Ok);
-    // The retry is answered Duplicate (a success for the caller) and not applied.
+    let once = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    // The retry is answered Duplicate (a success for the caller) and not applied: the rows
+    // are bit for bit as after the first push.
     let again = cl.raw(0, 0, Op::Push, &frame).await.unwrap();
     let r = wire::decode_response(again.as_slice(), &Limits::default()).unwrap();
     assert_eq!(r.header.status, Status::Duplicate);
-    let once = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    let after_retry = cl.fetch(TABLE, DIM, &ks).await.unwrap();
+    assert!(
+        after_retry.iter().zip(&once).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the duplicate push changed the rows"
+    );
     // Apply the same gradient once more under a new seq: the rows move again, so the
     // duplicate above really was skipped (not a no-op gradient).
     let h2 = DataHeader { seq: 2, ..h };
@@ -578,11 +584,14 @@ async fn admission_keeps_rows_off_every_pod_until_the_nth_push() {
     let rows = "bex_ps_table_rows{table=\"emb\"}".to_string();
     assert_eq!(total(rows.clone()).await, 0.0, "fetches and one push created no row anywhere");
     assert_eq!(total("bex_ps_table_pushes_not_admitted_total{table=\"emb\"}".into()).await, 100.0);
+    let applied = "bex_ps_pushed_keys_total".to_string();
+    assert_eq!(total(applied.clone()).await, 0.0, "no gradient row was applied");
     trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
     let admitted = converged(&c, &secret, &ks, Duration::from_secs(5)).await;
     assert!(admitted.iter().zip(&initial).any(|(a, b)| a != b), "the 2nd push was applied");
     assert_eq!(total(rows).await, 200.0, "100 rows on the training pod and 100 on the replicas");
     assert_eq!(total("bex_ps_table_admitted_total{table=\"emb\"}".into()).await, 100.0);
+    assert_eq!(total(applied).await, 100.0, "the second push's rows, on the training pod");
 }
 
 // Issue 18, items 1 and 2: a shard keeps at most its capacity, the training pod and the

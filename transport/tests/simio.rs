@@ -73,8 +73,8 @@ async fn echo_run(seed: u64, n: usize) -> (Duration, Vec<usize>) {
 
 #[test]
 fn echo_round_trips_are_intact_and_take_virtual_microseconds() {
-    let (took, sizes) = rt().block_on(echo_run(1, 40));
-    assert_eq!(sizes.len(), 40);
+    // Each message's return is checked byte for byte inside `echo_run`.
+    let (took, _) = rt().block_on(echo_run(1, 40));
     // 40 round trips of up to 200 KB on the default link, in the network's clock: well under
     // the millisecond each that a clock of tokio's resolution alone would give.
     assert!(took > Duration::ZERO && took < Duration::from_millis(40), "{took:?}");

@@ -69,7 +69,6 @@ fn lat_runs_both_transports_in_two_processes_and_reaps_the_server() {
     assert_eq!(&cmd[1..5], &["run", "--quick", "--test", "lat"], "{cmd:?}");
     assert_eq!(doc["tool"], "bex-perf");
     let pid = doc["server_pid"].as_u64().expect("a server ran") as u32;
-    assert_ne!(pid, std::process::id());
     // No server left running after `run` returned (an orphan keeps its command line; a
     // zombie's would be empty, but once bex-perf exits init reaps those, so this test cannot
     // see one: the child guard's reaping is tested in `bex_process::child`).

@@ -793,8 +793,13 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
             // The next probe (at most 1 s after the quarantine) finds it back.
         }
     }
+    // A workload task that panicked (a client bug under faults) is a violation, not a
+    // silent end of its load.
+    let mut panicked = 0;
     for t in tasks {
-        let _ = t.await;
+        if t.await.is_err() {
+            panicked += 1;
+        }
     }
     let end_ms = clock.ms();
     let keepalive_failures =
@@ -889,8 +894,17 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     }
     let fetches =
         (tally.fetch_ok.load(Ordering::Relaxed), tally.fetch_failed.load(Ordering::Relaxed));
-    if fetches.0 == 0 || pushes_acked == 0 {
-        violations.push(format!("no progress: {} fetches, {pushes_acked} pushes", fetches.0));
+    let trained = tally.train_ok.load(Ordering::Relaxed);
+    // Trainer pushes count too: with only canary pushes checked, a run whose every trainer
+    // push failed passed (its rows, never updated, trivially converge).
+    if fetches.0 == 0 || pushes_acked == 0 || trained == 0 {
+        violations.push(format!(
+            "no progress: {} fetches, {pushes_acked} canary pushes, {trained} trainer pushes",
+            fetches.0
+        ));
+    }
+    if panicked > 0 {
+        violations.push(format!("{panicked} workload tasks panicked"));
     }
     let mut report = Report {
         scenario,

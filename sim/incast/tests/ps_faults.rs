@@ -145,11 +145,15 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
             let now = net.now();
             if !err_push_done && now >= qp_err_push {
                 err_push_done = true;
-                let _ = net.fabric().inject_qp_error(push_link.a, push_link.qpn);
+                if let Err(x) = net.fabric().inject_qp_error(push_link.a, push_link.qpn) {
+                    violation = Some(format!("push QP error not injected: {x}"));
+                }
             }
             if !err_rep_done && now >= qp_err_rep {
                 err_rep_done = true;
-                let _ = net.fabric().inject_qp_error(rep_link.a, rep_link.qpn);
+                if let Err(x) = net.fabric().inject_qp_error(rep_link.a, rep_link.qpn) {
+                    violation = Some(format!("rep QP error not injected: {x}"));
+                }
             }
             // Client: up to 8 pushes outstanding, retry after RETRY.
             while next_seq < pushes.len() as u64 && sent.len() < 8 {
