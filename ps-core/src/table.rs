@@ -544,7 +544,10 @@ impl Table {
     /// Raises the least version a push writes to `floor` (see the module docs; a server
     /// raises every table's through [`TableSet::raise_version_floor`]).
     pub fn raise_version_floor(&self, floor: u64) {
-        self.version_floor.fetch_max(floor, Ordering::AcqRel);
+        // Never above what a copy may carry: a floor raised past it (catch-up from a replica
+        // holding a corrupt or hostile version) made every later push write rows every
+        // replica refuses, and a checkpoint this pod could not restore.
+        self.version_floor.fetch_max(floor.min(MAX_VERSION), Ordering::AcqRel);
     }
 
     /// Fetched keys that had no row, since the table was made.
@@ -746,7 +749,8 @@ impl Table {
                     }
                 }
                 // One more than the row's version (0 for a new row), and at least the floor.
-                let next = |v: u64| v.saturating_add(1).max(floor).min(FREE - 1);
+                // Capped where copies are (see `raise_version_floor`).
+                let next = |v: u64| v.saturating_add(1).max(floor).min(MAX_VERSION);
                 let r = match found {
                     Some(r) => {
                         let r = r as usize;
@@ -759,7 +763,7 @@ impl Table {
                     // tick can be ahead of the floor), so it always has a place.
                     None => {
                         let version = next(0).max(s.oldest_version().saturating_add(1));
-                        match s.insert(key, version.min(FREE - 1), l) {
+                        match s.insert(key, version.min(MAX_VERSION), l) {
                             Some((r, displaced)) => {
                                 self.count_insert(displaced);
                                 r
@@ -1553,6 +1557,26 @@ mod tests {
         let mut out = vec![0f32; 8];
         assert_eq!(t.read_into(&[a, b], &mut out).unwrap().missing, 1, "A displaced, B kept");
         assert_eq!(t.evicted(), 1);
+    }
+
+    /// A floor raised past what copies may carry (a catch-up from a replica holding a corrupt
+    /// version) stops at [`MAX_VERSION`]: later pushes still replicate.
+    #[test]
+    fn pushes_after_a_floor_raised_past_the_copy_bound_still_replicate() {
+        let src = Table::new(spec("t", 2, Optimizer::Sgd { lr: 0.1 })).unwrap();
+        src.raise_version_floor(MAX_VERSION + 1);
+        src.raise_version_floor(u64::MAX);
+        src.push(&[5], &[0.5; 2], None).unwrap();
+        src.push(&[5], &[0.5; 2], None).unwrap();
+        let (k, v) = state_copy(&src, &[5]);
+        let dst = Table::new(spec("t", 2, Optimizer::Sgd { lr: 0.1 })).unwrap();
+        let got = dst.apply_replica_state_le(LeU64s::new(&k).unwrap(), LeF32s::new(&v).unwrap());
+        assert_eq!(got.unwrap(), 1, "the replica takes the row");
+        let mut out = [0f32; 2];
+        dst.read_into(&[5], &mut out).unwrap();
+        let mut want = [0f32; 2];
+        src.read_into(&[5], &mut want).unwrap();
+        assert_eq!(out, want);
     }
 
     #[test]
