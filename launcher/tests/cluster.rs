@@ -92,6 +92,27 @@ impl Run {
         c
     }
 
+    /// A 1×2 cluster whose ranker hangs, started in the background: the launcher, its pid
+    /// and the pids it recorded once the two servers and the ranker are up.
+    fn start_hanging_ranker(&self, salt: u16) -> (std::process::Child, u32, Vec<u64>) {
+        let child = self
+            .cmd(salt, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let launcher = child.id();
+        let pids = wait_recorded(launcher, 3);
+        assert_eq!(pids.len(), 3, "two servers and a ranker started");
+        (child, launcher, pids)
+    }
+
+    /// `<out>/report.json`, which must exist.
+    fn report(&self) -> Value {
+        let text = std::fs::read_to_string(self.dir.join("out/report.json")).unwrap();
+        serde_json::from_str(&text).expect("report.json is JSON")
+    }
+
     fn run(&self, salt: u16, sets: &[&str]) -> (Output, Value) {
         let out = self.cmd(salt, sets).output().expect("bex-cluster runs");
         let report = std::fs::read_to_string(self.dir.join("out/report.json"))
@@ -281,9 +302,7 @@ fn a_held_cluster_serves_until_sigterm_and_then_succeeds() {
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "a signal is how a held run ends");
-    let rep: Value =
-        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
-            .unwrap();
+    let rep = r.report();
     assert_eq!(rep["ok"], true, "{rep:#}");
     assert_eq!(rep["servers"].as_array().unwrap().len(), 2);
     for s in rep["servers"].as_array().unwrap() {
@@ -329,9 +348,7 @@ fn sigterm_mid_run_tears_everything_down() {
     for p in &pids {
         assert!(!alive(*p), "pid {p} survived the launcher");
     }
-    let rep: Value =
-        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
-            .unwrap();
+    let rep = r.report();
     assert_eq!(rep["ok"], false);
     assert!(rep["reasons"].to_string().contains("interrupted by SIGTERM"), "{rep:#}");
     // The clients got SIGTERM and wrote their reports (the contract), which are embedded.
@@ -350,15 +367,7 @@ fn sigterm_mid_run_tears_everything_down() {
 #[test]
 fn a_sigterm_teardown_waits_on_a_hung_server_only_for_its_stop_grace() {
     let r = setup("hung", 1, 2);
-    let mut child = r
-        .cmd(11, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let launcher = child.id();
-    let pids = wait_recorded(launcher, 3);
-    assert_eq!(pids.len(), 3, "two servers and a ranker started");
+    let (mut child, launcher, pids) = r.start_hanging_ranker(11);
     // Lines of "PID START_TIME NAME"; servers are named ps-p<pod>-s<shard>.
     let record = std::fs::read_to_string(record_of(launcher)).unwrap();
     let server = record
@@ -378,9 +387,7 @@ fn a_sigterm_teardown_waits_on_a_hung_server_only_for_its_stop_grace() {
     for p in &pids {
         assert!(!alive(*p), "pid {p} survived the launcher");
     }
-    let rep: Value =
-        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
-            .unwrap();
+    let rep = r.report();
     assert!(rep["reasons"].to_string().contains("did not exit cleanly"), "{rep:#}");
 }
 
@@ -421,9 +428,7 @@ fn a_launcher_told_to_die_with_its_parent_tears_down_when_the_parent_is_sigkille
     for p in &pids {
         assert!(!alive(*p), "pid {p} survived the launcher");
     }
-    let rep: Value =
-        serde_json::from_str(&std::fs::read_to_string(r.dir.join("out/report.json")).unwrap())
-            .unwrap();
+    let rep = r.report();
     assert!(rep["reasons"].to_string().contains("interrupted by SIGTERM"), "{rep:#}");
 }
 
@@ -558,15 +563,7 @@ fn real_clients_when_available() {
 #[test]
 fn sigkilled_launcher_leaves_nothing_after_cleanup() {
     let r = setup("sigkill", 1, 2);
-    let mut child = r
-        .cmd(7, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let launcher = child.id();
-    let pids = wait_recorded(launcher, 3);
-    assert_eq!(pids.len(), 3, "2 servers and the ranker started");
+    let (mut child, launcher, pids) = r.start_hanging_ranker(7);
     child.kill().unwrap();
     child.wait().unwrap();
     // Every child dies with the launcher (pdeathsig → SIGTERM: servers checkpoint and exit),
