@@ -536,6 +536,11 @@ impl Table {
         self.layout.stride + STATE_EXTRA_WORDS
     }
 
+    /// Whether `key` has a row (pushed, created by a fetch, or copied).
+    pub fn contains(&self, key: u64) -> bool {
+        self.stripe(key).read().find(key).is_some()
+    }
+
     /// Rows stored.
     pub fn rows(&self) -> u64 {
         self.rows.load(Ordering::Relaxed)

@@ -27,10 +27,17 @@ use tokio::sync::Notify;
 
 /// The keys applied on the training pod that one replica has not acknowledged yet. Their
 /// latest values are read when they are sent, so however long a replica was away (dead,
-/// partitioned, restarting) it catches up from this set, which is bounded by the table's
-/// rows: nothing is ever dropped. (A bounded queue of applied batches dropped updates when
-/// a replica was away for long and left it stale for good: found by the simulated fault
-/// matrix, `sim/cluster`.)
+/// partitioned, restarting) it catches up from this set. (A bounded queue of applied batches
+/// dropped updates when a replica was away for long and left it stale for good: found by
+/// the simulated fault matrix, `sim/cluster`.)
+///
+/// The set is bounded by about twice the table's rows, not by the keys pushed: once it
+/// outgrows that, the keys that have no row here (evicted, expired, never admitted) are
+/// dropped from it ([`Backlog::prune`]). Nothing is lost by that: a copy of an absent row is
+/// version 0 and stores nothing at the replica, and the replica drops an evicted row itself
+/// when the newer rows that displaced it here arrive (eviction is by version; see
+/// `bex_ps_core::table`). Without it, a replica away during a long-tail stream cost the
+/// training pod 8+ bytes per distinct key ever pushed.
 #[derive(Debug, Default)]
 struct Backlog {
     state: Mutex<BacklogState>,
@@ -52,6 +59,11 @@ struct BacklogState {
     /// Keys of pushes waiting for a first replica's acknowledgement (`push_ack =
     /// replicated`): not queued here yet, but lacking at this replica too.
     awaiting: u64,
+    /// Keys taken out of `tables` by a running [`Backlog::prune`] (still lacking at the
+    /// replica until it puts the kept ones back).
+    pruning: u64,
+    /// A prune is running (one at a time).
+    prune_running: bool,
     /// When the oldest change still in the set was applied.
     oldest: Option<Instant>,
     /// Since when the replica has lacked some change (None: it has every change).
@@ -61,9 +73,14 @@ struct BacklogState {
 impl BacklogState {
     /// Forgets since when the replica was behind once it lacks nothing.
     fn caught_up_check(&mut self) {
-        if self.keys + self.push_keys + self.in_flight + self.awaiting == 0 {
+        if self.lacking() == 0 {
             self.behind_since = None;
         }
+    }
+
+    /// Keys the replica lacks: waiting, pending pushes', being pruned, in flight, awaited.
+    fn lacking(&self) -> u64 {
+        self.keys + self.push_keys + self.pruning + self.in_flight + self.awaiting
     }
 }
 
@@ -71,6 +88,14 @@ impl BacklogState {
 /// rows still reach the replica, but without their identity (a retry of one of them after
 /// a failover could be applied twice). Bounds the memory of a long outage.
 const MAX_PENDING_PUSHES: usize = 4096;
+
+/// Keys the pending pushes hold at most (32 MiB of keys): 4096 pushes of a million keys
+/// each would otherwise hold 32 GiB.
+const MAX_PENDING_PUSH_KEYS: u64 = 1 << 22;
+
+/// A table's key set is pruned when it holds more than twice the table's rows and this
+/// many keys more (a small table is not pruned on every push).
+const PRUNE_SLACK_KEYS: u64 = 4096;
 
 /// A push whose rows a replica has not acknowledged: the forwarder sends the rows' current
 /// state under the push's (client, seq).
@@ -153,9 +178,12 @@ impl Backlog {
     fn push_pending(&self, push: PendingPush, dim: u32, now: Instant) -> bool {
         {
             let mut st = self.state.lock();
-            if st.pushes.len() < MAX_PENDING_PUSHES {
+            let keys = push.keys.len() as u64;
+            if st.pushes.len() < MAX_PENDING_PUSHES
+                && st.push_keys.saturating_add(keys) <= MAX_PENDING_PUSH_KEYS
+            {
                 st.behind_since.get_or_insert(now);
-                st.push_keys += push.keys.len() as u64;
+                st.push_keys += keys;
                 st.pushes.push_back(push);
                 drop(st);
                 self.ready.notify_one();
@@ -164,6 +192,67 @@ impl Backlog {
         }
         self.mark(push.table, dim, push.keys.into_iter(), now);
         false
+    }
+
+    /// Whether `table`'s key set has outgrown its `rows` (twice, plus [`PRUNE_SLACK_KEYS`])
+    /// and no prune runs; if so, a prune is now running and the caller must call
+    /// [`Backlog::prune`].
+    fn start_prune(&self, table: u32, rows: u64) -> bool {
+        let mut st = self.state.lock();
+        let len = st.tables.get(&table).map_or(0, |(_, set)| set.len() as u64);
+        let start =
+            !st.prune_running && len > rows.saturating_mul(2).saturating_add(PRUNE_SLACK_KEYS);
+        st.prune_running |= start;
+        start
+    }
+
+    /// Ends a started prune that cannot run.
+    fn abandon_prune(&self) {
+        self.state.lock().prune_running = false;
+    }
+
+    /// Drops the keys of `table` for which `live` is false (after [`Backlog::start_prune`]);
+    /// returns how many. The lock is held only to take the set out and to put the kept keys
+    /// back: `live` looks up every key, which for a large table takes long.
+    fn prune(&self, table: u32, live: impl Fn(u64) -> bool) -> u64 {
+        let (dim, mut set, oldest) = {
+            let mut st = self.state.lock();
+            let Some((dim, set)) = st.tables.get_mut(&table) else {
+                st.prune_running = false;
+                return 0;
+            };
+            let (dim, set) = (*dim, std::mem::take(set));
+            st.keys -= set.len() as u64;
+            st.pruning += set.len() as u64;
+            (dim, set, st.oldest)
+        };
+        let before = set.len() as u64;
+        set.retain(|&k| live(k));
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        st.pruning -= before;
+        st.prune_running = false;
+        let kept = set.len() as u64;
+        if kept > 0 {
+            // `take` may have emptied the entry meanwhile and forgotten the oldest change.
+            st.oldest = match (st.oldest, oldest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let (_, cur) = st.tables.entry(table).or_insert_with(|| (dim, BTreeSet::new()));
+            let counted = cur.len() as u64;
+            if cur.len() < set.len() {
+                std::mem::swap(cur, &mut set);
+            }
+            cur.extend(set);
+            st.keys += cur.len() as u64 - counted;
+        }
+        st.caught_up_check();
+        drop(guard);
+        if kept > 0 {
+            self.ready.notify_one();
+        }
+        before - kept
     }
 
     /// The oldest pending push (now counted in flight until [`Backlog::settled`]).
@@ -204,13 +293,13 @@ impl Backlog {
     fn lag(&self, now: Instant) -> (u64, Duration) {
         let st = self.state.lock();
         let behind = st.behind_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-        (st.keys + st.push_keys + st.in_flight + st.awaiting, behind)
+        (st.lacking(), behind)
     }
 
     /// Keys the replica does not have yet: waiting or in flight.
     fn unacked(&self) -> u64 {
         let st = self.state.lock();
-        st.keys + st.push_keys + st.in_flight
+        st.keys + st.push_keys + st.pruning + st.in_flight
     }
 }
 
@@ -238,6 +327,7 @@ pub struct Metrics {
     replicated_requests: Counter,
     push_not_replicated: Counter,
     replication_overflow: Counter,
+    replication_pruned: Counter,
     checkpoint_failures: Counter,
 }
 
@@ -340,6 +430,14 @@ impl Metrics {
                     "bex_ps_replication_overflow_total",
                     "Pushes whose rows went to a replica without their identity (the queue \
                      of pending pushes was full)",
+                    &[],
+                )
+                .expect("static metric"),
+            replication_pruned: registry
+                .counter(
+                    "bex_ps_replication_pruned_keys_total",
+                    "Keys dropped from a replica's backlog because their rows are gone here \
+                     (evicted, expired or never admitted): a copy would store nothing",
                     &[],
                 )
                 .expect("static metric"),
@@ -916,8 +1014,30 @@ impl PsServer {
         for (i, b) in self.repl.iter().enumerate() {
             if Some(i) != except && !b.push_pending(push.clone(), dim, now) {
                 self.metrics.replication_overflow.inc();
+                self.prune_backlog(b, push.table);
             }
         }
+    }
+
+    /// Once `b`'s key set of `table` outgrows the table, drops the keys without a row here
+    /// on a blocking thread (see [`Backlog`]).
+    fn prune_backlog(&self, b: &Arc<Backlog>, table: u32) {
+        let Some(rows) = self.tables.get(table).map(Table::rows) else { return };
+        if !b.start_prune(table, rows) {
+            return;
+        }
+        let (b, tables, metrics) = (b.clone(), self.tables.clone(), self.metrics.clone());
+        tokio::task::spawn_blocking(move || {
+            let Some(t) = tables.get(table) else { return b.abandon_prune() };
+            // Again while keys marked during a prune keep the set oversized, so an idle
+            // backlog is within its bound.
+            loop {
+                metrics.replication_pruned.add(b.prune(table, |k| t.contains(k)));
+                if !b.start_prune(table, t.rows()) {
+                    break;
+                }
+            }
+        });
     }
 
     /// `push_ack = replicated`: sends the current rows of `push`'s keys, under its identity,
@@ -1543,6 +1663,22 @@ mod tests {
         assert_eq!(b.pending(), 0);
         assert_eq!(b.take(10, later), (Vec::new(), None));
     }
+    #[test]
+    fn pending_pushes_hold_a_bounded_number_of_keys() {
+        let b = Backlog::default();
+        let now = crate::clock::now();
+        let push = |keys: std::ops::Range<u64>, seq| PendingPush {
+            table: 0,
+            keys: keys.collect(),
+            client: 5,
+            seq,
+        };
+        assert!(b.push_pending(push(0..MAX_PENDING_PUSH_KEYS - 1, 1), 4, now));
+        assert!(!b.push_pending(push(0..2, 2), 4, now), "past the bound: into the key set");
+        assert_eq!(b.pending(), 2);
+        assert!(b.push_pending(push(2..3, 3), 4, now), "one more key fits");
+    }
+
     use bex_ps_proto::Config;
     use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
     use bex_rnic::Device;
@@ -1558,9 +1694,23 @@ mod tests {
             "[cluster]\npods = {pods}\nshards = 1\n[[tables]]\nname = \"t\"\ndim = 32\n"
         ))
         .unwrap();
+        server_of(&cfg, pod, max_frame_bytes, None)
+    }
+
+    fn test_pool() -> &'static Pool {
         let dev = Fabric::new(1, LinkModel::default()).add_device(NicConfig::default());
         let pd = dev.alloc_pd().unwrap();
-        let pool = Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap().leak();
+        Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap().leak()
+    }
+
+    /// Shard 0 of mini-pod `pod` of `cfg`'s cluster, forwarding to `replicas` if it trains.
+    fn server_of(
+        cfg: &Config,
+        pod: u32,
+        max_frame_bytes: usize,
+        replicas: Option<(Arc<Client>, Vec<u32>)>,
+    ) -> Arc<PsServer> {
+        let pool = test_pool();
         PsServer::new(
             ServerParts {
                 pod,
@@ -1578,7 +1728,7 @@ mod tests {
                 push_ack_timeout: Duration::from_millis(100),
             },
             &cfg.topology().unwrap(),
-            None,
+            replicas,
             1,
         )
     }
@@ -1604,6 +1754,61 @@ mod tests {
         let r = Handler(s.clone()).handle(Op::Push as u16, m).await.unwrap();
         let body = &r.as_slice()[HEADER_LEN..];
         wire::decode_response(body, &Limits::default()).unwrap().header.status
+    }
+
+    // A replica away through a long-tail stream: once the pending pushes are full, the
+    // training pod's backlog for it keeps the keys whose rows are here and drops the rest,
+    // so it is bounded by the table's capacity, not by the distinct keys pushed; no key
+    // with a row is dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backlog_for_an_absent_replica_keeps_only_the_keys_with_rows() {
+        const ROWS: u64 = 512;
+        let cfg = Config::from_toml_str(&format!(
+            "[cluster]\npods = 2\nshards = 1\n[[tables]]\nname = \"t\"\ndim = 4\n\
+             capacity = {{ max_rows = {ROWS} }}\n"
+        ))
+        .unwrap();
+        // The replica's address is a port nobody listens on: every Replicate fails.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let pool = test_pool();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let tcp = bex_transport::TcpTransport::start(pool, any, Default::default()).await.unwrap();
+        let ep = bex_rpc::Endpoint::at(1, closed, closed);
+        let client = Client::new(None, tcp.into(), vec![ep], Default::default());
+        let s = server_of(&cfg, 0, 1 << 20, Some((Arc::new(client), vec![1])));
+        let (batch, pushes) = (16u64, MAX_PENDING_PUSHES as u64 + 2000);
+        for seq in 0..pushes {
+            let keys: Vec<u64> = (seq * batch..(seq + 1) * batch).collect();
+            let mut f = vec![0u8; wire::push_request_len(keys.len(), 4)];
+            let h = DataHeader { table: 0, dim: 4, client: 5, seq: seq + 1, flags: 0 };
+            wire::encode_push_into(&mut f, &h, &keys, &vec![0.5; keys.len() * 4]).unwrap();
+            let m = Msg::copy_from(s.pool, &f).unwrap();
+            let r = Handler(s.clone()).handle(Op::Push as u16, m).await.unwrap();
+            let body = &r.as_slice()[HEADER_LEN..];
+            let status = wire::decode_response(body, &Limits::default()).unwrap().header.status;
+            assert_eq!(status, Status::Ok);
+        }
+        let b = &s.repl[0];
+        let idle = tokio::time::Instant::now() + Duration::from_secs(20);
+        while b.state.lock().prune_running {
+            assert!(tokio::time::Instant::now() < idle, "the prune never ended");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let t = s.tables.get(0).unwrap();
+        let st = b.state.lock();
+        let set = st.tables.get(&0).map(|(_, set)| set.clone()).unwrap_or_default();
+        assert!(
+            set.len() as u64 <= 2 * t.rows() + PRUNE_SLACK_KEYS,
+            "{} keys held for {} rows",
+            set.len(),
+            t.rows()
+        );
+        // Keys past the pending pushes went into the set: those with a row are all there.
+        let first = (MAX_PENDING_PUSHES as u64 + 1) * batch;
+        let live: Vec<u64> = (first..pushes * batch).filter(|&k| t.contains(k)).collect();
+        assert!(live.len() > 100, "{} of the set's keys have rows", live.len());
+        assert!(live.iter().all(|k| set.contains(k)), "a key with a row was dropped");
+        assert!(s.metrics.replication_pruned.get() > 10_000);
     }
 
     // The dedupe contract: a push refused for its values is not admitted, so its corrected
