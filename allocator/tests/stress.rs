@@ -17,10 +17,6 @@ use rand::{Rng, SeedableRng};
 const THREADS: usize = 4;
 const OPS: usize = 30_000;
 
-fn seed() -> u64 {
-    bex_testkit::seed::seeds(0xb33a_110c..0xb33a_110d).start
-}
-
 /// A buffer stamped with its owner and sequence number in its first and last 8 bytes.
 fn stamp(b: &mut RegisteredBuf<'_>, tag: u64) {
     let n = b.len();
@@ -84,7 +80,8 @@ fn worker<'p>(
 
 #[test]
 fn concurrent_allocate_and_free_with_cross_thread_frees() {
-    let seed = seed();
+    let run = bex_testkit::seed::Replay::seed(0xb33a_110c, "cargo test -p bemalloc --test stress");
+    let seed = run.seed;
     let rec = Arc::new(Recorder::default());
     let pool = Pool::with_config(vec![rec.clone()], PoolConfig::default()).unwrap();
     std::thread::scope(|s| {

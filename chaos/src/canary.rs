@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_client::fanout::PsClient;
+use bex_transport_kind::TransportKind;
 use serde::{Deserialize, Serialize};
 
 use crate::{canary_key, shared_canary_key};
@@ -30,7 +31,7 @@ pub struct CanaryReport {
     /// Client id.
     pub client: u64,
     /// Transport.
-    pub transport: String,
+    pub transport: TransportKind,
     /// Table id and dim.
     pub table: u32,
     /// Row width.

@@ -182,7 +182,7 @@ async fn run(cli: Cli) -> Result<bool, (u8, String)> {
             let owner = (!shared_keys).then(|| node.ps.push_id());
             let target = canary::Target { table: t, owner, keys, component };
             let mut report = canary::run(node.ps.clone(), target, in_flight, seconds, stop).await;
-            report.transport = k.to_string();
+            report.transport = k;
             write_json(&common.json, &report).map_err(|e| (1, e))?;
             println!(
                 "canary {id} over {}: {} pushes acknowledged, {} failed, {} keys, {:.1} s{}",

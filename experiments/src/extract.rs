@@ -3,13 +3,14 @@
 
 use bex_process::{CpuTimes, SystemCpu};
 use bex_report::{ClusterReport, RankerReport, TrainerReport};
+use bex_transport_kind::TransportKind;
 use serde::Serialize;
 
 /// One inference run (all rankers of it).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct InferenceRun {
     /// Client transport.
-    pub transport: String,
+    pub transport: TransportKind,
     /// Offered load, requests/s (all rankers).
     pub rate: f64,
     /// Requests completed successfully.
@@ -39,11 +40,68 @@ pub struct InferenceRun {
     pub cpu_sys_us_per_req: f64,
 }
 
+/// What a training run compares (paper Table 7's columns, in their order).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum,
+)]
+pub enum Variant {
+    /// TCP only.
+    #[default]
+    #[serde(rename = "tcp")]
+    #[value(name = "tcp")]
+    Tcp,
+    /// RDMA without a send window.
+    #[serde(rename = "rdma")]
+    #[value(name = "rdma")]
+    Rdma,
+    /// RDMA with `--window` bytes of send window per engine.
+    #[serde(rename = "rdma+window")]
+    #[value(name = "rdma+window")]
+    RdmaWindow,
+}
+
+impl Variant {
+    /// All, in the paper's column order.
+    pub const ALL: [Variant; 3] = [Variant::Tcp, Variant::Rdma, Variant::RdmaWindow];
+
+    /// Its name: `tcp`, `rdma`, `rdma+window`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Tcp => "tcp",
+            Variant::Rdma => "rdma",
+            Variant::RdmaWindow => "rdma+window",
+        }
+    }
+
+    /// The transport its processes use.
+    pub fn transport(self) -> TransportKind {
+        match self {
+            Variant::Tcp => TransportKind::Tcp,
+            Variant::Rdma | Variant::RdmaWindow => TransportKind::Rdma,
+        }
+    }
+
+    /// Its `transport.cwnd_bytes` given the window variant's (0: none).
+    pub fn cwnd_bytes(self, window: u64) -> u64 {
+        if self == Variant::RdmaWindow {
+            window
+        } else {
+            0
+        }
+    }
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One training run (all trainers of it).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct TrainingRun {
-    /// `tcp`, `rdma` (no window) or `rdma+window`.
-    pub variant: String,
+    /// Which of the compared set-ups.
+    pub variant: Variant,
     /// Trainers at once.
     pub trainers: f64,
     /// Busiest trainer's fetch P99, µs.
@@ -95,7 +153,7 @@ fn rnic_sum(report: &ClusterReport, name: &str) -> f64 {
 /// Reads an inference run's `report.json`.
 pub fn inference(
     report: &ClusterReport,
-    transport: &str,
+    transport: TransportKind,
     rate: f64,
 ) -> Result<InferenceRun, String> {
     let r = report.reports().map(|(_, r)| r).collect::<Result<Vec<RankerReport>, String>>()?;
@@ -128,7 +186,7 @@ pub fn inference(
         }
     };
     Ok(InferenceRun {
-        transport: transport.into(),
+        transport,
         rate,
         ok,
         errors: total(|c| (c.errors + c.timeouts) as f64),
@@ -180,14 +238,14 @@ fn tcp_sum(report: &ClusterReport, field: fn(&bex_report::TcpDelta) -> u64) -> f
 }
 
 /// Reads a training run's `report.json`.
-pub fn training(report: &ClusterReport, variant: &str) -> Result<TrainingRun, String> {
+pub fn training(report: &ClusterReport, variant: Variant) -> Result<TrainingRun, String> {
     let t = report.reports().map(|(_, t)| t).collect::<Result<Vec<TrainerReport>, String>>()?;
     if t.is_empty() {
         return Err("no trainer report in report.json".into());
     }
     let worst = |f: fn(&TrainerReport) -> f64| worst_of(&t, f);
     Ok(TrainingRun {
-        variant: variant.into(),
+        variant,
         trainers: t.len() as f64,
         fetch_p99_us: worst(|c| c.fetch_latency.p99_us),
         push_p99_us: worst(|c| c.push_latency.p99_us),
@@ -271,7 +329,7 @@ mod tests {
             }],
             ..ClusterReport::default()
         };
-        let t = training(&r, "rdma").unwrap();
+        let t = training(&r, Variant::Rdma).unwrap();
         assert_eq!(t.trainers, 2.0);
         assert_eq!(t.fetch_p99_us, 1900.0);
         assert_eq!(t.push_p99_us, 1200.0);
@@ -282,7 +340,7 @@ mod tests {
         assert_eq!(t.seq_naks, 1.0);
         assert!(t.tcp_retransmits.is_nan(), "no phase measured TCP");
         assert_eq!(servers_cpu(&r, CpuPart::User), 1.0);
-        assert!(inference(&r, "rdma", 100.0).is_err());
+        assert!(inference(&r, TransportKind::Rdma, 100.0).is_err());
         // Through JSON and back: what bex-cluster writes is what this reads.
         let back = ClusterReport::from_json(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);

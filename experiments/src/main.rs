@@ -77,9 +77,9 @@ enum Cmd {
         /// Bytes a link end may queue (netns; tbf limit): small queues make incast drop.
         #[arg(long, default_value = "128kb")]
         link_queue: String,
-        /// Variants to run (tcp, rdma, rdma+window).
+        /// Variants to run.
         #[arg(long, value_delimiter = ',', default_value = "tcp,rdma,rdma+window")]
-        variants: Vec<String>,
+        variants: Vec<extract::Variant>,
         /// Extra `bex-cluster --set` overrides for every run (repeatable).
         #[arg(long = "set")]
         sets: Vec<String>,
@@ -276,12 +276,12 @@ fn run() -> Result<(), String> {
             let mut failures: Vec<RunFailure> = Vec::new();
             for rep in 0..repeats {
                 for &rate in &rates {
-                    for transport in ["rdma", "tcp"] {
+                    for transport in bex_transport_kind::TransportKind::ALL {
                         let dir = out.join("runs").join(format!("{transport}-{rate}-{rep}"));
                         let args = with_sets(
                             vec![
                                 "--transport".into(),
-                                transport.into(),
+                                transport.to_string(),
                                 "--set".into(),
                                 "launch.phases=[\"inference\"]".into(),
                                 "--set".into(),
@@ -329,9 +329,6 @@ fn run() -> Result<(), String> {
             if trainers.is_empty() || trainers.contains(&0) {
                 return Err("--trainers: counts must be at least 1".into());
             }
-            if let Some(v) = variants.iter().find(|v| !summary::VARIANTS.contains(&v.as_str())) {
-                return Err(format!("--variants: unknown variant {v} (tcp, rdma, rdma+window)"));
-            }
             if !(seconds.is_finite() && seconds > 0.0) || repeats == 0 || window == 0 {
                 return Err("--seconds, --repeats and --window must be positive".into());
             }
@@ -341,19 +338,15 @@ fn run() -> Result<(), String> {
             let mut failures: Vec<RunFailure> = Vec::new();
             for rep in 0..repeats {
                 for &n in &trainers {
-                    for variant in &variants {
-                        let (transport, cwnd) = match variant.as_str() {
-                            "tcp" => ("tcp", 0),
-                            "rdma" => ("rdma", 0),
-                            _ => ("rdma", window),
-                        };
+                    for &variant in &variants {
+                        let (transport, cwnd) = (variant.transport(), variant.cwnd_bytes(window));
                         let dir = out
                             .join("runs")
-                            .join(format!("{}-{n}-{rep}", variant.replace('+', "-")));
+                            .join(format!("{}-{n}-{rep}", variant.name().replace('+', "-")));
                         let args = with_sets(
                             vec![
                                 "--transport".into(),
-                                transport.into(),
+                                transport.to_string(),
                                 "--set".into(),
                                 "launch.phases=[\"training\"]".into(),
                                 "--set".into(),

@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use bex_plot::{grid, Chart, Series, COLORS};
+use bex_transport_kind::TransportKind::{self, Rdma, Tcp};
 use serde::Serialize;
 
-use crate::extract::{InferenceRun, TrainingRun};
+use crate::extract::{InferenceRun, TrainingRun, Variant};
 use crate::paper;
 use crate::stats::{fmt_ratio, median, ratio};
 
@@ -14,7 +15,7 @@ use crate::stats::{fmt_ratio, median, ratio};
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct InferenceCell {
     /// Transport.
-    pub transport: String,
+    pub transport: TransportKind,
     /// Offered rate, req/s.
     pub rate: f64,
     /// Runs in the cell.
@@ -33,14 +34,14 @@ fn key(rate: f64) -> u64 {
 
 /// Groups runs by (transport, rate) and takes medians.
 pub fn inference_cells(runs: &[InferenceRun]) -> Vec<InferenceCell> {
-    let mut groups: BTreeMap<(String, u64), Vec<&InferenceRun>> = BTreeMap::new();
+    let mut groups: BTreeMap<(TransportKind, u64), Vec<&InferenceRun>> = BTreeMap::new();
     for r in runs {
-        groups.entry((r.transport.clone(), key(r.rate))).or_default().push(r);
+        groups.entry((r.transport, key(r.rate))).or_default().push(r);
     }
     groups
         .into_iter()
         .map(|((transport, _), rs)| InferenceCell {
-            transport: transport.clone(),
+            transport,
             rate: rs[0].rate,
             runs: rs.len(),
             median: InferenceRun {
@@ -63,7 +64,7 @@ pub fn inference_cells(runs: &[InferenceRun]) -> Vec<InferenceCell> {
         .collect()
 }
 
-fn cell<'a>(cells: &'a [InferenceCell], t: &str, rate: f64) -> Option<&'a InferenceRun> {
+fn cell(cells: &[InferenceCell], t: TransportKind, rate: f64) -> Option<&InferenceRun> {
     cells.iter().find(|c| c.transport == t && key(c.rate) == key(rate)).map(|c| &c.median)
 }
 
@@ -84,7 +85,7 @@ pub fn inference_markdown(cells: &[InferenceCell], command: &str) -> String {
     rates.sort_by(f64::total_cmp);
     rates.dedup_by(|a, b| key(*a) == key(*b));
     for rate in rates {
-        let (Some(r), Some(t)) = (cell(cells, "rdma", rate), cell(cells, "tcp", rate)) else {
+        let (Some(r), Some(t)) = (cell(cells, Rdma, rate), cell(cells, Tcp, rate)) else {
             continue;
         };
         let runs = cells.iter().filter(|c| key(c.rate) == key(rate)).map(|c| c.runs).max();
@@ -155,7 +156,7 @@ pub fn inference_markdown(cells: &[InferenceCell], command: &str) -> String {
 
 /// Pull latency and CPU against the offered rate, RDMA and TCP.
 pub fn inference_svg(cells: &[InferenceCell]) -> String {
-    let line = |t: &str, f: &dyn Fn(&InferenceRun) -> f64| {
+    let line = |t: TransportKind, f: &dyn Fn(&InferenceRun) -> f64| {
         let mut pts: Vec<(f64, f64)> =
             cells.iter().filter(|c| c.transport == t).map(|c| (c.rate, f(&c.median))).collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -170,14 +171,14 @@ pub fn inference_svg(cells: &[InferenceCell]) -> String {
             "offered load (req/s)",
             y,
             vec![
-                Series::new("RDMA P99", COLORS[0], line("rdma", f)),
-                Series::new("TCP P99", COLORS[1], line("tcp", f)),
-                Series::new("RDMA mean", COLORS[0], line("rdma", g)).dashed(),
-                Series::new("TCP mean", COLORS[1], line("tcp", g)).dashed(),
+                Series::new("RDMA P99", COLORS[0], line(Rdma, f)),
+                Series::new("TCP P99", COLORS[1], line(Tcp, f)),
+                Series::new("RDMA mean", COLORS[0], line(Rdma, g)).dashed(),
+                Series::new("TCP mean", COLORS[1], line(Tcp, g)).dashed(),
             ],
         )
     };
-    let cpu = |t: &str| {
+    let cpu = |t: TransportKind| {
         line(t, &|r: &InferenceRun| r.machine_user_pct + r.machine_sys_pct + r.machine_softirq_pct)
     };
     let charts = [
@@ -188,11 +189,11 @@ pub fn inference_svg(cells: &[InferenceCell]) -> String {
             "offered load (req/s)",
             "% of all CPUs",
             vec![
-                Series::new("RDMA", COLORS[0], cpu("rdma")),
-                Series::new("TCP", COLORS[1], cpu("tcp")),
-                Series::new("RDMA softirq", COLORS[0], line("rdma", &|r| r.machine_softirq_pct))
+                Series::new("RDMA", COLORS[0], cpu(Rdma)),
+                Series::new("TCP", COLORS[1], cpu(Tcp)),
+                Series::new("RDMA softirq", COLORS[0], line(Rdma, &|r| r.machine_softirq_pct))
                     .dashed(),
-                Series::new("TCP softirq", COLORS[1], line("tcp", &|r| r.machine_softirq_pct))
+                Series::new("TCP softirq", COLORS[1], line(Tcp, &|r| r.machine_softirq_pct))
                     .dashed(),
             ],
         ),
@@ -211,9 +212,9 @@ pub struct TrainingCell {
 
 /// Groups training runs by (variant, trainers) and takes medians.
 pub fn training_cells(runs: &[TrainingRun]) -> Vec<TrainingCell> {
-    let mut groups: BTreeMap<(String, u64), Vec<&TrainingRun>> = BTreeMap::new();
+    let mut groups: BTreeMap<(Variant, u64), Vec<&TrainingRun>> = BTreeMap::new();
     for r in runs {
-        groups.entry((r.variant.clone(), r.trainers as u64)).or_default().push(r);
+        groups.entry((r.variant, r.trainers as u64)).or_default().push(r);
     }
     let m = |rs: &[&TrainingRun], f: &dyn Fn(&TrainingRun) -> f64| {
         median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
@@ -223,7 +224,7 @@ pub fn training_cells(runs: &[TrainingRun]) -> Vec<TrainingCell> {
         .map(|rs| TrainingCell {
             runs: rs.len(),
             median: TrainingRun {
-                variant: rs[0].variant.clone(),
+                variant: rs[0].variant,
                 trainers: rs[0].trainers,
                 fetch_p99_us: m(&rs, &|r| r.fetch_p99_us),
                 push_p99_us: m(&rs, &|r| r.push_p99_us),
@@ -243,9 +244,6 @@ pub fn training_cells(runs: &[TrainingRun]) -> Vec<TrainingCell> {
         .collect()
 }
 
-/// The variants in the paper's column order.
-pub const VARIANTS: [&str; 3] = ["tcp", "rdma", "rdma+window"];
-
 /// The training summary: per trainer count, the three variants next to the paper's Table 7.
 pub fn training_markdown(cells: &[TrainingCell], command: &str, setup: &str) -> String {
     let mut o = String::new();
@@ -257,14 +255,14 @@ pub fn training_markdown(cells: &[TrainingCell], command: &str, setup: &str) -> 
     let mut counts: Vec<u64> = cells.iter().map(|c| c.median.trainers as u64).collect();
     counts.sort_unstable();
     counts.dedup();
-    let find = |v: &str, n: u64| {
+    let find = |v: Variant, n: u64| {
         cells.iter().find(|c| c.median.variant == v && c.median.trainers as u64 == n)
     };
     for n in counts {
         let _ = writeln!(o, "## {n} trainers\n");
         let _ = writeln!(o, "| metric | TCP | RDMA (no window) | RDMA + window | paper TCP | paper RDMA HW only | paper RDMA HW+SW |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|");
-        let cols: Vec<Option<&TrainingCell>> = VARIANTS.iter().map(|v| find(v, n)).collect();
+        let cols: Vec<Option<&TrainingCell>> = Variant::ALL.iter().map(|&v| find(v, n)).collect();
         let row =
             |o: &mut String, name: &str, f: &dyn Fn(&TrainingRun) -> String, p: [String; 3]| {
                 let vals: Vec<String> =
@@ -297,7 +295,7 @@ pub fn training_markdown(cells: &[TrainingCell], command: &str, setup: &str) -> 
             &mut o,
             "loss indicator",
             &|r| {
-                if r.variant == "tcp" {
+                if r.variant == Variant::Tcp {
                     if r.tcp_retransmits.is_nan() {
                         "TCP retransmits not measured".into()
                     } else {
@@ -339,7 +337,7 @@ pub fn training_markdown(cells: &[TrainingCell], command: &str, setup: &str) -> 
 
 /// Fetch/push P99 and retransmits against the number of trainers, per variant.
 pub fn training_svg(cells: &[TrainingCell]) -> String {
-    let line = |v: &str, f: &dyn Fn(&TrainingRun) -> f64| {
+    let line = |v: Variant, f: &dyn Fn(&TrainingRun) -> f64| {
         let mut pts: Vec<(f64, f64)> = cells
             .iter()
             .filter(|c| c.median.variant == v)
@@ -353,14 +351,18 @@ pub fn training_svg(cells: &[TrainingCell]) -> String {
             title,
             "trainers",
             y,
-            VARIANTS.iter().zip(COLORS).map(|(v, c)| Series::new(*v, c, line(v, f))).collect(),
+            Variant::ALL
+                .iter()
+                .zip(COLORS)
+                .map(|(&v, c)| Series::new(v.name(), c, line(v, f)))
+                .collect(),
         )
     };
     let charts = [
         chart("busiest trainer's Push P99", "µs", &|r| r.push_p99_us),
         chart("busiest trainer's Fetch P99", "µs", &|r| r.fetch_p99_us),
         chart("retransmitted packets (RNIC) / TCP retransmits", "packets", &|r| {
-            if r.variant == "tcp" {
+            if r.variant == Variant::Tcp {
                 r.tcp_retransmits
             } else {
                 r.retransmits
@@ -383,21 +385,21 @@ fn verdict(ratio: Option<f64>, limit: f64) -> &'static str {
 mod tests {
     use super::*;
 
-    fn run(t: &str, rate: f64, p99: f64) -> InferenceRun {
-        InferenceRun { transport: t.into(), rate, pull_p99_us: p99, ..Default::default() }
+    fn run(t: TransportKind, rate: f64, p99: f64) -> InferenceRun {
+        InferenceRun { transport: t, rate, pull_p99_us: p99, ..Default::default() }
     }
 
     #[test]
     fn inference_cells_take_medians_and_the_target_is_judged() {
         let runs = [
-            run("rdma", 100.0, 300.0),
-            run("rdma", 100.0, 100.0),
-            run("rdma", 100.0, 200.0),
-            run("tcp", 100.0, 400.0),
+            run(Rdma, 100.0, 300.0),
+            run(Rdma, 100.0, 100.0),
+            run(Rdma, 100.0, 200.0),
+            run(Tcp, 100.0, 400.0),
         ];
         let cells = inference_cells(&runs);
         assert_eq!(cells.len(), 2);
-        assert_eq!(cell(&cells, "rdma", 100.0).unwrap().pull_p99_us, 200.0);
+        assert_eq!(cell(&cells, Rdma, 100.0).unwrap().pull_p99_us, 200.0);
         let md = inference_markdown(&cells, "x");
         assert!(md.contains("0.50×"), "{md}");
         assert!(md.contains("**met**"), "{md}");
@@ -406,14 +408,17 @@ mod tests {
 
     #[test]
     fn training_target_not_met_is_said() {
-        let mk = |v: &str, push: f64| TrainingRun {
-            variant: v.into(),
+        let mk = |variant: Variant, push: f64| TrainingRun {
+            variant,
             trainers: 4.0,
             push_p99_us: push,
             ..Default::default()
         };
-        let cells =
-            training_cells(&[mk("tcp", 900.0), mk("rdma", 1000.0), mk("rdma+window", 700.0)]);
+        let cells = training_cells(&[
+            mk(Variant::Tcp, 900.0),
+            mk(Variant::Rdma, 1000.0),
+            mk(Variant::RdmaWindow, 700.0),
+        ]);
         let md = training_markdown(&cells, "x", "setup");
         assert!(md.contains("0.70×") && md.contains("**not met**"), "{md}");
         assert!(training_svg(&cells).contains("rdma+window"));

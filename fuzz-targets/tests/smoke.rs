@@ -1,6 +1,6 @@
 //! The stable smoke run of every fuzz target: each seed as is, then seeded random bytes and
 //! mutated seeds (byte-level; line- and number-level for the config text). A failure prints
-//! the target, the seed, the iteration and the input; rerun one with `BEX_FUZZ_SEED=<seed>`.
+//! the target, the seed, the iteration and the input; rerun one with the `BEX_SEED=<seed>` line it prints.
 //! `BEX_FUZZ_ITERS=<n>` scales the number of inputs (default: a few seconds in debug).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -116,16 +116,17 @@ fn mutate_text(rng: &mut ChaCha8Rng, b: &mut Vec<u8>) {
 
 fn run(name: &str, default_iters: u64) {
     let target: Target = TARGETS.iter().find(|t| t.0 == name).expect("a target of that name").1;
-    let seed = env_u64("BEX_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
+    let seed = bex_testkit::seed::seeds(DEFAULT_SEED..DEFAULT_SEED + 1).start;
     let iters = env_u64("BEX_FUZZ_ITERS").unwrap_or(default_iters);
     let bases = seeds(name);
     assert!(!bases.is_empty(), "{name} has seeds");
     let check = |i: u64, input: &[u8]| {
         if let Err(e) = catch_unwind(AssertUnwindSafe(|| target(input))) {
             eprintln!(
-                "fuzz smoke failure: target={name} seed={seed} iteration={i} input({} B)={:02x?}",
+                "fuzz smoke failure: target={name} seed={seed} iteration={i} input({} B)={:02x?}\n{}",
                 input.len(),
-                input
+                input,
+                bex_testkit::seed::replay(seed, "cargo test -p bex-fuzz-targets --test smoke"),
             );
             std::panic::resume_unwind(e);
         }

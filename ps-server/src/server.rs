@@ -1187,24 +1187,30 @@ impl PsServer {
         match op {
             Op::Fetch => self.fetch(v),
             Op::Push | Op::Replicate => self.update(op, v).await,
-            Op::Tables => {
-                let info = TablesInfo { tables: self.tables.infos(), shards: self.shards };
-                self.control(op, seq, &info)
-            }
+            Op::Tables => self.tables_info(seq),
             Op::Health => self.control(op, seq, &self.health()),
-            Op::Checkpoint => {
-                // The body is checked like every control body; `wait` changes nothing (the
-                // answer always comes once the checkpoint is durable).
-                if let Err(e) = v.control::<CheckpointRequest>() {
-                    return self.error(Some(op), Status::BadControl, seq, &e.to_string());
-                }
-                match self.checkpoint().await {
-                    Ok(s) => self.control(op, seq, &s),
-                    Err(e) => self.error(Some(op), Status::Internal, seq, &e),
-                }
-            }
+            Op::Checkpoint => self.checkpoint_op(v).await,
             Op::Snapshot => self.snapshot(v),
             Op::Admin => self.admin(v),
+        }
+    }
+
+    /// Tables: the table definitions and the shard count (clients check their file by it).
+    fn tables_info(&self, seq: u64) -> Result<Msg, RpcError> {
+        let info = TablesInfo { tables: self.tables.infos(), shards: self.shards };
+        self.control(Op::Tables, seq, &info)
+    }
+
+    /// Checkpoint: answered once the checkpoint is durable. The body is checked like every
+    /// control body; its `wait` changes nothing.
+    async fn checkpoint_op(self: &Arc<Self>, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let (op, seq) = (Op::Checkpoint, v.header.seq);
+        if let Err(e) = v.control::<CheckpointRequest>() {
+            return self.error(Some(op), Status::BadControl, seq, &e.to_string());
+        }
+        match self.checkpoint().await {
+            Ok(s) => self.control(op, seq, &s),
+            Err(e) => self.error(Some(op), Status::Internal, seq, &e),
         }
     }
 

@@ -1,14 +1,24 @@
 //! The one seed variable of the tests: `BEX_SEED=n` runs seed n, `BEX_SEED=a..b` seeds a to
-//! b − 1. A test that fails prints the line that replays it ([`replay`]).
+//! b − 1. A test that fails prints the line that replays it ([`replay`], [`Replay`]).
 //!
 //! The names older tests read (`BEX_SIM_SEED`, `BEX_SIM_SEEDS`, `BEX_SIM_SEED_RANGE`,
-//! `BEX_SIMCLUSTER_SEEDS`) still work, with a warning naming the `BEX_SEED` that replaces
-//! them.
+//! `BEX_SIMCLUSTER_SEEDS`, `BEX_FUZZ_SEED`) are refused with the `BEX_SEED` that replaces
+//! them, rather than read (two names for one thing) or ignored (a replay that silently ran
+//! the default seeds).
 
 use std::ops::Range;
 
 /// The variable.
 pub const VAR: &str = "BEX_SEED";
+
+/// Variables no longer read.
+const RETIRED: [&str; 5] = [
+    "BEX_SIM_SEED",
+    "BEX_SIM_SEEDS",
+    "BEX_SIM_SEED_RANGE",
+    "BEX_SIMCLUSTER_SEEDS",
+    "BEX_FUZZ_SEED",
+];
 
 /// Parses `n` or `a..b` (a < b).
 pub fn parse(text: &str) -> Result<Range<u64>, String> {
@@ -32,33 +42,48 @@ pub fn parse(text: &str) -> Result<Range<u64>, String> {
     }
 }
 
-/// The seeds to run: `BEX_SEED`'s, else an older variable's (with a warning), else
-/// `default`. Panics with a clear message on a malformed value (it is a test's input).
+/// The seeds to run: `BEX_SEED`'s, else `default`. Panics with a clear message on a
+/// malformed value or a retired variable (it is a test's input).
 pub fn seeds(default: Range<u64>) -> Range<u64> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    if let Some(v) = var(VAR) {
-        return parse(&v).unwrap_or_else(|e| panic!("{e}"));
+    seeds_in(|name| std::env::var(name).ok(), default).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`seeds`] with the environment read through `var`.
+fn seeds_in(
+    var: impl Fn(&str) -> Option<String>,
+    default: Range<u64>,
+) -> Result<Range<u64>, String> {
+    let var = |name: &str| var(name).filter(|v| !v.is_empty());
+    if let Some(old) = RETIRED.iter().find(|n| var(n).is_some()) {
+        return Err(format!("{old} is no longer read: set {VAR}=n or {VAR}=a..b"));
     }
-    type FromCount = fn(u64) -> Range<u64>;
-    let legacy: [(&str, FromCount); 3] = [
-        ("BEX_SIM_SEED", |s| s..s.saturating_add(1)),
-        ("BEX_SIM_SEEDS", |n| 1..n.saturating_add(1)),
-        ("BEX_SIMCLUSTER_SEEDS", |n| 0..n),
-    ];
-    for (name, range) in legacy {
-        if let Some(v) = var(name) {
-            let n = v.trim().parse().unwrap_or_else(|_| panic!("{name}={v}: not a number"));
-            let r = range(n);
-            eprintln!("{name} is deprecated: use {VAR}={}..{}", r.start, r.end);
-            return r;
+    var(VAR).map_or(Ok(default), |v| parse(&v))
+}
+
+/// One seed of a test ([`seeds`]' first) that prints its replay line if the test panics
+/// while this is held.
+#[derive(Debug)]
+pub struct Replay {
+    /// The seed.
+    pub seed: u64,
+    command: String,
+}
+
+impl Replay {
+    /// `BEX_SEED`'s first seed, else `default`; `command` runs the test (e.g. `cargo test
+    /// -p bex-transport --test sim credits`).
+    pub fn seed(default: u64, command: impl Into<String>) -> Replay {
+        let seed = seeds(default..default.saturating_add(1)).start;
+        Replay { seed, command: command.into() }
+    }
+}
+
+impl Drop for Replay {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", replay(self.seed, &self.command));
         }
     }
-    if let Some(v) = var("BEX_SIM_SEED_RANGE") {
-        let r = parse(&v).unwrap_or_else(|e| panic!("BEX_SIM_SEED_RANGE: {e}"));
-        eprintln!("BEX_SIM_SEED_RANGE is deprecated: use {VAR}={v}");
-        return r;
-    }
-    default
 }
 
 /// The line that replays `seed` of the test `command` (e.g. `cargo test -p bex-incast --test
@@ -90,10 +115,23 @@ pub fn run_chunked(seeds: &Range<u64>, chunk: u64, test_args: &[&str]) -> bool {
             "{test_args:?} seeds {a}..{b} failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // A name that matches no test passes with nothing run.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(ran_tests(&stdout), "{test_args:?} seeds {a}..{b} ran no test:\n{stdout}");
         a = b;
     }
     eprintln!("{test_args:?}: {} seeds passed", seeds.end - seeds.start);
     true
+}
+
+/// Whether libtest's output says at least one test passed.
+fn ran_tests(stdout: &str) -> bool {
+    stdout.lines().any(|l| {
+        l.strip_prefix("test result: ok. ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+    })
 }
 
 #[cfg(test)]
@@ -117,11 +155,23 @@ mod tests {
     }
 
     #[test]
-    fn without_a_variable_the_default_runs() {
-        // The test environment does not set BEX_SEED (CI never does).
-        if std::env::var_os(VAR).is_none() && std::env::var_os("BEX_SIM_SEEDS").is_none() {
-            assert_eq!(seeds(1..51), 1..51);
-        }
+    fn the_variable_or_the_default_and_retired_names_are_refused() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(seeds_in(env(&[]), 1..51), Ok(1..51));
+        assert_eq!(seeds_in(env(&[("BEX_SEED", "")]), 1..51), Ok(1..51));
+        assert_eq!(seeds_in(env(&[("BEX_SEED", "4..6")]), 1..51), Ok(4..6));
+        let old = seeds_in(env(&[("BEX_SIM_SEEDS", "9"), ("BEX_SEED", "3")]), 1..51);
+        assert!(old.unwrap_err().contains("BEX_SIM_SEEDS is no longer read"));
+        assert!(seeds_in(env(&[("BEX_SEED", "z")]), 1..51).is_err());
         assert!(!run_chunked(&(0..10), 10, &["never"]));
+    }
+
+    #[test]
+    fn a_child_run_counts_only_if_a_test_passed() {
+        assert!(ran_tests("running 1 test\ntest result: ok. 1 passed; 0 failed; 0 ignored"));
+        assert!(!ran_tests("running 0 tests\ntest result: ok. 0 passed; 0 failed; 0 ignored"));
+        assert!(!ran_tests(""));
     }
 }

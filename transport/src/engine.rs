@@ -707,7 +707,9 @@ impl<T> Engine<T> {
             }
         };
         // A socket blocked on credits kept its place at the head of the scheduler.
-        self.credits.grant(u32::from(h.credits));
+        if !self.credits.grant(u32::from(h.credits)) {
+            Counters::add(&self.counters.malformed, 1);
+        }
         if let (Some(g), Kind::Data | Kind::Rts | Kind::Cts) = (h.grant, h.kind) {
             self.on_grant(h.dst_socket, g);
         }

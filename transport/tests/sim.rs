@@ -1,22 +1,19 @@
-//! Transport behaviour on the in-memory fabric with virtual time: exact and seeded (each
-//! test prints its seed when it fails).
+//! Transport behaviour on the in-memory fabric with virtual time: exact and seeded (`BEX_SEED`
+//! replays another seed; a failing test prints its replay line).
 
 mod common;
 
 use std::time::Duration;
 
 use bex_rnic::soft::LinkModel;
+use bex_testkit::seed::Replay;
 use bex_transport::sim::{SendTicket, SimNet, SimSocket};
 use bex_transport::{Config, Msg, TransportError};
 use common::{check, pattern};
 
-struct Seed(u64);
-impl Drop for Seed {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("simulation seed {} (replay: set it in the test)", self.0);
-        }
-    }
+/// The test's seed (`BEX_SEED`, else `default`), printing its replay line on a failure.
+fn seed(default: u64, test: &str) -> Replay {
+    Replay::seed(default, format!("cargo test -p bex-transport --test sim {test}"))
 }
 
 fn net_pair(
@@ -57,9 +54,9 @@ fn wait_all(net: &mut SimNet, tickets: &mut Vec<SendTicket>, limit: Duration) {
 
 #[test]
 fn credits_prevent_rnr_under_a_flood() {
-    let _seed = Seed(1);
+    let run = seed(1, "credits_prevent_rnr_under_a_flood");
     let cfg = Config { rq_depth: 8, sq_depth: 32, ..Config::default() };
-    let (mut net, a, b, e) = net_pair(1, LinkModel::default(), cfg.clone(), cfg);
+    let (mut net, a, b, e) = net_pair(run.seed, LinkModel::default(), cfg.clone(), cfg);
     let mut pairs: Vec<_> = (0..4).map(|_| open_pair(&mut net, a, b, e)).collect();
     let pool = net.pool(a);
     let n = 500u64;
@@ -95,13 +92,15 @@ fn credits_prevent_rnr_under_a_flood() {
     // b sends no data, so nothing carries its credits back but credit messages.
     let cb = net.counters(b);
     assert!(cb.credit_messages > 0, "the receiver returned credits by message: {cb:?}");
+    // Neither side ever returned more credits than the other's depth (refused as malformed).
+    assert_eq!((c.malformed, cb.malformed), (0, 0));
 }
 
-fn window_run(cwnd: Option<u64>) -> u64 {
+fn window_run(seed: u64, cwnd: Option<u64>) -> u64 {
     let cfg =
         Config { cwnd_bytes: cwnd, fragment_bytes: 4096, eager_max: 4096, ..Config::default() };
     let link = LinkModel { bytes_per_sec: Some(25_000_000_000 / 8), ..LinkModel::default() };
-    let (mut net, a, b, e) = net_pair(2, link, cfg.clone(), cfg);
+    let (mut net, a, b, e) = net_pair(seed, link, cfg.clone(), cfg);
     let pairs: Vec<_> = (0..4).map(|_| open_pair(&mut net, a, b, e)).collect();
     let pool = net.pool(a);
     let mut tickets = Vec::new();
@@ -116,23 +115,23 @@ fn window_run(cwnd: Option<u64>) -> u64 {
 
 #[test]
 fn the_send_window_bounds_outstanding_bytes() {
-    let _seed = Seed(2);
-    let bounded = window_run(Some(16 * 1024));
+    let run = seed(2, "the_send_window_bounds_outstanding_bytes");
+    let bounded = window_run(run.seed, Some(16 * 1024));
     assert!(bounded <= 16 * 1024, "outstanding {bounded} > cwnd");
     assert!(bounded >= 8 * 1024, "the window was used: {bounded}");
-    let unbounded = window_run(None);
+    let unbounded = window_run(run.seed, None);
     assert!(unbounded > 64 * 1024, "without a window the chain fills: {unbounded}");
 }
 
 #[test]
 fn keepalive_fails_the_engine_of_a_hung_peer_on_time() {
-    let _seed = Seed(3);
+    let run = seed(3, "keepalive_fails_the_engine_of_a_hung_peer_on_time");
     let cfg = Config {
         keepalive_interval: Duration::from_millis(10),
         keepalive_timeout: Duration::from_millis(50),
         ..Config::default()
     };
-    let (mut net, a, b, e) = net_pair(3, LinkModel::default(), cfg.clone(), cfg);
+    let (mut net, a, b, e) = net_pair(run.seed, LinkModel::default(), cfg.clone(), cfg);
     let (mut s1, _r1) = open_pair(&mut net, a, b, e);
     let (mut s2, _r2) = open_pair(&mut net, a, b, e);
     // Healthy for a while: keepalives keep it alive far beyond the timeout.
@@ -164,9 +163,9 @@ fn keepalive_fails_the_engine_of_a_hung_peer_on_time() {
 
 #[test]
 fn a_qp_error_reaches_every_socket_of_the_engine() {
-    let _seed = Seed(4);
+    let run = seed(4, "a_qp_error_reaches_every_socket_of_the_engine");
     let (mut net, a, b, e) =
-        net_pair(4, LinkModel::default(), Config::default(), Config::default());
+        net_pair(run.seed, LinkModel::default(), Config::default(), Config::default());
     let mut socks: Vec<_> = (0..3).map(|_| open_pair(&mut net, a, b, e)).collect();
     let pool = net.pool(a);
     let mut pending = net.send(&socks[1].0, pattern(pool, 1 << 20, 1));
@@ -209,10 +208,10 @@ fn a_qp_error_reaches_every_socket_of_the_engine() {
 
 /// One small flow and `large` large flows share one engine over a 25 Gb/s link; returns the
 /// small messages' latencies (virtual µs).
-fn small_flow_latency(large: usize, fragment: usize) -> Vec<f64> {
+fn small_flow_latency(seed: u64, large: usize, fragment: usize) -> Vec<f64> {
     let cfg = Config { fragment_bytes: fragment, eager_max: 4096, ..Config::default() };
     let link = LinkModel { bytes_per_sec: Some(25_000_000_000 / 8), ..LinkModel::default() };
-    let (mut net, a, b, e) = net_pair(5, link, cfg.clone(), cfg);
+    let (mut net, a, b, e) = net_pair(seed, link, cfg.clone(), cfg);
     let (small, mut small_rx) = open_pair(&mut net, a, b, e);
     let bigs: Vec<_> = (0..large).map(|_| open_pair(&mut net, a, b, e)).collect();
     let pool = net.pool(a);
@@ -250,10 +249,10 @@ fn p(v: &[f64], q: f64) -> f64 {
 
 #[test]
 fn fragmentation_bounds_small_message_latency_under_large_flows() {
-    let _seed = Seed(5);
-    let alone = small_flow_latency(0, 4096);
-    let frag = small_flow_latency(4, 4096);
-    let whole = small_flow_latency(4, 8 << 20);
+    let run = seed(5, "fragmentation_bounds_small_message_latency_under_large_flows");
+    let alone = small_flow_latency(run.seed, 0, 4096);
+    let frag = small_flow_latency(run.seed, 4, 4096);
+    let whole = small_flow_latency(run.seed, 4, 8 << 20);
     let (a50, f99, w99) = (p(&alone, 0.5), p(&frag, 0.99), p(&whole, 0.99));
     eprintln!("small-flow latency µs: alone p50 {a50:.1}, 4 large flows with 4 KiB fragments p99 {f99:.1}, without fragmentation p99 {w99:.1}");
     // With 4 KiB fragments at most a chain of fragments (32 × 4 KiB ≈ 42 µs at 25 Gb/s)
@@ -268,8 +267,8 @@ fn fragmentation_bounds_small_message_latency_under_large_flows() {
 /// the paper's trade of per-peer accounting for shared buffers.
 #[test]
 fn srq_mode_shares_receives_and_recovers_exhaustion_by_rnr_retry() {
-    let _seed = Seed(6);
-    let mut net = SimNet::new(6, LinkModel::default());
+    let run = seed(6, "srq_mode_shares_receives_and_recovers_exhaustion_by_rnr_retry");
+    let mut net = SimNet::new(run.seed, LinkModel::default());
     let rx_cfg = Config { srq: true, srq_depth: 16, ..Config::default() };
     let b = net.add_node(rx_cfg).unwrap();
     let senders: Vec<usize> = (0..2).map(|_| net.add_node(Config::default()).unwrap()).collect();
@@ -312,9 +311,9 @@ fn srq_mode_shares_receives_and_recovers_exhaustion_by_rnr_retry() {
 /// were lost to every engine of the endpoint before, a few per failure, until the SRQ ran dry.
 #[test]
 fn failed_engines_give_their_shared_receives_back() {
-    let _seed = Seed(7);
+    let run = seed(7, "failed_engines_give_their_shared_receives_back");
     let depth = 16;
-    let mut net = SimNet::new(7, LinkModel::default());
+    let mut net = SimNet::new(run.seed, LinkModel::default());
     let b = net.add_node(Config { srq: true, srq_depth: depth, ..Config::default() }).unwrap();
     for round in 0..4u64 {
         let a = net.add_node(Config::default()).unwrap();

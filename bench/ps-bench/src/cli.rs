@@ -50,7 +50,7 @@ pub struct Cli {
     #[arg(long, value_name = "N[,N...]", value_delimiter = ',', default_value = "1,16", value_parser = positive)]
     pub outstanding: Vec<usize>,
     /// Transports, comma-separated: rdma, tcp.
-    #[arg(long, value_name = "KIND[,KIND...]", value_delimiter = ',', default_value = "rdma,tcp", value_parser = transport_kind)]
+    #[arg(long, value_name = "KIND[,KIND...]", value_delimiter = ',', default_value = "rdma,tcp", value_parser = <TransportKind as std::str::FromStr>::from_str)]
     pub transports: Vec<TransportKind>,
     /// Requests, comma-separated: pull (alias fetch), push.
     #[arg(long, value_name = "OP[,OP...]", value_delimiter = ',', default_value = "pull,push")]
@@ -121,14 +121,6 @@ fn positive(text: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("not a positive integer: {text:?}")),
-    }
-}
-
-fn transport_kind(text: &str) -> Result<TransportKind, String> {
-    match text.trim() {
-        "rdma" => Ok(TransportKind::Rdma),
-        "tcp" => Ok(TransportKind::Tcp),
-        _ => Err(format!("rdma or tcp, not {text:?}")),
     }
 }
 

@@ -90,7 +90,7 @@ pub struct CellReport {
     pub keys: usize,
     pub dim: u32,
     pub outstanding: usize,
-    pub transport: String,
+    pub transport: TransportKind,
     pub requests: u64,
     pub errors: u64,
     /// The first failure.
@@ -123,7 +123,7 @@ impl CellReport {
             keys: s.keys,
             dim: DIM,
             outstanding: s.outstanding,
-            transport: s.kind.to_string(),
+            transport: s.kind,
             requests: r.requests,
             errors: r.errors,
             first_error: r.first_error.clone(),
@@ -162,7 +162,7 @@ pub struct Ratio {
 #[derive(Clone, Debug, Serialize)]
 pub struct TargetResult {
     pub target: &'static str,
-    pub transport: String,
+    pub transport: TransportKind,
     /// Requests in flight (always 1).
     pub outstanding: u32,
     pub value_us: Option<f64>,
@@ -218,7 +218,7 @@ pub fn evaluate(results: &[CellResult]) -> (Vec<TargetResult>, Vec<Ratio>) {
             let v = r.us(t.stat);
             targets.push(TargetResult {
                 target: t.name,
-                transport: r.spec.kind.to_string(),
+                transport: r.spec.kind,
                 outstanding: 1,
                 value_us: v.and_then(finite),
                 limit_us: t.limit_us,

@@ -11,6 +11,8 @@
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendCredits {
     available: u32,
+    /// The peer's receive-queue depth: an honest peer never returns more than it posted.
+    limit: u32,
     /// Times a request waited because only the reserve was left.
     pub stalls: u64,
 }
@@ -27,11 +29,11 @@ pub enum Use {
 impl SendCredits {
     /// Starts with the peer's receive-queue depth (exchanged at connection setup).
     pub fn new(initial: u32) -> SendCredits {
-        SendCredits { available: initial, stalls: 0 }
+        SendCredits { available: initial, limit: initial, stalls: 0 }
     }
     /// No accounting: the peer draws on a shared receive queue and relies on RNR retry.
     pub fn unlimited() -> SendCredits {
-        SendCredits { available: u32::MAX, stalls: 0 }
+        SendCredits { available: u32::MAX, limit: u32::MAX, stalls: 0 }
     }
     /// Credits left.
     pub fn available(&self) -> u32 {
@@ -44,6 +46,7 @@ impl SendCredits {
             Use::Ordinary => 1,
             Use::CreditReturn => 0,
         };
+        debug_assert!(self.available <= self.limit, "more credits than the peer posted");
         if self.available == u32::MAX {
             true
         } else if self.available > floor {
@@ -56,11 +59,16 @@ impl SendCredits {
             false
         }
     }
-    /// The peer returned `n` credits.
-    pub fn grant(&mut self, n: u32) {
-        if self.available != u32::MAX {
-            self.available = self.available.saturating_add(n).min(u32::MAX - 1);
+    /// The peer returned `n` credits. False if that would exceed its receive-queue depth
+    /// (a peer that lies about its receives): the credits are capped at the depth, and the
+    /// caller counts the header as malformed.
+    pub fn grant(&mut self, n: u32) -> bool {
+        if self.available == u32::MAX {
+            return true;
         }
+        let sum = self.available.saturating_add(n);
+        self.available = sum.min(self.limit);
+        sum <= self.limit
     }
 }
 
@@ -117,8 +125,20 @@ mod tests {
         assert_eq!(c.stalls, 1);
         assert!(c.try_take(Use::CreditReturn));
         assert!(!c.try_take(Use::CreditReturn));
-        c.grant(3);
-        assert_eq!(c.available(), 3);
+        assert!(c.grant(2));
+        assert_eq!(c.available(), 2);
+    }
+
+    #[test]
+    fn a_grant_beyond_the_peers_depth_is_refused_and_capped() {
+        let mut c = SendCredits::new(4);
+        assert!(c.try_take(Use::Ordinary));
+        assert!(!c.grant(2), "4 posted, 1 in use: 2 returned is one too many");
+        assert_eq!(c.available(), 4);
+        assert!(!c.grant(u32::MAX));
+        assert_eq!(c.available(), 4);
+        let mut srq = SendCredits::unlimited();
+        assert!(srq.grant(7) && srq.try_take(Use::Ordinary));
     }
 
     #[test]
@@ -152,7 +172,7 @@ mod tests {
                     posted_at_peer += k;
                 }
                 let back = recv.take_owed(u32::MAX);
-                send.grant(back);
+                assert!(send.grant(back), "an honest peer returns at most what it posted");
             }
         }
     }
