@@ -24,7 +24,7 @@
 //! displaces the least recently pushed, and a whole-row copy older than everything a full
 //! stripe keeps is not stored: pods applying the same copies in any order keep the same
 //! rows, with no deletion message. With `ttl_s`, [`TableSet::expire`] drops rows last pushed
-//! before `now − ttl_s`.
+//! `ttl_s` before the table's newest push (capped at the wall clock).
 //!
 //! # Semantics
 //!
@@ -1018,9 +1018,16 @@ impl Table {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The newest version a row of this table holds: when it was last pushed (0 if none
+    /// was, or the table keeps no order: neither bounded nor with a TTL).
+    pub fn newest_version(&self) -> u64 {
+        let newest = |s: &RwLock<Stripe>| s.read().order.as_ref()?.last().map(|&(v, _)| v);
+        self.stripes.iter().filter_map(newest).max().unwrap_or(0)
+    }
+
     /// Drops every row last pushed before `before` (a version: µs since the Unix epoch),
-    /// when the table has a TTL; returns how many. The server calls it with
-    /// `now − ttl_s`; every pod computing it alike drops the same rows.
+    /// when the table has a TTL; returns how many. See [`TableSet::expire`] for the cutoff
+    /// the server passes.
     pub fn expire(&self, before: u64) -> usize {
         if self.spec.capacity.ttl_s == 0 {
             return 0;
@@ -1190,15 +1197,28 @@ impl TableSet {
     }
 
     /// Drops the rows of every table with a TTL that were last pushed `ttl_s` or more
-    /// before `now_us` (µs since the Unix epoch); returns how many. Skipped (0) while a
-    /// checkpoint is being written.
+    /// before the table's clock; returns how many. Skipped (0) while a checkpoint is being
+    /// written.
+    ///
+    /// The clock is the table's newest row version (its last push, by the training pod's
+    /// push clock), capped at `now_us` (µs since the Unix epoch, this pod's wall clock), so
+    /// - a pause in training expires nothing (the wall clock alone dropped the whole model
+    ///   after `ttl_s` without pushes, and replicas served initial rows);
+    /// - pods need no synchronised clocks: a replica's newest version is at most the
+    ///   training pod's, so it never drops a row the training pod keeps, except one whose
+    ///   newer copy is on its way (with each pod's wall clock, a replica whose clock ran
+    ///   ahead dropped rows the training pod kept until they were pushed again);
+    /// - a copy carrying a version from the future moves no clock past its wall clock.
     pub fn expire(&self, now_us: u64) -> usize {
         let Some(_gate) = self.no_shrink.try_lock() else { return 0 };
         self.tables
             .iter()
             .map(|t| match t.spec.capacity.ttl_s {
                 0 => 0,
-                ttl => t.expire(now_us.saturating_sub(ttl.saturating_mul(1_000_000))),
+                ttl => {
+                    let clock = t.newest_version().min(now_us);
+                    t.expire(clock.saturating_sub(ttl.saturating_mul(1_000_000)))
+                }
             })
             .sum()
     }
@@ -1518,6 +1538,51 @@ mod tests {
         assert_eq!(all_records(&t).len(), 3);
         assert_eq!(t.expire(u64::MAX), 3);
         assert_eq!(t.rows(), 0);
+    }
+
+    /// Expiry follows the table's newest push, capped by the wall clock: a pause expires
+    /// nothing, pods with other clocks drop the same rows, a future version moves nothing.
+    #[test]
+    fn expiry_follows_the_newest_push_not_the_wall_clock() {
+        const S: u64 = 1_000_000;
+        let opt = Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 };
+        let mut s = spec("t", 4, opt);
+        s.capacity.ttl_s = 10;
+        let pod = || {
+            let set = TableSet::new(vec![s.clone()]).unwrap();
+            set.raise_version_floor(S);
+            set.get(0).unwrap().push(&[1, 2, 3], &[0.1; 12], None).unwrap();
+            set.raise_version_floor(5 * S);
+            set.get(0).unwrap().push(&[3], &[0.1; 4], None).unwrap();
+            set
+        };
+        let (training, ahead) = (pod(), pod());
+        // Training paused: an hour of wall clock later, nothing has expired.
+        assert_eq!(training.expire(3600 * S), 0, "a pause expires nothing");
+        assert_eq!(ahead.expire(u64::MAX), 0, "nor does a clock far ahead");
+        // 12 s of pushes: rows last pushed before 2 s go (1 and 2), on both pods alike.
+        for p in [&training, &ahead] {
+            p.raise_version_floor(12 * S);
+            p.get(0).unwrap().push(&[4], &[0.1; 4], None).unwrap();
+        }
+        assert_eq!(training.expire(12 * S + 7), 2);
+        assert_eq!(ahead.expire(3600 * S), 2);
+        assert_eq!(all_records(training.get(0).unwrap()), all_records(ahead.get(0).unwrap()));
+        // A copy from the future moves the clock only as far as the wall clock.
+        let t = training.get(0).unwrap();
+        let mut row = vec![0f32; t.state_width()];
+        t.read_state_into(&[9], &mut row).unwrap();
+        let v = MAX_VERSION - 1;
+        let w = t.stride();
+        (row[w + 1], row[w + 2]) = (f32::from_bits(v as u32), f32::from_bits((v >> 32) as u32));
+        let le: Vec<u8> = row.iter().flat_map(|x| x.to_le_bytes()).collect();
+        t.apply_replica_state_le(
+            LeU64s::new(&9u64.to_le_bytes()).unwrap(),
+            LeF32s::new(&le).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(training.expire(13 * S), 0, "rows 3 (5 s) and 4 (12 s) stay");
+        assert_eq!(training.expire(16 * S), 1, "at 16 s, row 3 goes");
     }
 
     /// A table large enough that its stripes warm batches (`WARM_ABOVE_BYTES`) serves the

@@ -47,7 +47,9 @@ pub struct Capacity {
     pub max_rows: u64,
     /// Most bytes of rows per shard, counted as [`TableSpec::row_bytes`] each; 0: no bound.
     pub max_bytes: u64,
-    /// Rows not pushed for this many seconds are dropped; 0: never.
+    /// Rows not pushed for this many seconds of training are dropped; 0: never. Measured
+    /// by the table's newest push (capped at the wall clock), so a pause in training
+    /// expires nothing.
     pub ttl_s: u64,
 }
 

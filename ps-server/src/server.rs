@@ -919,8 +919,9 @@ impl PsServer {
         }
     }
 
-    /// Drops rows past their table's TTL (every pod computes the same rows from their
-    /// versions, the push times); returns how many.
+    /// Drops rows past their table's TTL, by the table's newest push capped at this pod's
+    /// clock ([`TableSet::expire`]: every pod drops the same rows, and a pause in training
+    /// none); returns how many.
     pub fn expire_rows(&self) -> usize {
         let n = self.tables.expire(self.push_clock.now());
         if n > 0 {

@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 19)
+    bex_testkit::ports::base_port(salt, 12, 20)
 }
 
 impl Cluster {
@@ -623,6 +623,59 @@ async fn bounded_tables_keep_the_same_rows_on_every_pod() {
         assert!(held <= 128.0 && held > 64.0, "pod {pod} shard {shard}: {held} rows");
         assert!(get("bex_ps_table_evicted_total{table=\"emb\"}") > 500.0);
     }
+}
+
+/// The sum over `pod`'s shards of `series` on /metrics.
+async fn pod_sum(c: &Cluster, pod: u32, series: &str) -> f64 {
+    let mut sum = 0.0;
+    for shard in 0..2 {
+        let (_, text) = bex_process::http::get(c.http(pod, shard), "/metrics").await.unwrap();
+        sum += sample(&text, series).unwrap_or_else(|| panic!("no {series}"));
+    }
+    sum
+}
+
+// Issue 18, item 2 with a TTL: a pause in training expires nothing (by the wall clock, every
+// row went after ttl_s); once training goes on, rows not pushed for ttl_s leave every pod,
+// which then serve their initial values alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_past_their_ttl_leave_every_pod_and_a_pause_expires_nothing() {
+    let c = Cluster::with("ttl", 19, |cfg| cfg.tables[0].capacity.ttl_s = 1).await;
+    let secret = c.secret();
+    let trainer = c.client(0, &secret).await;
+    let all = keys(400);
+    let (old, new) = all.split_at(200);
+    let push = |ks: &[u64]| {
+        let (trainer, ks) = (trainer.clone(), ks.to_vec());
+        async move {
+            let grads = vec![0.5f32; ks.len() * DIM as usize];
+            trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
+        }
+    };
+    push(old).await;
+    let pushed = converged(&c, &secret, old, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    const ROWS: &str = "bex_ps_table_rows{table=\"emb\"}";
+    const EXPIRED: &str = "bex_ps_table_expired_total{table=\"emb\"}";
+    for pod in 0..2 {
+        assert_eq!(pod_sum(&c, pod, ROWS).await, 200.0, "pod {pod}: the pause expired rows");
+    }
+    assert_eq!(converged(&c, &secret, old, Duration::from_secs(1)).await, pushed);
+    // Training goes on: the old rows are now 3 s behind the newest push.
+    push(new).await;
+    let start = std::time::Instant::now();
+    for pod in 0..2 {
+        while pod_sum(&c, pod, EXPIRED).await < 200.0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "pod {pod} kept its old rows");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(pod_sum(&c, pod, ROWS).await, 200.0, "pod {pod} holds the new rows only");
+    }
+    let rows = converged(&c, &secret, &all, Duration::from_secs(5)).await;
+    let initial = bex_ps_core::Table::new(c.cfg.tables[0].spec()).unwrap();
+    let mut init = vec![0f32; old.len() * DIM as usize];
+    initial.read_into(old, &mut init).unwrap();
+    assert_eq!(rows[..init.len()], init[..], "expired keys read as their initial rows");
 }
 
 // Issue 18, item 2: a bounded training shard killed after a checkpoint restarts from it,
