@@ -605,8 +605,7 @@ async fn bounded_tables_keep_the_same_rows_on_every_pod() {
     // 2000 keys over 2 shards of 128 rows: most are evicted; the last pushed stay.
     let ks = keys(2000);
     for batch in ks.chunks(100) {
-        let grads = vec![0.5f32; batch.len() * DIM as usize];
-        trainer.push(TABLE, DIM, batch, &grads).await.unwrap();
+        push_all(&trainer, batch).await;
     }
     let rows = converged(&c, &secret, &ks, Duration::from_secs(5)).await;
     // Initial rows, as the table's initializer makes them.
@@ -623,6 +622,12 @@ async fn bounded_tables_keep_the_same_rows_on_every_pod() {
         assert!(held <= 128.0 && held > 64.0, "pod {pod} shard {shard}: {held} rows");
         assert!(get("bex_ps_table_evicted_total{table=\"emb\"}") > 500.0);
     }
+}
+
+/// One push of 0.5 for every key of `ks`, acknowledged.
+async fn push_all(trainer: &PsClient, ks: &[u64]) {
+    let grads = vec![0.5f32; ks.len() * DIM as usize];
+    trainer.push(TABLE, DIM, ks, &grads).await.unwrap();
 }
 
 /// The sum over `pod`'s shards of `series` on /metrics.
@@ -645,14 +650,7 @@ async fn rows_past_their_ttl_leave_every_pod_and_a_pause_expires_nothing() {
     let trainer = c.client(0, &secret).await;
     let all = keys(400);
     let (old, new) = all.split_at(200);
-    let push = |ks: &[u64]| {
-        let (trainer, ks) = (trainer.clone(), ks.to_vec());
-        async move {
-            let grads = vec![0.5f32; ks.len() * DIM as usize];
-            trainer.push(TABLE, DIM, &ks, &grads).await.unwrap();
-        }
-    };
-    push(old).await;
+    push_all(&trainer, old).await;
     let pushed = converged(&c, &secret, old, Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     const ROWS: &str = "bex_ps_table_rows{table=\"emb\"}";
@@ -662,7 +660,7 @@ async fn rows_past_their_ttl_leave_every_pod_and_a_pause_expires_nothing() {
     }
     assert_eq!(converged(&c, &secret, old, Duration::from_secs(1)).await, pushed);
     // Training goes on: the old rows are now 3 s behind the newest push.
-    push(new).await;
+    push_all(&trainer, new).await;
     let start = std::time::Instant::now();
     for pod in 0..2 {
         while pod_sum(&c, pod, EXPIRED).await < 200.0 {
@@ -688,20 +686,14 @@ async fn a_bounded_training_shard_restarts_into_the_same_rows_as_its_replica() {
     let secret = c.secret();
     let trainer = c.client(0, &secret).await;
     let ks = keys(1000);
-    let push = |range: std::ops::Range<usize>| {
-        let (trainer, batch) = (trainer.clone(), ks[range].to_vec());
-        async move {
-            let grads = vec![0.5f32; batch.len() * DIM as usize];
-            trainer.push(TABLE, DIM, &batch, &grads).await.unwrap();
-        }
-    };
-    for i in 0..5 {
-        push(i * 100..(i + 1) * 100).await;
+    let (first, rest) = ks.split_at(500);
+    for batch in first.chunks(100) {
+        push_all(&trainer, batch).await;
     }
     checkpoint(&c, &secret, 0, 0).await;
     // Pushes the checkpoint lacks: they evict rows it holds.
-    for i in 5..10 {
-        push(i * 100..(i + 1) * 100).await;
+    for batch in rest.chunks(100) {
+        push_all(&trainer, batch).await;
     }
     c.kill9(0, 0);
     c.restart(0, 0).await;
