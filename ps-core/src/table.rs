@@ -361,6 +361,7 @@ impl Stripe {
             }
             None => {
                 let r = self.versions.len();
+                self.reserve_within_quota();
                 self.steps.push(0);
                 self.versions.push(version);
                 self.data.resize(self.data.len() + self.slot, 0.0);
@@ -381,6 +382,20 @@ impl Stripe {
         debug_assert!(self.live() <= self.quota, "a stripe over its quota");
         debug_assert_eq!(self.index.len(), self.live(), "the index and the slab disagree");
         Some((r, displaced))
+    }
+
+    /// Before a slot is appended to a full slab: a bounded stripe's arrays grow by doubling
+    /// but never past its quota (doubling alone left a full stripe up to twice the memory
+    /// its bound allows: a quota of 65 rows held 128 slots).
+    fn reserve_within_quota(&mut self) {
+        if self.order.is_none() || self.versions.len() < self.versions.capacity() {
+            return;
+        }
+        let len = self.versions.len();
+        let more = len.max(4).min(self.quota.saturating_sub(len)).max(1);
+        self.versions.reserve_exact(more);
+        self.steps.reserve_exact(more);
+        self.data.reserve_exact(more * self.slot);
     }
 
     /// Appends row `r`'s record (see [`Table::record_len`]).
@@ -1538,6 +1553,23 @@ mod tests {
         assert_eq!(all_records(&t).len(), 3);
         assert_eq!(t.expire(u64::MAX), 3);
         assert_eq!(t.rows(), 0);
+    }
+
+    /// A full bounded stripe holds at most its quota's slots (65 rows per stripe here: by
+    /// doubling alone, 128).
+    #[test]
+    fn a_bounded_stripe_allocates_no_more_than_its_quota() {
+        let t = bounded(65 * STRIPES as u64, 0);
+        let keys: Vec<u64> = (0..20_000).map(mix64).collect();
+        for chunk in keys.chunks(500) {
+            t.push(chunk, &vec![0.1; chunk.len() * 4], None).unwrap();
+        }
+        for (i, s) in t.stripes.iter().enumerate() {
+            let s = s.read();
+            assert_eq!(s.live(), 65, "stripe {i} is full");
+            assert!(s.versions.capacity() <= 65, "stripe {i}: {} slots", s.versions.capacity());
+            assert!(s.data.capacity() <= 65 * s.slot, "stripe {i}: {} words", s.data.capacity());
+        }
     }
 
     /// Expiry follows the table's newest push, capped by the wall clock: a pause expires
