@@ -136,14 +136,14 @@ fn snapshot_chunk(data: &[u8]) {
     let Ok(tables) = bex_ps_core::TableSet::new(local_specs()) else {
         panic!("the local tables are valid")
     };
-    let _ = checkpoint::apply_snapshot_chunk(&tables, data, &mut |_, _, _| {});
+    let _ = checkpoint::apply_snapshot_chunk(&tables, data, &mut |_, _| {});
     if data.len() >= CHUNK_HEADER_LEN {
         let mut fixed = data.to_vec();
         fixed[CHUNK_CRC_AT..CHUNK_CRC_AT + 4].fill(0);
         let crc = crc32fast::hash(&fixed);
         fixed[CHUNK_CRC_AT..CHUNK_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         // An empty chunk names any table (the snapshot's end); rows need a known one.
-        if let Ok(info) = checkpoint::apply_snapshot_chunk(&tables, &fixed, &mut |_, _, _| {}) {
+        if let Ok(info) = checkpoint::apply_snapshot_chunk(&tables, &fixed, &mut |_, _| {}) {
             if info.rows > 0 {
                 let t = tables.get(info.table).expect("rows apply only to a known table");
                 assert!(t.rows() >= 1, "{} rows applied, none stored", info.rows);

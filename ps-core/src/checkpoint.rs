@@ -88,7 +88,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::dedupe::WindowState;
-use crate::table::{ExportRows, RecordFormat, TableError, TableSet, STRIPES};
+use crate::table::{ExportRows, RecordFormat, SeenRow, TableError, TableSet, STRIPES};
 use bex_ps_proto::control::SnapshotCursor;
 use bex_ps_proto::optim::OptimizerKind;
 use bex_ps_proto::wire::{rd_u16, rd_u32, rd_u64};
@@ -708,7 +708,7 @@ fn read_body<R: Read>(
             let n = left.min(rl * batch_rows(rl as usize) as u64) as usize;
             buf.resize(n, 0);
             body.read_exact_body(&mut buf, "rows")?;
-            t.import_records(&buf, format, &mut |_, _| {})?;
+            t.import_records(&buf, format, &mut |_| {})?;
             left -= n as u64;
         }
     }
@@ -904,7 +904,7 @@ fn finish_chunk(
 pub fn apply_snapshot_chunk(
     tables: &TableSet,
     chunk: &[u8],
-    seen: &mut dyn FnMut(u32, u64, u64),
+    seen: &mut dyn FnMut(u32, SeenRow),
 ) -> Result<ChunkInfo, CheckpointError> {
     if chunk.len() < CHUNK_HEADER_LEN {
         return Err(CheckpointError::Truncated(format!("chunk of {} bytes", chunk.len())));
@@ -973,9 +973,7 @@ pub fn apply_snapshot_chunk(
             records.len()
         )));
     }
-    t.import_records(records, RecordFormat::Versioned, &mut |key, version| {
-        seen(table, key, version)
-    })?;
+    t.import_records(records, RecordFormat::Versioned, &mut |row| seen(table, row))?;
     Ok(ChunkInfo { table, rows, next, windows: Vec::new() })
 }
 
@@ -1327,7 +1325,7 @@ mod tests {
             let mut buf = Vec::new();
             let n = snapshot_chunk(src, cursor, max_bytes, Vec::new, &mut buf).unwrap();
             assert!(buf.len() <= max_bytes.max(CHUNK_HEADER_LEN));
-            let info = apply_snapshot_chunk(dst, &buf, &mut |_, _, _| {}).unwrap();
+            let info = apply_snapshot_chunk(dst, &buf, &mut |_, _| {}).unwrap();
             assert_eq!(info.rows, n);
             chunks += 1;
             rows += u64::from(n);
@@ -1384,7 +1382,7 @@ mod tests {
         let n = snapshot_chunk(&src, past, 4096, || windows.clone(), &mut buf).unwrap();
         assert_eq!(n, 2);
         let dst = TableSet::new(specs()).unwrap();
-        let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap();
+        let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}).unwrap();
         assert!(info.is_windows());
         assert_eq!((info.rows, info.next, info.windows), (0, None, windows));
         // Truncated or padded windows are refused (the CRC fixed up, so the parse decides).
@@ -1393,7 +1391,7 @@ mod tests {
             bad[28..32].fill(0);
             let crc = crc32fast::hash(&bad);
             bad[28..32].copy_from_slice(&crc.to_le_bytes());
-            assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _, _| {}).is_err());
+            assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _| {}).is_err());
         }
     }
 
@@ -1415,7 +1413,7 @@ mod tests {
             let mut buf = Vec::new();
             snapshot_chunk(&src, cursor, 4096, || windows.clone(), &mut buf).unwrap();
             assert!(buf.len() <= 4096, "{} bytes", buf.len());
-            let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap();
+            let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}).unwrap();
             assert!(info.is_windows() && !info.windows.is_empty());
             got.extend(info.windows);
             chunks += 1;
@@ -1453,15 +1451,15 @@ mod tests {
         for at in [0, 8, 20, 28, 40, 56, buf.len() - 1] {
             let mut bad = buf.clone();
             bad[at] ^= 1;
-            assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _, _| {}).is_err(), "flip at {at}");
+            assert!(apply_snapshot_chunk(&dst, &bad, &mut |_, _| {}).is_err(), "flip at {at}");
         }
-        assert!(apply_snapshot_chunk(&dst, &buf[..30], &mut |_, _, _| {}).is_err());
+        assert!(apply_snapshot_chunk(&dst, &buf[..30], &mut |_, _| {}).is_err());
         // Mismatched local definitions.
         let mut other = specs();
         other[0].dim = 8;
         let dst = TableSet::new(other).unwrap();
         assert!(matches!(
-            apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}),
+            apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}),
             Err(CheckpointError::Mismatch(_))
         ));
     }
@@ -1486,7 +1484,7 @@ mod tests {
             step += 1;
             let mut buf = Vec::new();
             snapshot_chunk(&src, cursor, 2048, Vec::new, &mut buf).unwrap();
-            match apply_snapshot_chunk(&dst, &buf, &mut |_, _, _| {}).unwrap().next {
+            match apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}).unwrap().next {
                 Some(c) => cursor = c,
                 None => break,
             }

@@ -20,7 +20,7 @@ pub mod replication;
 mod row_index;
 pub mod table;
 
-pub use table::{ExportRows, Table, TableSet};
+pub use table::{ExportRows, SeenRow, Table, TableSet};
 
 /// The tests' one wall-clock read (an origin to add durations to; nothing waits on it).
 #[cfg(test)]

@@ -929,14 +929,26 @@ impl Table {
     /// The version of each stored row, stripe by stripe (`f(key, version)`); for a
     /// restarted training shard to find the rows a replica lacks.
     pub fn for_each_version(&self, mut f: impl FnMut(u64, u64)) {
-        for s in self.stripes.iter() {
-            let s = s.read();
-            for (r, &v) in s.versions.iter().enumerate() {
-                if v != FREE {
-                    f(s.key(r), v);
-                }
+        for stripe in 0..STRIPES {
+            self.for_each_version_in(stripe, &mut f);
+        }
+    }
+
+    /// [`for_each_version`](Self::for_each_version) of one stripe (none out of range).
+    pub fn for_each_version_in(&self, stripe: usize, mut f: impl FnMut(u64, u64)) {
+        let Some(s) = self.stripes.get(stripe) else { return };
+        let s = s.read();
+        for (r, &v) in s.versions.iter().enumerate() {
+            if v != FREE {
+                f(s.key(r), v);
             }
         }
+    }
+
+    /// The stripe `key` belongs to: the same on every pod for the same table definition
+    /// (snapshots stream a table's stripes in order).
+    pub fn stripe_index(&self, key: u64) -> usize {
+        self.stripe_of(key)
     }
 
     /// The highest version of any row (0 if none was pushed).
@@ -1116,7 +1128,7 @@ impl Table {
         &self,
         records: &[u8],
         format: RecordFormat,
-        seen: &mut dyn FnMut(u64, u64),
+        seen: &mut dyn FnMut(SeenRow),
     ) -> Result<usize, TableError> {
         let rl = self.record_len_of(format);
         if records.len() % rl != 0 {
@@ -1148,14 +1160,25 @@ impl Table {
                 // snapshots and to replicas (version 0 would leave it behind).
                 RecordFormat::Unversioned => (1, &rec[8..]),
             };
-            seen(key, version);
             let mut st = [0u8; 4];
             st.copy_from_slice(&rest[..4]);
             let vals = LeF32s::new(&rest[4..]).unwrap_or_default();
-            self.put_if_newer(key, version, u32::from_le_bytes(st), vals);
+            let stored = self.put_if_newer(key, version, u32::from_le_bytes(st), vals);
+            seen(SeenRow { key, version, stored });
         }
         Ok(records.len() / rl)
     }
+}
+
+/// One record [`Table::import_records`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeenRow {
+    /// Its key.
+    pub key: u64,
+    /// Its version.
+    pub version: u64,
+    /// It replaced (or created) this table's row: it was newer.
+    pub stored: bool,
 }
 
 /// Which rows [`Table::export_records`] writes.
@@ -1846,8 +1869,8 @@ mod tests {
         }
         assert_eq!(n, 500);
         assert_eq!(buf.len(), 500 * t.record_len());
-        assert_eq!(u.import_records(&buf, RecordFormat::Versioned, &mut |_, _| {}).unwrap(), 500);
-        assert!(u.import_records(&buf[1..], RecordFormat::Versioned, &mut |_, _| {}).is_err());
+        assert_eq!(u.import_records(&buf, RecordFormat::Versioned, &mut |_| {}).unwrap(), 500);
+        assert!(u.import_records(&buf[1..], RecordFormat::Versioned, &mut |_| {}).is_err());
         // Same state: one more identical push gives identical rows.
         let (mut a, mut b) = (vec![0f32; 1500], vec![0f32; 1500]);
         t.push(&keys, &grads, Some(&mut a)).unwrap();

@@ -399,7 +399,7 @@ fn replica_bootstraps_from_a_peer_over_snapshot_frames() {
         let resp = source.handle(&wire::control_request_vec(Op::Snapshot, 0, 9, 2, &req).unwrap());
         let v = wire::decode_response(&resp, &Limits::default()).unwrap();
         assert_eq!(v.header.status, Status::Ok, "{}", v.message());
-        let applied = apply_snapshot_chunk(&replica, v.body, &mut |_, _, _| {}).unwrap();
+        let applied = apply_snapshot_chunk(&replica, v.body, &mut |_, _| {}).unwrap();
         assert_eq!(applied.rows, v.header.count);
         chunks += 1;
         match applied.next {

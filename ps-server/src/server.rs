@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bemalloc::Pool;
 use bex_ps_core::checkpoint::{self, CheckpointMeta};
 use bex_ps_core::dedupe::{Dedupe, DedupeConfig, Verdict};
+use bex_ps_core::table::STRIPES;
 use bex_ps_core::{Table, TableSet};
 use bex_ps_proto::config::PushAck;
 use bex_ps_proto::control::{
@@ -977,31 +978,49 @@ impl PsServer {
         self.dedupe.merge(windows);
     }
 
-    /// Queues for replica `target` every pushed row it lacks: newer here than in `theirs`
-    /// (table, key → version, from its snapshot), or every pushed row if its rows are
-    /// unknown. Returns the number of rows queued.
-    pub fn queue_rows_newer_than(
+    /// Queues for replica `target` the pushed rows of stripe `stripe` of `table` that are
+    /// newer here than in `theirs` (key → version: the replica's rows of that stripe, from
+    /// its snapshot); returns how many.
+    pub fn queue_stripe_newer_than(
         &self,
         target: usize,
-        theirs: Option<&HashMap<(u32, u64), u64>>,
+        (table, stripe): (u32, usize),
+        theirs: &HashMap<u64, u64>,
     ) -> u64 {
-        let Some(b) = self.repl.get(target) else { return 0 };
+        let (Some(b), Some(t)) = (self.repl.get(target), self.tables.get(table)) else {
+            return 0;
+        };
+        let mut keys = Vec::new();
+        t.for_each_version_in(stripe, |k, v| {
+            if v > theirs.get(&k).copied().unwrap_or(0) {
+                keys.push(k);
+            }
+        });
+        let n = keys.len() as u64;
+        if n > 0 {
+            b.mark(table, t.state_width() as u32, keys.into_iter(), crate::clock::now());
+        }
+        n
+    }
+
+    /// Queues for replica `target`, whose rows are unknown, every pushed row; returns how
+    /// many.
+    pub fn queue_every_pushed_row(&self, target: usize) -> u64 {
+        let none = HashMap::new();
+        let stripes = self.tables.iter().flat_map(|(id, _)| (0..STRIPES).map(move |s| (id, s)));
+        stripes.map(|at| self.queue_stripe_newer_than(target, at, &none)).sum()
+    }
+
+    /// Queues `keys` of `table` for every replica but `except`: rows a catch-up copied from
+    /// that replica, which the others may lack.
+    pub fn queue_for_other_replicas(&self, except: usize, table: u32, keys: &[u64]) {
+        let Some(t) = self.tables.get(table) else { return };
         let now = crate::clock::now();
-        let mut total = 0;
-        for (id, t) in self.tables.iter() {
-            let mut keys = Vec::new();
-            t.for_each_version(|k, v| {
-                let have = theirs.map_or(0, |m| m.get(&(id, k)).copied().unwrap_or(0));
-                if v > have {
-                    keys.push(k);
-                }
-            });
-            total += keys.len() as u64;
-            if !keys.is_empty() {
-                b.mark(id, t.state_width() as u32, keys.into_iter(), now);
+        for (i, b) in self.repl.iter().enumerate() {
+            if i != except && !keys.is_empty() {
+                b.mark(table, t.state_width() as u32, keys.iter().copied(), now);
             }
         }
-        total
     }
 
     /// Replicas this training server forwards to.
@@ -1640,8 +1659,76 @@ async fn send_until_acked(f: &Forwarder, frame: impl Fn() -> Result<Vec<u8>, Str
     }
 }
 
+/// Servers for the tests of this crate.
+#[cfg(test)]
+pub(crate) mod test_server {
+    use super::*;
+    use bex_ps_proto::Config;
+    use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
+    use bex_rnic::Device;
+
+    /// A registered pool on a software NIC of its own.
+    pub(crate) fn test_pool() -> &'static Pool {
+        let dev = Fabric::new(1, LinkModel::default()).add_device(NicConfig::default());
+        let pd = dev.alloc_pd().unwrap();
+        Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap().leak()
+    }
+
+    /// Shard 0 of mini-pod `pod` of `cfg`'s cluster, forwarding to `replicas` if it trains.
+    pub(crate) fn server_of(
+        cfg: &Config,
+        pod: u32,
+        max_frame_bytes: usize,
+        replicas: Option<(Arc<Client>, Vec<u32>)>,
+    ) -> Arc<PsServer> {
+        let pool = test_pool();
+        PsServer::new(
+            ServerParts {
+                pod,
+                shard: 0,
+                tables: TableSet::new(cfg.table_specs()).unwrap(),
+                limits: Limits { max_frame_bytes, ..Limits::default() },
+                dedupe: DedupeConfig::default(),
+                pool,
+                checkpoint_path: PathBuf::from("/dev/null/none.ckpt"),
+                update_seq: 0,
+                dedupe_windows: Vec::new(),
+                replication_id: 1,
+                push_clock: PushClock::new(|| 1),
+                push_ack: PushAck::Applied,
+                push_ack_timeout: Duration::from_millis(100),
+            },
+            &cfg.topology().unwrap(),
+            replicas,
+            1,
+        )
+    }
+
+    /// The training shard of `cfg`'s cluster, whose replicas (every other pod) are ports
+    /// nobody listens on: every Replicate fails, and the backlogs keep what is queued.
+    pub(crate) async fn with_absent_replicas(cfg: &Config) -> Arc<PsServer> {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let tcp = bex_transport::TcpTransport::start(test_pool(), any, Default::default());
+        let tcp = tcp.await.unwrap();
+        let pods: Vec<u32> = (1..cfg.cluster.pods).collect();
+        let eps = pods.iter().map(|&p| bex_rpc::Endpoint::at(p, closed, closed)).collect();
+        let client = Client::new(None, tcp.into(), eps, Default::default());
+        server_of(cfg, 0, 1 << 20, Some((Arc::new(client), pods)))
+    }
+
+    impl PsServer {
+        /// The keys of `table` waiting in replica `target`'s backlog key set.
+        pub(crate) fn backlog_keys(&self, target: usize, table: u32) -> BTreeSet<u64> {
+            let st = self.repl[target].state.lock();
+            st.tables.get(&table).map(|(_, set)| set.clone()).unwrap_or_default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_server::*;
     use super::*;
 
     #[test]
@@ -1687,8 +1774,6 @@ mod tests {
     }
 
     use bex_ps_proto::Config;
-    use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
-    use bex_rnic::Device;
     use bex_rpc::Handler as _;
 
     fn server(max_frame_bytes: usize) -> Arc<PsServer> {
@@ -1702,42 +1787,6 @@ mod tests {
         ))
         .unwrap();
         server_of(&cfg, pod, max_frame_bytes, None)
-    }
-
-    fn test_pool() -> &'static Pool {
-        let dev = Fabric::new(1, LinkModel::default()).add_device(NicConfig::default());
-        let pd = dev.alloc_pd().unwrap();
-        Pool::new(vec![Arc::new(dev.registrar(&pd))]).unwrap().leak()
-    }
-
-    /// Shard 0 of mini-pod `pod` of `cfg`'s cluster, forwarding to `replicas` if it trains.
-    fn server_of(
-        cfg: &Config,
-        pod: u32,
-        max_frame_bytes: usize,
-        replicas: Option<(Arc<Client>, Vec<u32>)>,
-    ) -> Arc<PsServer> {
-        let pool = test_pool();
-        PsServer::new(
-            ServerParts {
-                pod,
-                shard: 0,
-                tables: TableSet::new(cfg.table_specs()).unwrap(),
-                limits: Limits { max_frame_bytes, ..Limits::default() },
-                dedupe: DedupeConfig::default(),
-                pool,
-                checkpoint_path: PathBuf::from("/dev/null/none.ckpt"),
-                update_seq: 0,
-                dedupe_windows: Vec::new(),
-                replication_id: 1,
-                push_clock: PushClock::new(|| 1),
-                push_ack: PushAck::Applied,
-                push_ack_timeout: Duration::from_millis(100),
-            },
-            &cfg.topology().unwrap(),
-            replicas,
-            1,
-        )
     }
 
     async fn fetch_status(s: &Arc<PsServer>, keys: usize) -> (Status, usize) {
@@ -1775,14 +1824,7 @@ mod tests {
              capacity = {{ max_rows = {ROWS} }}\n"
         ))
         .unwrap();
-        // The replica's address is a port nobody listens on: every Replicate fails.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let pool = test_pool();
-        let any = "127.0.0.1:0".parse().unwrap();
-        let tcp = bex_transport::TcpTransport::start(pool, any, Default::default()).await.unwrap();
-        let ep = bex_rpc::Endpoint::at(1, closed, closed);
-        let client = Client::new(None, tcp.into(), vec![ep], Default::default());
-        let s = server_of(&cfg, 0, 1 << 20, Some((Arc::new(client), vec![1])));
+        let s = with_absent_replicas(&cfg).await;
         let (batch, pushes) = (16u64, MAX_PENDING_PUSHES as u64 + 2000);
         for seq in 0..pushes {
             let keys: Vec<u64> = (seq * batch..(seq + 1) * batch).collect();
