@@ -116,7 +116,7 @@ fn mutate_text(rng: &mut ChaCha8Rng, b: &mut Vec<u8>) {
 
 fn run(name: &str, default_iters: u64) {
     let target: Target = TARGETS.iter().find(|t| t.0 == name).expect("a target of that name").1;
-    let seed = bex_testkit::seed::seeds(DEFAULT_SEED..DEFAULT_SEED + 1).start;
+    let seed = bex_testkit::seed::one_seed(DEFAULT_SEED);
     let iters = env_u64("BEX_FUZZ_ITERS").unwrap_or(default_iters);
     let bases = seeds(name);
     assert!(!bases.is_empty(), "{name} has seeds");

@@ -24,7 +24,7 @@
 //! displaces the least recently pushed, and a whole-row copy older than everything a full
 //! stripe keeps is not stored: pods applying the same copies in any order keep the same
 //! rows, with no deletion message. With `ttl_s`, [`TableSet::expire`] drops rows last pushed
-//! `ttl_s` before the table's newest push (capped at the wall clock).
+//! `ttl_s` before the table's newest push (capped near the wall clock).
 //!
 //! # Semantics
 //!
@@ -75,6 +75,11 @@ use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
 use crate::admission::CountMin;
 use crate::row_index::{Probe, RowIndex};
 use bex_ps_proto::shard::mix64;
+
+/// How far a table's TTL clock (its newest row version) may run ahead of a pod's wall
+/// clock ([`TableSet::expire`]): clocks of pods within this of each other expire alike,
+/// and a copy from the future moves the clock no further.
+pub const TTL_SKEW_ALLOWANCE_US: u64 = 600 * 1_000_000;
 
 /// Stripes per table (lock granularity; snapshot cursors count in stripes).
 pub const STRIPES: usize = 64;
@@ -1239,14 +1244,18 @@ impl TableSet {
     /// written.
     ///
     /// The clock is the table's newest row version (its last push, by the training pod's
-    /// push clock), capped at `now_us` (µs since the Unix epoch, this pod's wall clock), so
-    /// - a pause in training expires nothing (the wall clock alone dropped the whole model
-    ///   after `ttl_s` without pushes, and replicas served initial rows);
+    /// push clock), capped at `now_us` (µs since the Unix epoch, this pod's wall clock) plus
+    /// [`TTL_SKEW_ALLOWANCE_US`], so
+    /// - while training is paused nothing expires, and every pod keeps serving the model
+    ///   (by the wall clock alone the whole model went after `ttl_s` without pushes); the
+    ///   first push after a pause longer than `ttl_s` moves the clock on, and the rows not
+    ///   pushed since then go;
     /// - pods need no synchronised clocks: a replica's newest version is at most the
     ///   training pod's, so it never drops a row the training pod keeps, except one whose
     ///   newer copy is on its way (with each pod's wall clock, a replica whose clock ran
-    ///   ahead dropped rows the training pod kept until they were pushed again);
-    /// - a copy carrying a version from the future moves no clock past its wall clock.
+    ///   ahead dropped rows the training pod kept, and they were not sent again);
+    /// - a copy carrying a version from the future moves a clock at most the allowance past
+    ///   its wall clock.
     pub fn expire(&self, now_us: u64) -> usize {
         let Some(_gate) = self.no_shrink.try_lock() else { return 0 };
         self.tables
@@ -1254,7 +1263,8 @@ impl TableSet {
             .map(|t| match t.spec.capacity.ttl_s {
                 0 => 0,
                 ttl => {
-                    let clock = t.newest_version().min(now_us);
+                    let clock =
+                        t.newest_version().min(now_us.saturating_add(TTL_SKEW_ALLOWANCE_US));
                     t.expire(clock.saturating_sub(ttl.saturating_mul(1_000_000)))
                 }
             })
@@ -1595,35 +1605,41 @@ mod tests {
         }
     }
 
-    /// Expiry follows the table's newest push, capped by the wall clock: a pause expires
-    /// nothing, pods with other clocks drop the same rows, a future version moves nothing.
+    /// Expiry follows the table's newest push, capped by the wall clock plus an allowance:
+    /// a pause expires nothing while it lasts, pods with other clocks (also a training pod
+    /// behind its own versions) drop the same rows, a future version moves the clock only
+    /// as far as the allowance.
     #[test]
     fn expiry_follows_the_newest_push_not_the_wall_clock() {
+        // Push times from B on (µs), so a wall clock minus the allowance is still positive.
         const S: u64 = 1_000_000;
+        const B: u64 = 1000 * S;
         let opt = Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 };
         let mut s = spec("t", 4, opt);
         s.capacity.ttl_s = 10;
         let pod = || {
             let set = TableSet::new(vec![s.clone()]).unwrap();
-            set.raise_version_floor(S);
+            set.raise_version_floor(B + S);
             set.get(0).unwrap().push(&[1, 2, 3], &[0.1; 12], None).unwrap();
-            set.raise_version_floor(5 * S);
+            set.raise_version_floor(B + 5 * S);
             set.get(0).unwrap().push(&[3], &[0.1; 4], None).unwrap();
             set
         };
         let (training, ahead) = (pod(), pod());
         // Training paused: an hour of wall clock later, nothing has expired.
-        assert_eq!(training.expire(3600 * S), 0, "a pause expires nothing");
+        assert_eq!(training.expire(B + 3600 * S), 0, "a pause expires nothing");
         assert_eq!(ahead.expire(u64::MAX), 0, "nor does a clock far ahead");
         // 12 s of pushes: rows last pushed before 2 s go (1 and 2), on both pods alike.
         for p in [&training, &ahead] {
-            p.raise_version_floor(12 * S);
+            p.raise_version_floor(B + 12 * S);
             p.get(0).unwrap().push(&[4], &[0.1; 4], None).unwrap();
         }
-        assert_eq!(training.expire(12 * S + 7), 2);
-        assert_eq!(ahead.expire(3600 * S), 2);
+        // The training pod's wall clock a second behind its newest version (a floor raised
+        // above a replica's after a restart): it expires by that version all the same.
+        assert_eq!(training.expire(B + 11 * S), 2, "a training pod whose clock is behind");
+        assert_eq!(ahead.expire(B + 3600 * S), 2);
         assert_eq!(all_records(training.get(0).unwrap()), all_records(ahead.get(0).unwrap()));
-        // A copy from the future moves the clock only as far as the wall clock.
+        // A copy from the future moves the clock only as far as the wall clock allows.
         let t = training.get(0).unwrap();
         let mut row = vec![0f32; t.state_width()];
         t.read_state_into(&[9], &mut row).unwrap();
@@ -1636,8 +1652,9 @@ mod tests {
             LeF32s::new(&le).unwrap(),
         )
         .unwrap();
-        assert_eq!(training.expire(13 * S), 0, "rows 3 (5 s) and 4 (12 s) stay");
-        assert_eq!(training.expire(16 * S), 1, "at 16 s, row 3 goes");
+        let allowance = TTL_SKEW_ALLOWANCE_US;
+        assert_eq!(training.expire(B + 13 * S - allowance), 0, "rows 3 (5 s), 4 (12 s) stay");
+        assert_eq!(training.expire(B + 16 * S - allowance), 1, "at 16 s, row 3 goes");
     }
 
     /// A table large enough that its stripes warm batches (`WARM_ABOVE_BYTES`) serves the

@@ -47,9 +47,9 @@ pub struct Capacity {
     pub max_rows: u64,
     /// Most bytes of rows per shard, counted as [`TableSpec::row_bytes`] each; 0: no bound.
     pub max_bytes: u64,
-    /// Rows not pushed for this many seconds of training are dropped; 0: never. Measured
-    /// by the table's newest push (capped at the wall clock), so a pause in training
-    /// expires nothing.
+    /// Rows not pushed for this many seconds are dropped; 0: never. Measured from the
+    /// table's newest push (capped near the wall clock), so nothing expires while training
+    /// is paused; the first push after the pause moves the clock on.
     pub ttl_s: u64,
 }
 

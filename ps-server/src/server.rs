@@ -920,9 +920,9 @@ impl PsServer {
         }
     }
 
-    /// Drops rows past their table's TTL, by the table's newest push capped at this pod's
-    /// clock ([`TableSet::expire`]: every pod drops the same rows, and a pause in training
-    /// none); returns how many.
+    /// Drops rows past their table's TTL, by the table's newest push capped near this pod's
+    /// clock ([`TableSet::expire`]: every pod drops the same rows, and none while training
+    /// is paused); returns how many.
     pub fn expire_rows(&self) -> usize {
         let n = self.tables.expire(self.push_clock.now());
         if n > 0 {
@@ -1011,13 +1011,14 @@ impl PsServer {
         stripes.map(|at| self.queue_stripe_newer_than(target, at, &none)).sum()
     }
 
-    /// Queues `keys` of `table` for every replica but `except`: rows a catch-up copied from
-    /// that replica, which the others may lack.
-    pub fn queue_for_other_replicas(&self, except: usize, table: u32, keys: &[u64]) {
+    /// Queues `keys` of `table` for the replicas before `target`: rows a catch-up copied
+    /// from replica `target`, which the replicas compared before it may lack (those after
+    /// it are compared with them in place).
+    pub fn queue_for_replicas_before(&self, target: usize, table: u32, keys: &[u64]) {
         let Some(t) = self.tables.get(table) else { return };
         let now = crate::clock::now();
-        for (i, b) in self.repl.iter().enumerate() {
-            if i != except && !keys.is_empty() {
+        for b in self.repl.iter().take(target) {
+            if !keys.is_empty() {
                 b.mark(table, t.state_width() as u32, keys.iter().copied(), now);
             }
         }

@@ -332,7 +332,9 @@ pub async fn start_shard(
 /// complete: the rows newer here are queued for the replica and the versions dropped. (A
 /// map of every replica row, kept to the end, cost about 40 B a row per replica on top of
 /// the tables: 4 GB a replica at 100M rows.) Rows the copy stores here are queued for the
-/// other replicas, whose stripes may have been compared already. A row out of order (a
+/// replicas compared before this one (those after it compare with them in place; queuing
+/// them there too held a whole table's keys per replica on a start from an empty disk),
+/// also when the copy fails part way. A row out of order (a
 /// replica whose table definition differs) is compared as missing: sent again, which is
 /// harmless.
 pub(crate) struct StripeDiff<'a> {
@@ -390,7 +392,7 @@ impl<'a> StripeDiff<'a> {
     }
 
     fn flush_stored(&mut self) {
-        self.server.queue_for_other_replicas(self.target, self.stored_table, &self.stored);
+        self.server.queue_for_replicas_before(self.target, self.stored_table, &self.stored);
         self.stored.clear();
     }
 
@@ -430,6 +432,8 @@ async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, deadline: 
             }
             None => {
                 tracing::warn!(?deadline, "{what}: unreachable; going on");
+                // What its attempts stored here still goes to the replicas before it.
+                diff.flush_stored();
                 server.queue_every_pushed_row(target)
             }
         };
@@ -450,11 +454,11 @@ mod tests {
     use super::*;
     use crate::server::test_server::with_absent_replicas;
 
-    // A catch-up from replica 0 of two, fed the replica's rows stripe by stripe as the
-    // snapshot streams them: replica 0 gets exactly the rows newer here (the rows it lacks
-    // and the rows pushed here since), replica 1 the rows the copy stored here (newer at
-    // replica 0, or only there); and the comparison holds one stripe's versions at a time,
-    // not the replica's every row.
+    // The catch-up from replica 1 of two, fed its rows stripe by stripe as the snapshot
+    // streams them: replica 1 gets exactly the rows newer here (the rows it lacks and the
+    // rows pushed here since), replica 0 (compared before) the rows the copy stored here
+    // (newer at replica 1, or only there); and the comparison holds one stripe's versions
+    // at a time, not the replica's every row.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_catch_up_queues_the_rows_each_replica_lacks_a_stripe_at_a_time() {
         let cfg = Config::from_toml_str(
@@ -471,11 +475,11 @@ mod tests {
                 t.push(&keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
             }
         };
-        // Here: 2000..3000 long ago, then 0..2000 lately; replica 0: 1000..3500 in between.
+        // Here: 2000..3000 long ago, then 0..2000 lately; replica 1: 1000..3500 in between.
         push(s.tables(), 10, 2000..3000);
         push(&replica, 20, 1000..3500);
         push(s.tables(), 30, 0..2000);
-        let mut diff = StripeDiff::new(&s, 0);
+        let mut diff = StripeDiff::new(&s, 1);
         let mut most = 0;
         for (id, t) in replica.iter() {
             for stripe in 0..STRIPES {
@@ -497,7 +501,7 @@ mod tests {
         let largest = largest.max().unwrap();
         assert!(most <= largest, "{most} versions held at once, {largest} in a stripe");
         // Each replica's forwarder holds at most one key in flight (batch_keys = 1), retrying.
-        for (replica, keys) in [(0, 0..2000), (1, 2000..3500)] {
+        for (replica, keys) in [(1, 0..2000), (0, 2000..3500)] {
             let want: BTreeSet<(u32, u64)> =
                 (0..2).flat_map(|t| keys.clone().map(move |k| (t, k))).collect();
             let got: BTreeSet<(u32, u64)> = (0..2)

@@ -48,6 +48,22 @@ pub fn seeds(default: Range<u64>) -> Range<u64> {
     seeds_in(|name| std::env::var(name).ok(), default).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The one seed of a test that runs one: `BEX_SEED=n`'s, else `default`. Panics on a range
+/// of more than one seed, which such a test would not run.
+pub fn one_seed(default: u64) -> u64 {
+    one_seed_in(|name| std::env::var(name).ok(), default).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`one_seed`] with the environment read through `var`.
+fn one_seed_in(var: impl Fn(&str) -> Option<String>, default: u64) -> Result<u64, String> {
+    let r = seeds_in(var, default..default.saturating_add(1))?;
+    if r.end - r.start == 1 {
+        Ok(r.start)
+    } else {
+        Err(format!("this test runs one seed: set {VAR}=n, not {VAR}={}..{}", r.start, r.end))
+    }
+}
+
 /// [`seeds`] with the environment read through `var`.
 fn seeds_in(
     var: impl Fn(&str) -> Option<String>,
@@ -70,10 +86,10 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// `BEX_SEED`'s first seed, else `default`; `command` runs the test (e.g. `cargo test
-    /// -p bex-transport --test sim credits`).
+    /// [`one_seed`]; `command` runs the test (e.g. `cargo test -p bex-transport --test sim
+    /// credits`).
     pub fn seed(default: u64, command: impl Into<String>) -> Replay {
-        let seed = seeds(default..default.saturating_add(1)).start;
+        let seed = one_seed(default);
         Replay { seed, command: command.into() }
     }
 }
@@ -165,6 +181,9 @@ mod tests {
         let old = seeds_in(env(&[("BEX_SIM_SEEDS", "9"), ("BEX_SEED", "3")]), 1..51);
         assert!(old.unwrap_err().contains("BEX_SIM_SEEDS is no longer read"));
         assert!(seeds_in(env(&[("BEX_SEED", "z")]), 1..51).is_err());
+        assert_eq!(one_seed_in(env(&[]), 7), Ok(7));
+        assert_eq!(one_seed_in(env(&[("BEX_SEED", "9")]), 7), Ok(9));
+        assert!(one_seed_in(env(&[("BEX_SEED", "1..4")]), 7).unwrap_err().contains("one seed"));
         assert!(!run_chunked(&(0..10), 10, &["never"]));
     }
 

@@ -77,10 +77,8 @@ impl Bed for SimBed {
     }
     async fn transport(&self, cfg: Config) -> Transport {
         let hub = self.hub.get_or_init(|| {
-            let hub = SimHub::new(SimNet::new(
-                bex_testkit::seed::seeds(1..2).start,
-                LinkModel::default(),
-            ));
+            let hub =
+                SimHub::new(SimNet::new(bex_testkit::seed::one_seed(1), LinkModel::default()));
             tokio::spawn(hub.clone().drive());
             hub
         });

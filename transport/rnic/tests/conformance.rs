@@ -17,7 +17,7 @@ struct SimBed {
 
 impl SimBed {
     fn new() -> Option<SimBed> {
-        let seed = bex_testkit::seed::seeds(7..8).start;
+        let seed = bex_testkit::seed::one_seed(7);
         let fabric = Fabric::new(seed, LinkModel::default());
         let a = fabric.add_device(NicConfig::default());
         let b = fabric.add_device(NicConfig::default());
