@@ -1128,7 +1128,7 @@ impl Table {
     /// [`export_records`](Self::export_records) (or, `Unversioned`, by checkpoint versions
     /// 1 and 2: version 1), each only over an older stored row (see the module docs).
     /// `records.len()` must be a multiple of the record length. `seen` gets every record's
-    /// key and version. Returns the number of records.
+    /// key, version and whether it was stored. Returns the number of records.
     pub fn import_records(
         &self,
         records: &[u8],

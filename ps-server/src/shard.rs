@@ -344,7 +344,8 @@ pub(crate) struct StripeDiff<'a> {
     at: (u32, usize),
     /// The replica's versions of `at`'s rows.
     versions: HashMap<u64, u64>,
-    /// Rows of table `stored_table` the copy stored here, to queue for the other replicas.
+    /// Rows of table `stored_table` the copy stored here, to queue for the replicas before
+    /// this one (none are kept for replica 0: there are none).
     stored: Vec<u64>,
     stored_table: u32,
     /// Rows queued for the replica.
@@ -357,11 +358,13 @@ impl<'a> StripeDiff<'a> {
         StripeDiff { server, target, at: (0, 0), versions, stored, stored_table: 0, queued: 0 }
     }
 
-    /// A copy starts (again): from the first stripe. What was queued stays queued.
+    /// A copy starts (again): from the first stripe. What was queued stays queued; the
+    /// count starts again with the comparisons.
     fn restart(&mut self) {
         self.flush_stored();
         self.at = (0, 0);
         self.versions.clear();
+        self.queued = 0;
     }
 
     fn seen(&mut self, table: u32, row: SeenRow) {
@@ -371,7 +374,7 @@ impl<'a> StripeDiff<'a> {
         if here == self.at {
             self.versions.insert(row.key, row.version);
         }
-        if row.stored {
+        if row.stored && self.target > 0 {
             if table != self.stored_table {
                 self.flush_stored();
                 self.stored_table = table;

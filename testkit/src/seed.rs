@@ -76,7 +76,7 @@ fn seeds_in(
     var(VAR).map_or(Ok(default), |v| parse(&v))
 }
 
-/// One seed of a test ([`seeds`]' first) that prints its replay line if the test panics
+/// One seed of a test ([`one_seed`]) that prints its replay line if the test panics
 /// while this is held.
 #[derive(Debug)]
 pub struct Replay {
