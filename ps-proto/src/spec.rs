@@ -152,6 +152,104 @@ impl TableSpec {
     }
 }
 
+/// How another pod's table definitions differ from this pod's ([`compare_definitions`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DefinitionDiff {
+    /// Differences that make the two pods' rows mean different things: the tables, their
+    /// order, a name, dim, initializer or seed (an absent key's row is its initial row, so
+    /// pods of other seeds answer it differently, for good), or an optimizer kind (another
+    /// state layout). Rows must not be copied between such pods.
+    pub incompatible: Vec<String>,
+    /// Differences a rolling change passes through, gone once every pod runs the new file:
+    /// capacity and admission (which rows a pod keeps: the same rows again after every pod
+    /// restarted) and optimizer hyperparameters (only the training pod applies pushes).
+    pub converging: Vec<String>,
+}
+
+impl DefinitionDiff {
+    /// No difference.
+    pub fn is_empty(&self) -> bool {
+        self.incompatible.is_empty() && self.converging.is_empty()
+    }
+}
+
+/// Compares this pod's table definitions with a peer's, table by table (ids are positions).
+pub fn compare_definitions(here: &[TableSpec], peer: &[TableSpec]) -> DefinitionDiff {
+    let mut d = DefinitionDiff::default();
+    if here.len() != peer.len() {
+        d.incompatible.push(format!("{} tables here, {} at the peer", here.len(), peer.len()));
+    }
+    for (id, (h, p)) in here.iter().zip(peer).enumerate() {
+        let mut differ = |incompatible: bool, field: &str, here: String, peer: String| {
+            if here != peer {
+                let why =
+                    format!("table {id} ('{}') {field}: {here} here, {peer} at the peer", h.name);
+                if incompatible { &mut d.incompatible } else { &mut d.converging }.push(why);
+            }
+        };
+        differ(true, "name", h.name.clone(), p.name.clone());
+        differ(true, "dim", h.dim.to_string(), p.dim.to_string());
+        differ(true, "seed", h.seed.to_string(), p.seed.to_string());
+        differ(true, "init", format!("{:?}", h.init), format!("{:?}", p.init));
+        differ(
+            true,
+            "optimizer",
+            format!("{:?}", h.optimizer.kind()),
+            format!("{:?}", p.optimizer.kind()),
+        );
+        if h.optimizer.kind() == p.optimizer.kind() {
+            differ(false, "optimizer", format!("{:?}", h.optimizer), format!("{:?}", p.optimizer));
+        }
+        differ(false, "admission", format!("{:?}", h.admission), format!("{:?}", p.admission));
+        differ(false, "capacity", format!("{:?}", h.capacity), format!("{:?}", p.capacity));
+    }
+    d
+}
+
 /// Words a whole row carries after its `stride` f32 in a Replicate with state: the step
 /// count's bits, then the version's low and high 32 bits.
 pub const STATE_EXTRA_WORDS: usize = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(name: &str) -> TableSpec {
+        TableSpec {
+            name: name.into(),
+            dim: 8,
+            seed: 7,
+            init: Initializer::default(),
+            optimizer: Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 },
+            admission: Admission::default(),
+            capacity: Capacity::default(),
+        }
+    }
+
+    #[test]
+    fn definitions_differ_incompatibly_where_rows_mean_other_things() {
+        let here = vec![table("a"), table("b")];
+        assert!(compare_definitions(&here, &here.clone()).is_empty());
+
+        let mut peer = here.clone();
+        peer[1].seed = 8;
+        peer[0].capacity.max_rows = 1000;
+        peer[0].optimizer = Optimizer::Adagrad { lr: 0.2, initial_accumulator: 0.1, eps: 1e-8 };
+        let d = compare_definitions(&here, &peer);
+        assert_eq!(d.incompatible, ["table 1 ('b') seed: 7 here, 8 at the peer"]);
+        assert_eq!(d.converging.len(), 2, "{:?}", d.converging);
+        assert!(d.converging[0].starts_with("table 0 ('a') optimizer: Adagrad { lr: 0.1"));
+        assert!(d.converging[1].starts_with("table 0 ('a') capacity:"));
+
+        // Another kind is one incompatible difference, not also a converging one.
+        let mut peer = here.clone();
+        peer[0].optimizer = Optimizer::Sgd { lr: 0.1 };
+        let d = compare_definitions(&here, &peer);
+        assert_eq!(d.incompatible, ["table 0 ('a') optimizer: Adagrad here, Sgd at the peer"]);
+        assert!(d.converging.is_empty());
+
+        let d = compare_definitions(&here, &[table("b"), table("a"), table("c")]);
+        assert_eq!(d.incompatible.len(), 3, "count and both names: {:?}", d.incompatible);
+        assert_eq!(d.incompatible[0], "2 tables here, 3 at the peer");
+    }
+}

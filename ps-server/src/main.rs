@@ -292,7 +292,8 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
         },
         stack.transports(),
     )
-    .await;
+    .await
+    .unwrap_or_else(|why| die(2, &why));
     Booted { running, stack, http: addrs.http, ckpt }
 }
 

@@ -19,6 +19,7 @@ use bex_ps_proto::control::{
     ReplicationStatus, Role, ServingState, SnapshotRequest, TablesInfo,
 };
 use bex_ps_proto::metrics::{Counter, Histogram, Registry, LATENCY_BUCKETS_S, SIZE_BUCKETS_BYTES};
+use bex_ps_proto::spec::DefinitionDiff;
 use bex_ps_proto::wire::{self, DataHeader, Limits, Op, RequestView, Status};
 use bex_ps_proto::Topology;
 use bex_rpc::{alloc_frame, Client, RpcError, HEADER_LEN};
@@ -503,6 +504,9 @@ pub struct PsServer {
     failure: Mutex<Option<String>>,
     /// A replica serving without the copy of its shard from the training pod.
     bootstrap_missing: AtomicBool,
+    /// Differences between this server's table definitions and each peer pod's, when
+    /// last compared (at a bootstrap or catch-up): incompatible, converging.
+    definition_differences: Mutex<HashMap<u32, [usize; 2]>>,
     /// The RDMA transport, for the SetRdma admin drill.
     rdma: Mutex<Option<bex_transport::RdmaTransport>>,
 }
@@ -681,18 +685,20 @@ impl PsServer {
             last_checkpoint: Mutex::new(None),
             failure: Mutex::new(None),
             bootstrap_missing: AtomicBool::new(false),
+            definition_differences: Mutex::new(HashMap::new()),
             metrics,
             shutdown: Arc::new(Notify::new()),
             rdma: Mutex::new(None),
         });
-        server.register_gauges(&target_pods);
+        let peer_pods: Vec<u32> = (0..topology.pods()).filter(|&p| p != parts.pod).collect();
+        server.register_gauges(&target_pods, &peer_pods);
         server
     }
 
     /// The series computed at each scrape: rows and bytes per table, replication lag per
     /// target pod, checkpoint age, serving state, the replication client's counters. They
     /// hold the server weakly (the registry is the server's).
-    fn register_gauges(self: &Arc<Self>, target_pods: &[u32]) {
+    fn register_gauges(self: &Arc<Self>, target_pods: &[u32], peer_pods: &[u32]) {
         let reg = &self.metrics.registry;
         for (id, t) in self.tables.iter() {
             let labels = [("table", t.spec().name.as_str())];
@@ -791,6 +797,26 @@ impl PsServer {
             },
         )
         .expect("static metric");
+        for pod in peer_pods {
+            for (i, kind) in ["incompatible", "converging"].into_iter().enumerate() {
+                let me = Arc::downgrade(self);
+                let pod = *pod;
+                reg.gauge_fn(
+                    "bex_ps_peer_definition_differences",
+                    "Differences between this server's table definitions and the peer pod's \
+                     when last compared (bootstrap, catch-up): incompatible (its rows are not \
+                     copied; a replica stops) or converging (capacity, admission, \
+                     hyperparameters: a rolling change)",
+                    &[("peer_pod", pod.to_string().as_str()), ("kind", kind)],
+                    move || {
+                        me.upgrade().map_or(f64::NAN, |s| {
+                            s.definition_differences.lock().get(&pod).map_or(0.0, |d| d[i] as f64)
+                        })
+                    },
+                )
+                .expect("static metric");
+            }
+        }
         for code in 0..=4u8 {
             let me = Arc::downgrade(self);
             let name = format!("{:?}", state_of(code)).to_lowercase();
@@ -869,6 +895,19 @@ impl PsServer {
     /// (`bex_ps_bootstrap_missing`).
     pub fn set_bootstrap_missing(&self) {
         self.bootstrap_missing.store(true, Ordering::Release);
+    }
+
+    /// Records how the peer pod's table definitions differ from this server's
+    /// (`bex_ps_peer_definition_differences`).
+    pub fn record_definition_differences(&self, peer_pod: u32, d: &DefinitionDiff) {
+        self.definition_differences
+            .lock()
+            .insert(peer_pod, [d.incompatible.len(), d.converging.len()]);
+    }
+
+    /// Shards per pod.
+    pub fn shards(&self) -> u32 {
+        self.shards
     }
 
     /// Why the server stopped serving, if [`PsServer::fail`] stopped it.

@@ -12,7 +12,8 @@ use bex_ps_core::dedupe::{DedupeConfig, WindowState};
 use bex_ps_core::table::STRIPES;
 use bex_ps_core::{SeenRow, TableSet};
 use bex_ps_proto::config::PushAck;
-use bex_ps_proto::control::{ServingState, SnapshotCursor, SnapshotRequest};
+use bex_ps_proto::control::{ServingState, SnapshotCursor, SnapshotRequest, TablesInfo};
+use bex_ps_proto::spec::compare_definitions;
 use bex_ps_proto::topology::Topology;
 use bex_ps_proto::wire::{self, Limits, Op};
 use bex_ps_proto::Config;
@@ -101,15 +102,66 @@ pub async fn copy_shard(
     Ok(out)
 }
 
-/// [`copy_shard`] retried with backoff until it succeeds or `deadline` passes (each
-/// failure logged).
+/// Why [`copy_with_retries`] copied nothing.
+#[derive(Debug)]
+enum NotCopied {
+    /// No attempt succeeded before the deadline.
+    Unreachable,
+    /// The peer's tables mean other things than this server's (see
+    /// [`compare_definitions`]): its rows must not be copied here.
+    Incompatible(String),
+}
+
+/// Asks the peer at `peer` of `client` (pod `peer_pod`) for its table definitions and shard
+/// count and compares them with `server`'s. `Ok(Err(why))`: incompatible; differences a
+/// rolling change passes through are logged and pass. `Err`: the peer did not answer.
+async fn check_definitions(
+    server: &PsServer,
+    (client, peer, peer_pod): (&Client, usize, u32),
+) -> Result<Result<(), String>, String> {
+    let frame = wire::control_request_vec(Op::Tables, 0, 0, 0, &()).map_err(|e| e.to_string())?;
+    let m = client.call(&[peer], Op::Tables as u16, &frame).await.map_err(|e| e.to_string())?;
+    let info: TablesInfo = wire::decode_response(m.as_slice(), &Limits::default())
+        .and_then(|r| r.control())
+        .map_err(|e| e.to_string())?;
+    let peer_specs: Vec<_> = info.tables.into_iter().map(|t| t.spec).collect();
+    let mut diff = compare_definitions(&server.tables().specs(), &peer_specs);
+    if info.shards != server.shards() {
+        // Its shard of the same number holds other keys.
+        let shards = server.shards();
+        diff.incompatible.push(format!("{shards} shards a pod here, {} at the peer", info.shards));
+    }
+    server.record_definition_differences(peer_pod, &diff);
+    if !diff.converging.is_empty() {
+        tracing::warn!(
+            peer_pod,
+            differences = ?diff.converging,
+            "pod {peer_pod} defines its tables otherwise (a rolling change? its rows are \
+             copied; the pods keep other rows until every pod runs one file)"
+        );
+    }
+    Ok(if diff.incompatible.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "pod {peer_pod}'s tables are not this server's: {} (a table's name, dim, \
+             initializer, seed or optimizer, and the shard count, cannot change while a \
+             cluster runs: start every pod of it with one cluster file)",
+            diff.incompatible.join("; ")
+        ))
+    })
+}
+
+/// [`copy_shard`] from pod `peer_pod` (at `peer` of `client`) into `server`'s tables,
+/// retried with backoff until it succeeds or `deadline` passes (each failure logged), after
+/// [`check_definitions`] finds the peer's tables compatible.
 async fn copy_with_retries(
-    (client, peer): (&Client, usize),
-    tables: &TableSet,
+    server: &PsServer,
+    peer: (&Client, usize, u32),
     chunk_bytes: u32,
     mut diff: Option<&mut StripeDiff<'_>>,
     (deadline, what): (Option<Duration>, &str),
-) -> Option<Copied> {
+) -> Result<Copied, NotCopied> {
     // The deadline stops new attempts, never one under way (see BOOTSTRAP_DEADLINE).
     let give_up_at = deadline.map(|d| crate::clock::now() + d);
     let mut backoff = Duration::from_millis(100);
@@ -123,12 +175,17 @@ async fn copy_with_retries(
                 d.seen(table, row);
             }
         };
-        match copy_shard(client, peer, tables, chunk_bytes, &mut seen).await {
-            Ok(c) => return Some(c),
+        let copied = match check_definitions(server, peer).await {
+            Ok(Err(why)) => return Err(NotCopied::Incompatible(why)),
+            Ok(Ok(())) => copy_shard(peer.0, peer.1, server.tables(), chunk_bytes, &mut seen).await,
+            Err(e) => Err(format!("asking its table definitions: {e}")),
+        };
+        match copied {
+            Ok(c) => return Ok(c),
             Err(e) => tracing::warn!(attempt, error = %e, "{what} failed; retrying"),
         }
         if give_up_at.is_some_and(|t| crate::clock::now() + backoff >= t) {
-            return None;
+            return Err(NotCopied::Unreachable);
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -175,13 +232,14 @@ pub struct RunningShard {
 /// Builds the shard's server on `rdma` and `tcp` (which share one pool) and serves RPC on
 /// both: a replica once it has copied the training pod's rows; a training shard at once,
 /// taking pushes once it has caught up from its replicas (a background task among the
-/// returned ones). Progress is logged (info).
+/// returned ones). Progress is logged (info). Err: a replica found the training pod's
+/// tables incompatible with its own (it serves nothing).
 pub async fn start_shard(
     cfg: &Config,
     topo: &Topology,
     start: ShardStart,
     (rdma, tcp): (Transport, Transport),
-) -> RunningShard {
+) -> Result<RunningShard, String> {
     let ShardStart {
         pod,
         shard,
@@ -234,7 +292,7 @@ pub async fn start_shard(
             push_ack_timeout: Duration::from_millis(cfg.server.push_ack_timeout_ms),
         },
         topo,
-        Some((repl_client, target_pods)),
+        Some((repl_client, target_pods.clone())),
         cfg.server.replication_batch_keys as usize,
     );
     let stats = Arc::new(ServerStats::default());
@@ -276,11 +334,12 @@ pub async fn start_shard(
         if catching_up {
             let peers = Client::new(Some(rdma.clone()), tcp.clone(), targets.clone(), copy_cfg);
             let s = server.clone();
+            let pods = target_pods.clone();
             // Replicated: a replica holds every acknowledged push, so the shard waits for
             // each replica however long; applied: it goes on without one after a while.
             let deadline = (cfg.server.push_ack == PushAck::Applied).then_some(CATCH_UP_DEADLINE);
             tasks.push(tokio::spawn(async move {
-                catch_up(&s, &peers, chunk, deadline).await;
+                catch_up(&s, (&peers, &pods), chunk, deadline).await;
                 // Not over a drain begun meanwhile.
                 s.finish_restoring();
             }));
@@ -305,12 +364,16 @@ pub async fn start_shard(
                 copy_cfg,
             );
             let deadline = (Some(BOOTSTRAP_DEADLINE), "bootstrap");
-            match copy_with_retries((&peer, 0), server.tables(), chunk, None, deadline).await {
-                Some(c) => {
+            let training = (&peer, 0, topo.training_pod());
+            match copy_with_retries(&server, training, chunk, None, deadline).await {
+                Ok(c) => {
                     server.merge_dedupe(&c.windows);
                     tracing::info!(rows = c.rows, restored, "bootstrapped from the training pod");
                 }
-                None => {
+                // Serving initial rows of another seed, or rows of another layout, would
+                // answer wrong for good: better not to start.
+                Err(NotCopied::Incompatible(why)) => return Err(why),
+                Err(NotCopied::Unreachable) => {
                     tracing::warn!(
                         deadline = ?BOOTSTRAP_DEADLINE,
                         restored,
@@ -323,7 +386,7 @@ pub async fn start_shard(
         server.set_state(ServingState::Serving);
         serve_both()
     };
-    RunningShard { server, stats, tasks }
+    Ok(RunningShard { server, stats, tasks })
 }
 
 /// A catch-up's comparison of one replica's rows with this shard's, a stripe at a time.
@@ -410,31 +473,45 @@ impl<'a> StripeDiff<'a> {
 /// A training shard's start: copies every replica's rows (each applied over older rows
 /// only) and dedupe windows, so it holds at least the freshest replica's state and knows
 /// which pushes that state holds; queues for each replica the rows it lacks (stripe by
-/// stripe, [`StripeDiff`]; every pushed row for a replica it could not reach), and raises
-/// the version floor above every version seen.
-async fn catch_up(server: &Arc<PsServer>, peers: &Client, chunk: u32, deadline: Option<Duration>) {
-    for target in 0..server.replica_count() {
+/// stripe, [`StripeDiff`]; every pushed row for a replica it could not reach, or whose
+/// tables are not this server's), and raises the version floor above every version seen.
+/// `peers` are the replicas and their pods.
+async fn catch_up(
+    server: &Arc<PsServer>,
+    (peers, pods): (&Client, &[u32]),
+    chunk: u32,
+    deadline: Option<Duration>,
+) {
+    for (target, &pod) in pods.iter().enumerate().take(server.replica_count()) {
         let what = format!("catch-up from replica {target}");
         let t0 = crate::clock::now();
         let mut diff = StripeDiff::new(server, target);
         let got = copy_with_retries(
-            (peers, target),
-            server.tables(),
+            server,
+            (peers, target, pod),
             chunk,
             Some(&mut diff),
             (deadline, &what),
         )
         .await;
         let queued = match &got {
-            Some(c) => {
+            Ok(c) => {
                 server.merge_dedupe(&c.windows);
                 let ms = crate::clock::now().duration_since(t0).as_millis() as u64;
                 let windows = c.windows.len();
                 tracing::info!(rows = c.rows, windows, ms, "{what}: done");
                 diff.finish()
             }
-            None => {
-                tracing::warn!(?deadline, "{what}: unreachable; going on");
+            Err(not) => {
+                match not {
+                    NotCopied::Unreachable => {
+                        tracing::warn!(?deadline, "{what}: unreachable; going on")
+                    }
+                    // This pod's definitions rule: its rows go there, none come here.
+                    NotCopied::Incompatible(why) => {
+                        tracing::error!(%why, "{what}: not copied; going on")
+                    }
+                }
                 // What its attempts stored here still goes to the replicas before it.
                 diff.flush_stored();
                 server.queue_every_pushed_row(target)

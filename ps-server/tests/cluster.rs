@@ -33,7 +33,7 @@ impl DerefMut for Cluster {
 
 /// Test `salt` gets ports `base + 12·salt ..` of this process's block.
 fn base_port(salt: u16) -> u16 {
-    bex_testkit::ports::base_port(salt, 12, 20)
+    bex_testkit::ports::base_port(salt, 12, 21)
 }
 
 impl Cluster {
@@ -638,6 +638,83 @@ async fn pod_sum(c: &Cluster, pod: u32, series: &str) -> f64 {
         sum += sample(&text, series).unwrap_or_else(|| panic!("no {series}"));
     }
     sum
+}
+
+/// Starts server (`pod`, `shard`) of `c` on `cfg` instead of `c`'s file (on `c`'s ports and
+/// data directory, its own checkpoint removed first), waits for `ready`; SIGKILLed on drop.
+fn spawn_on(c: &Cluster, pod: u32, shard: u32, cfg: &Config) -> Guard {
+    let ckpt = cfg.checkpoint_path(pod, shard);
+    for p in [bex_ps_core::checkpoint::previous_generation(&ckpt), ckpt.clone()] {
+        let _ = std::fs::remove_file(p);
+    }
+    let config = c.dir().join(format!("other-{pod}-{shard}.toml"));
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
+    cmd.args(["--config", config.to_str().unwrap()])
+        .args(["--pod", &pod.to_string(), "--shard", &shard.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(
+            std::fs::File::create(c.dir().join(format!("other-{pod}-{shard}.stderr"))).unwrap(),
+        );
+    let mut g = Guard::spawn(&mut cmd, "ps-server on another file").unwrap();
+    g.wait_line("ready", Duration::from_secs(30)).unwrap();
+    g
+}
+
+// Pods compare their table definitions at a bootstrap and a catch-up. A replica whose table
+// means other things than the training pod's (another seed: its absent keys' initial rows
+// would differ for good) refuses to start, exit 2, naming the difference; a training shard
+// restarted beside such a replica does not copy its rows and says so; a replica that differs
+// in capacity only (a rolling change) copies the rows, starts and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_compare_table_definitions_and_a_replica_of_another_seed_refuses_to_start() {
+    let mut c = Cluster::new("definitions", 20).await;
+    let trainer = c.client(0, &c.secret()).await;
+    push_all(&trainer, &keys(200)).await;
+    c.kill9(1, 0);
+    let mut other_seed = c.cfg.clone();
+    other_seed.tables[0].seed = Some(99);
+    let ckpt = c.cfg.checkpoint_path(1, 0);
+    let _ = std::fs::remove_file(&ckpt);
+    let config = c.dir().join("other-seed.toml");
+    std::fs::write(&config, other_seed.to_toml_string().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--config", config.to_str().unwrap(), "--pod", "1", "--shard", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    assert!(
+        err.contains("pod 0's tables are not this server's: table 0 ('emb') seed: 99 here"),
+        "{err}"
+    );
+
+    // Started without a bootstrap, it serves; the restarted training shard leaves its rows.
+    other_seed.server.bootstrap_from_peer = false;
+    let replica = spawn_on(&c, 1, 0, &other_seed);
+    c.kill9(0, 0);
+    c.restart(0, 0).await;
+    let series = |pod: u32, kind: &str| {
+        format!("bex_ps_peer_definition_differences{{peer_pod=\"{pod}\",kind=\"{kind}\"}}")
+    };
+    let (_, text) = bex_process::http::get(c.http(0, 0), "/metrics").await.unwrap();
+    assert_eq!(sample(&text, &series(1, "incompatible")), Some(1.0), "{text}");
+    let log = c.stderr(0, 0);
+    assert!(log.contains("catch-up from replica 0: not copied") && log.contains("seed"), "{log}");
+    // (The replica holds no row: the training shard, killed, starts empty.)
+    push_all(&trainer, &keys(200)).await;
+    drop(replica);
+
+    // Another capacity: a rolling change. It copies the training pod's rows and serves.
+    let mut other_capacity = c.cfg.clone();
+    other_capacity.tables[0].capacity.max_rows = 1 << 20;
+    let _replica = spawn_on(&c, 1, 0, &other_capacity);
+    let http = c.http(1, 0);
+    let (_, text) = bex_process::http::get(http, "/metrics").await.unwrap();
+    assert_eq!(sample(&text, &series(0, "converging")), Some(1.0), "{text}");
+    assert_eq!(sample(&text, &series(0, "incompatible")), Some(0.0), "{text}");
+    let rows = sample(&text, "bex_ps_table_rows{table=\"emb\"}").unwrap();
+    assert!(rows > 0.0, "bootstrapped: {text}");
 }
 
 // Issue 18, item 2 with a TTL: a pause in training expires nothing (by the wall clock, every

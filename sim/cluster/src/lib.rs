@@ -385,7 +385,8 @@ impl Cluster {
             },
             (Transport::Sim(rdma.clone()), Transport::Sim(tcp.clone())),
         )
-        .await;
+        .await
+        .expect("every pod of a simulated cluster has one configuration");
         self.shards.insert((pod, shard), Shard { rdma, tcp, running });
     }
 
