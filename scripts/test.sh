@@ -86,6 +86,9 @@ target/release/bex-cluster doctor --config configs/local.toml
 target/release/bex-cluster run --config configs/local.toml --out target/e2e \
     --set ranker.seconds=4.0
 target/release/bex-exp check target/e2e/report.json --min-auc 0.75
+step "the launcher's test of the real ranker and trainer binaries (skipped by cargo test without BEX_BIN_DIR)"
+BEX_BIN_DIR="$PWD/target/release" cargo test --locked -q -p bex-launcher --test cluster \
+    real_clients_when_available
 step "the Grafana dashboard's queries against what that cluster's servers, rankers and trainers exported"
 target/release/bex-exp dashboard deploy/grafana/bex-dashboard.json target/e2e/metrics
 
