@@ -72,7 +72,7 @@ step "incast study in simulation, quick (paper Table 4: servers before the first
 cargo build --locked --release -q -p bex-incast
 target/release/bex-incast --quick --out target/incast
 
-step "PS fault matrix in simulation: 9 scenarios x 25 seeds, real shard/RPC/client code on simulated NICs (--seeds 10000 on demand)"
+step "PS fault matrix in simulation: 10 scenarios x 25 seeds, real shard/RPC/client code on simulated NICs (--seeds 10000 on demand)"
 cargo build --locked --release -q -p bex-simcluster
 target/release/bex-simcluster --seeds 25 --chunk 25 --quiet --out target/simcluster
 

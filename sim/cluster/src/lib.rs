@@ -87,11 +87,17 @@ pub enum Scenario {
     /// (rebuilt from the rows of the moment) while the two canaries' pushes to each row race:
     /// a push's effect must never reach the replica under another push's identity.
     TrainingKill,
+    /// `TrainingKill` and then a replica killed and bootstrapped again, with the trainer's
+    /// table bounded (128 rows a shard for its 400 keys: every push evicts) and admitting a
+    /// key at its second push: evictions decided by row versions alone, copies in any order,
+    /// a training shard's catch-up over an older checkpoint and a fresh replica's bootstrap
+    /// must still leave every pod with the same rows.
+    BoundedTrainingKill,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Loss,
         Scenario::ShardRestart,
         Scenario::PodPartition,
@@ -101,6 +107,7 @@ impl Scenario {
         Scenario::ClientRestart,
         Scenario::TrainingRestart,
         Scenario::TrainingKill,
+        Scenario::BoundedTrainingKill,
     ];
 
     /// Its name on the command line and in reports.
@@ -115,6 +122,7 @@ impl Scenario {
             Scenario::ClientRestart => "client-restart",
             Scenario::TrainingRestart => "training-restart",
             Scenario::TrainingKill => "training-kill",
+            Scenario::BoundedTrainingKill => "bounded-training-kill",
         }
     }
 
@@ -195,7 +203,11 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// The RDMA fallback target (issue 7).
 const FALLBACK_BOUND: Duration = Duration::from_secs(1);
 
-fn cluster_config() -> Config {
+/// Rows a shard keeps of the trainer's table in [`Scenario::BoundedTrainingKill`] (two a
+/// stripe; the trainer pushes about 200 keys a shard).
+const BOUNDED_ROWS: u64 = 128;
+
+fn cluster_config(scenario: Scenario) -> Config {
     let mut cfg = Config::local(PODS, SHARDS, 17_000);
     cfg.cluster.name = "sim".into();
     cfg.server.checkpoint_interval_s = 0;
@@ -227,6 +239,10 @@ fn cluster_config() -> Config {
     cfg.rpc.quarantine_connect_failures = 1;
     cfg.rpc.quarantine_s = 1;
     cfg.rpc.rdma_reprobe_s = 1;
+    if scenario == Scenario::BoundedTrainingKill {
+        cfg.tables[EMB as usize].capacity.max_rows = BOUNDED_ROWS;
+        cfg.tables[EMB as usize].admission.after_pushes = 2;
+    }
     cfg
 }
 
@@ -277,13 +293,13 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    async fn new(seed: u64, link: LinkModel) -> Cluster {
+    async fn new(seed: u64, link: LinkModel, scenario: Scenario) -> Cluster {
         let mut net = SimNet::new(seed, link);
         // Many runs share a process: one arena and a small reservation per host.
         net.set_pool_config(SimNet::small_pools(64 << 20));
         let hub = SimHub::new(net);
         tokio::spawn(hub.clone().drive());
-        let cfg = cluster_config();
+        let cfg = cluster_config(scenario);
         let topo = cfg.topology().expect("the simulated cluster's topology");
         let tcfg = transport_config(&cfg.transport, b"sim");
         let mut cfg = cfg;
@@ -593,7 +609,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         jitter: Duration::from_micros(1),
         ..LinkModel::default()
     };
-    let mut c = Cluster::new(seed, link).await;
+    let mut c = Cluster::new(seed, link, scenario).await;
     if scenario == Scenario::Loss {
         c.hub.with_net(|n| {
             n.fabric().with_faults(|f| {
@@ -749,7 +765,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                 violations.push(e);
             }
         }
-        Scenario::TrainingKill => {
+        Scenario::TrainingKill | Scenario::BoundedTrainingKill => {
             // A periodic checkpoint, then more pushes, then the kill: the restart must not
             // roll back to the checkpoint.
             clock.at(500).await;
@@ -772,6 +788,13 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
             clock.at(2_125).await;
             if let Err(e) = c.start_restored(0, 0).await {
                 violations.push(e);
+            }
+            if scenario == Scenario::BoundedTrainingKill {
+                // A replica gone with its rows, bootstrapping while pushes evict.
+                clock.at(2_400).await;
+                c.kill(1, 0);
+                clock.at(2_600).await;
+                c.start(1, 0).await;
             }
         }
         Scenario::ClientRestart => {
@@ -906,6 +929,23 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     }
     if panicked > 0 {
         violations.push(format!("{panicked} workload tasks panicked"));
+    }
+    if scenario == Scenario::BoundedTrainingKill {
+        // The bound held on every pod, and it bit (else the scenario tested nothing).
+        let mut evicted = 0;
+        for ((pod, shard), s) in &c.shards {
+            let Some(t) = s.running.server.tables().get(EMB) else { continue };
+            evicted += t.evicted();
+            if t.rows() > BOUNDED_ROWS {
+                violations.push(format!(
+                    "pod {pod} shard {shard} holds {} rows, over its bound of {BOUNDED_ROWS}",
+                    t.rows()
+                ));
+            }
+        }
+        if evicted == 0 {
+            violations.push("the bounded table evicted nothing".into());
+        }
     }
     let mut report = Report {
         scenario,

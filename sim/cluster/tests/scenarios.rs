@@ -64,6 +64,11 @@ fn a_training_shard_killed_catches_up_from_its_replica_and_loses_nothing() {
 }
 
 #[test]
+fn a_bounded_admitting_table_keeps_the_same_rows_on_every_pod_through_a_kill_and_a_bootstrap() {
+    check(Scenario::BoundedTrainingKill);
+}
+
+#[test]
 fn a_dead_replica_is_quarantined_and_released_after_it_returns() {
     check(Scenario::Quarantine);
     let r = run(Scenario::Quarantine, 12);
