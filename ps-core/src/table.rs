@@ -49,8 +49,9 @@
 //! Every row carries a version: 0 for a row never pushed (its initial values), and on each
 //! push `max(version + 1, floor)`, where the floor ([`TableSet::raise_version_floor`]) is
 //! set by each server incarnation above every version an earlier one can have written, and
-//! raised to the server's push clock (µs since the Unix epoch) before every push: a row's
-//! version is when it was last pushed.
+//! before every push moved to the server's push clock (µs since the Unix epoch), or one
+//! past itself while that clock is behind ([`Table::advance_version_floor`]): a row's
+//! version is when it was last pushed, and pushes order by recency either way.
 //! Whole-row copies (Replicate with state, snapshot chunks, checkpoints) carry the version,
 //! and a copy is applied only over an older row ([`Table::apply_replica_state_le`],
 //! [`Table::import_records`]): applying copies is idempotent and order-free, so a replica
@@ -573,6 +574,19 @@ impl Table {
         // holding a corrupt or hostile version) made every later push write rows every
         // replica refuses, and a checkpoint this pod could not restore.
         self.version_floor.fetch_max(floor.min(MAX_VERSION), Ordering::AcqRel);
+    }
+
+    /// Moves the least version the next push writes to `clock`, or one past the last
+    /// push's floor while `clock` is behind it (a hybrid logical clock), and returns it.
+    /// With [`raise_version_floor`](Self::raise_version_floor) alone, a clock behind the
+    /// floor (a catch-up raised it above versions a replica wrote from a clock ahead of
+    /// this pod's) gave every push the same version, and a full stripe evicted by key, not
+    /// by recency, until the clock caught up.
+    pub fn advance_version_floor(&self, clock: u64) -> u64 {
+        let next = |f: u64| clock.max(f.saturating_add(1)).min(MAX_VERSION);
+        let old =
+            self.version_floor.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| Some(next(f)));
+        next(old.unwrap_or_else(|f| f))
     }
 
     /// Fetched keys that had no row, since the table was made.
@@ -1586,6 +1600,27 @@ mod tests {
         assert_eq!(all_records(&t).len(), 3);
         assert_eq!(t.expire(u64::MAX), 3);
         assert_eq!(t.rows(), 0);
+    }
+
+    // The push clock behind the floor: pushes still order by recency. Two keys of one
+    // stripe (2 rows each), the larger pushed first; a third push must evict the larger.
+    #[test]
+    fn pushes_order_by_recency_while_the_clock_is_behind_the_floor() {
+        let t = bounded(2 * STRIPES as u64, 0);
+        t.raise_version_floor(1_000_000);
+        let stripe = |k: u64| t.stripe_index(k);
+        let mut same: Vec<u64> = (1..10_000u64).filter(|&k| stripe(k) == stripe(1)).collect();
+        same.truncate(3);
+        let (small, large, third) = (same[0], same[1], same[2]);
+        for (clock, key) in [(10, large), (11, small), (12, third)] {
+            t.advance_version_floor(clock);
+            t.push(&[key], &[0.1; 4], None).unwrap();
+        }
+        // With the floor alone, `large` and `small` shared a version and `small` went.
+        assert!(!t.contains(large) && t.contains(small) && t.contains(third));
+        // A clock ahead of the floor sets it.
+        assert_eq!(t.advance_version_floor(5_000_000), 5_000_000);
+        assert_eq!(t.advance_version_floor(4_000_000), 5_000_001);
     }
 
     /// A full bounded stripe holds at most its quota's slots (65 rows per stripe here: by

@@ -1407,7 +1407,7 @@ impl PsServer {
             if verdict == Verdict::New {
                 // A row's version is the time of its last push (bounded tables keep the most
                 // recent rows, and every pod orders them alike by it).
-                t.raise_version_floor(self.push_clock.now());
+                t.advance_version_floor(self.push_clock.now());
                 match t.push_le(v.keys, v.values, None) {
                     Ok(n) => applied = n,
                     Err(e) => {

@@ -226,7 +226,7 @@ const TOOL: &str = "bex-simcluster";
 /// A scenario's line of the table (and up to five of its violations).
 fn table_line(sum: &Summary) -> String {
     let mut s = format!(
-        "{:<16} {:>6} seeds  {:>6} passed  slowest request {:>4} ms (deadline {} ms)  converged ≤ {} ms{}\n",
+        "{:<21} {:>6} seeds  {:>6} passed  slowest request {:>4} ms (deadline {} ms)  converged ≤ {} ms{}\n",
         sum.scenario,
         sum.seeds,
         sum.passed,
