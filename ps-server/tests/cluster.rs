@@ -674,16 +674,8 @@ async fn pods_compare_table_definitions_and_a_replica_of_another_seed_refuses_to
     c.kill9(1, 0);
     let mut other_seed = c.cfg.clone();
     other_seed.tables[0].seed = Some(99);
-    let ckpt = c.cfg.checkpoint_path(1, 0);
-    let _ = std::fs::remove_file(&ckpt);
-    let config = c.dir().join("other-seed.toml");
-    std::fs::write(&config, other_seed.to_toml_string().unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--config", config.to_str().unwrap(), "--pod", "1", "--shard", "0"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    let _ = std::fs::remove_file(c.cfg.checkpoint_path(1, 0));
+    let err = exit_2_on(c.dir(), &other_seed, 1);
     assert!(
         err.contains("pod 0's tables are not this server's: table 0 ('emb') seed: 99 here"),
         "{err}"
@@ -1003,21 +995,28 @@ async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
     assert_eq!(r.header.status, Status::Ok, "checkpoint: {}", r.message());
 }
 
+/// Runs `ps-server` as pod `pod`'s shard 0 on `cfg` (written into `dir`, `BEX_SECRET` unset),
+/// which must exit with status 2 (usage or configuration); returns its stderr.
+fn exit_2_on(dir: &std::path::Path, cfg: &Config, pod: u32) -> String {
+    let config = dir.join(format!("exit-2-{pod}.toml"));
+    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--config", config.to_str().unwrap(), "--pod", &pod.to_string(), "--shard", "0"])
+        .env_remove("BEX_SECRET")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    err
+}
+
 // Issue 14, item 6: off loopback the name-derived secret is refused, before anything binds.
 #[test]
 fn a_server_off_loopback_without_a_secret_refuses_to_start() {
     let dir = Scratch::new("insecure");
     let mut cfg = Config::local(1, 1, base_port(0));
     cfg.cluster.host = "192.0.2.1".parse().unwrap(); // TEST-NET-1: never this host's
-    let config = dir.join("cluster.toml");
-    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
-        .env_remove("BEX_SECRET")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    let err = exit_2_on(dir.path(), &cfg, 0);
     assert!(err.contains("BEX_SECRET") && err.contains("allow_insecure"), "{err}");
 }
 
@@ -1030,14 +1029,7 @@ fn a_server_configured_for_a_missing_rdma_device_exits_2_naming_the_cause() {
     let mut cfg = Config::local(1, 1, base_port(0));
     cfg.transport.nic = bex_ps_proto::config::NicKind::Verbs;
     cfg.transport.device = "bex_no_such_device".into();
-    let config = dir.join("cluster.toml");
-    std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--config", config.to_str().unwrap(), "--pod", "0", "--shard", "0"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+    let err = exit_2_on(dir.path(), &cfg, 0);
     assert!(err.contains("verbs:bex_no_such_device:1: no such RDMA device"), "{err}");
     assert!(err.contains("nic = \"soft\""), "{err}");
     eprintln!("ps-server said: {err}");
