@@ -417,6 +417,15 @@ impl Cluster {
         }
     }
 
+    /// The host of (`pod`, `shard`) dies at `down_ms` and a fresh one (no rows) starts at
+    /// `up_ms`.
+    async fn replace(&mut self, clock: &Clock, (pod, shard): (u32, u32), down_ms: u64, up_ms: u64) {
+        clock.at(down_ms).await;
+        self.kill(pod, shard);
+        clock.at(up_ms).await;
+        self.start(pod, shard).await;
+    }
+
     /// The host hangs: nothing answers, but connections are not refused.
     fn hang(&self, pod: u32, shard: u32) {
         let s = &self.shards[&(pod, shard)];
@@ -723,13 +732,8 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     let rdma_down_at = 400;
     match scenario {
         Scenario::Loss => {}
-        Scenario::ShardRestart => {
-            clock.at(400).await;
-            c.kill(1, 0);
-            // It bootstraps from the training pod while pushes go on.
-            clock.at(2_400).await;
-            c.start(1, 0).await;
-        }
+        // It bootstraps from the training pod while pushes go on.
+        Scenario::ShardRestart => c.replace(&clock, (1, 0), 400, 2_400).await,
         Scenario::PodPartition => {
             clock.at(400).await;
             let pod1 = c.nodes_of(1);
@@ -791,10 +795,7 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
             }
             if scenario == Scenario::BoundedTrainingKill {
                 // A replica gone with its rows, bootstrapping while pushes evict.
-                clock.at(2_400).await;
-                c.kill(1, 0);
-                clock.at(2_600).await;
-                c.start(1, 0).await;
+                c.replace(&clock, (1, 0), 2_400, 2_600).await;
             }
         }
         Scenario::ClientRestart => {
