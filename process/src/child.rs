@@ -9,8 +9,8 @@
 //! that was not reaped kills the child and waits for it, so no zombie or orphan remains.
 //!
 //! Readiness and exit are waited for on channels and `waitpid`, never by sleeping in a loop,
-//! except [`Guard::terminate`]'s grace period, which polls `try_wait` (there is no portable
-//! way to wait for a child with a timeout).
+//! except [`Guard::wait_within`] (and [`Guard::terminate`]'s grace period through it), which
+//! polls `try_wait` (there is no portable way to wait for a child with a timeout).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus};
@@ -181,17 +181,25 @@ impl Guard {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         // ESRCH only: it is a zombie already, and `wait` below reaps it.
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = crate::clock::now() + grace;
+        match self.wait_within(grace)? {
+            Some(status) => Ok(status),
+            None => self.kill(),
+        }
+    }
+
+    /// Waits up to `limit` for the child to exit by itself: its status (reaped), or `None`
+    /// if it still runs.
+    pub fn wait_within(&mut self, limit: Duration) -> Result<Option<ExitStatus>, ChildError> {
+        let deadline = crate::clock::now() + limit;
         loop {
             if let Some(status) = self.try_wait()? {
-                return Ok(status);
+                return Ok(Some(status));
             }
             if crate::clock::now() >= deadline {
-                break;
+                return Ok(None);
             }
             pause(Duration::from_millis(10));
         }
-        self.kill()
     }
 
     /// Kills the child and reaps it.
@@ -204,7 +212,7 @@ impl Guard {
     }
 }
 
-#[allow(clippy::disallowed_methods)] // terminate's grace period: polling a child, no fd to wait on
+#[allow(clippy::disallowed_methods)] // wait_within: polling a child, no fd to wait on
 fn pause(d: Duration) {
     std::thread::sleep(d);
 }

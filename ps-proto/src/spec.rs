@@ -155,11 +155,12 @@ impl TableSpec {
 /// How another pod's table definitions differ from this pod's ([`compare_definitions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DefinitionDiff {
-    /// Differences that make the two pods' rows mean different things: the tables, their
-    /// order, a name, dim, initializer or seed (an absent key's row is its initial row, so
-    /// pods of other seeds answer it differently, for good), or an optimizer kind (another
-    /// state layout). Rows must not be copied between such pods.
-    pub incompatible: Vec<String>,
+    /// Rows of one pod cannot be stored as the other's: the tables, their order or names, a
+    /// dim, or an optimizer kind (another state layout). No row may be copied between them.
+    pub layout: Vec<String>,
+    /// Rows copy alike, but an absent key's row is its initial row, and these pods make it
+    /// otherwise, for good: an initializer or a seed.
+    pub initial_rows: Vec<String>,
     /// Differences a rolling change passes through, gone once every pod runs the new file:
     /// capacity and admission (which rows a pod keeps: the same rows again after every pod
     /// restarted) and optimizer hyperparameters (only the training pod applies pushes).
@@ -169,7 +170,7 @@ pub struct DefinitionDiff {
 impl DefinitionDiff {
     /// No difference.
     pub fn is_empty(&self) -> bool {
-        self.incompatible.is_empty() && self.converging.is_empty()
+        self.layout.is_empty() && self.initial_rows.is_empty() && self.converging.is_empty()
     }
 }
 
@@ -177,31 +178,40 @@ impl DefinitionDiff {
 pub fn compare_definitions(here: &[TableSpec], peer: &[TableSpec]) -> DefinitionDiff {
     let mut d = DefinitionDiff::default();
     if here.len() != peer.len() {
-        d.incompatible.push(format!("{} tables here, {} at the peer", here.len(), peer.len()));
+        d.layout.push(format!("{} tables here, {} at the peer", here.len(), peer.len()));
     }
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Layout,
+        InitialRows,
+        Converging,
+    }
+    use Kind::*;
     for (id, (h, p)) in here.iter().zip(peer).enumerate() {
-        let mut differ = |incompatible: bool, field: &str, here: String, peer: String| {
+        let mut differ = |kind: Kind, field: &str, here: String, peer: String| {
             if here != peer {
                 let why =
                     format!("table {id} ('{}') {field}: {here} here, {peer} at the peer", h.name);
-                if incompatible { &mut d.incompatible } else { &mut d.converging }.push(why);
+                match kind {
+                    Layout => &mut d.layout,
+                    InitialRows => &mut d.initial_rows,
+                    Converging => &mut d.converging,
+                }
+                .push(why);
             }
         };
-        differ(true, "name", h.name.clone(), p.name.clone());
-        differ(true, "dim", h.dim.to_string(), p.dim.to_string());
-        differ(true, "seed", h.seed.to_string(), p.seed.to_string());
-        differ(true, "init", format!("{:?}", h.init), format!("{:?}", p.init));
-        differ(
-            true,
-            "optimizer",
-            format!("{:?}", h.optimizer.kind()),
-            format!("{:?}", p.optimizer.kind()),
-        );
+        differ(Layout, "name", h.name.clone(), p.name.clone());
+        differ(Layout, "dim", h.dim.to_string(), p.dim.to_string());
+        let kind = |s: &TableSpec| format!("{:?}", s.optimizer.kind());
+        differ(Layout, "optimizer", kind(h), kind(p));
+        differ(InitialRows, "seed", h.seed.to_string(), p.seed.to_string());
+        differ(InitialRows, "init", format!("{:?}", h.init), format!("{:?}", p.init));
         if h.optimizer.kind() == p.optimizer.kind() {
-            differ(false, "optimizer", format!("{:?}", h.optimizer), format!("{:?}", p.optimizer));
+            let (ho, po) = (format!("{:?}", h.optimizer), format!("{:?}", p.optimizer));
+            differ(Converging, "optimizer", ho, po);
         }
-        differ(false, "admission", format!("{:?}", h.admission), format!("{:?}", p.admission));
-        differ(false, "capacity", format!("{:?}", h.capacity), format!("{:?}", p.capacity));
+        differ(Converging, "admission", format!("{:?}", h.admission), format!("{:?}", p.admission));
+        differ(Converging, "capacity", format!("{:?}", h.capacity), format!("{:?}", p.capacity));
     }
     d
 }
@@ -227,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn definitions_differ_incompatibly_where_rows_mean_other_things() {
+    fn definitions_differ_in_layout_initial_rows_or_converging_settings() {
         let here = vec![table("a"), table("b")];
         assert!(compare_definitions(&here, &here.clone()).is_empty());
 
@@ -236,7 +246,8 @@ mod tests {
         peer[0].capacity.max_rows = 1000;
         peer[0].optimizer = Optimizer::Adagrad { lr: 0.2, initial_accumulator: 0.1, eps: 1e-8 };
         let d = compare_definitions(&here, &peer);
-        assert_eq!(d.incompatible, ["table 1 ('b') seed: 7 here, 8 at the peer"]);
+        assert!(d.layout.is_empty(), "{:?}", d.layout);
+        assert_eq!(d.initial_rows, ["table 1 ('b') seed: 7 here, 8 at the peer"]);
         assert_eq!(d.converging.len(), 2, "{:?}", d.converging);
         assert!(d.converging[0].starts_with("table 0 ('a') optimizer: Adagrad { lr: 0.1"));
         assert!(d.converging[1].starts_with("table 0 ('a') capacity:"));
@@ -245,11 +256,11 @@ mod tests {
         let mut peer = here.clone();
         peer[0].optimizer = Optimizer::Sgd { lr: 0.1 };
         let d = compare_definitions(&here, &peer);
-        assert_eq!(d.incompatible, ["table 0 ('a') optimizer: Adagrad here, Sgd at the peer"]);
-        assert!(d.converging.is_empty());
+        assert_eq!(d.layout, ["table 0 ('a') optimizer: Adagrad here, Sgd at the peer"]);
+        assert!(d.converging.is_empty() && d.initial_rows.is_empty());
 
         let d = compare_definitions(&here, &[table("b"), table("a"), table("c")]);
-        assert_eq!(d.incompatible.len(), 3, "count and both names: {:?}", d.incompatible);
-        assert_eq!(d.incompatible[0], "2 tables here, 3 at the peer");
+        assert_eq!(d.layout.len(), 3, "count and both names: {:?}", d.layout);
+        assert_eq!(d.layout[0], "2 tables here, 3 at the peer");
     }
 }

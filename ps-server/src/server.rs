@@ -505,8 +505,8 @@ pub struct PsServer {
     /// A replica serving without the copy of its shard from the training pod.
     bootstrap_missing: AtomicBool,
     /// Differences between this server's table definitions and each peer pod's, when
-    /// last compared (at a bootstrap or catch-up): incompatible, converging.
-    definition_differences: Mutex<HashMap<u32, [usize; 2]>>,
+    /// last compared (at a bootstrap or catch-up): layout, initial rows, converging.
+    definition_differences: Mutex<HashMap<u32, [usize; 3]>>,
     /// The RDMA transport, for the SetRdma admin drill.
     rdma: Mutex<Option<bex_transport::RdmaTransport>>,
 }
@@ -798,20 +798,21 @@ impl PsServer {
         )
         .expect("static metric");
         for pod in peer_pods {
-            for (i, kind) in ["incompatible", "converging"].into_iter().enumerate() {
+            for (i, kind) in ["layout", "initial_rows", "converging"].into_iter().enumerate() {
                 let me = Arc::downgrade(self);
                 let pod = *pod;
                 reg.gauge_fn(
                     "bex_ps_peer_definition_differences",
                     "Differences between this server's table definitions and the peer pod's \
-                     when last compared (bootstrap, catch-up): incompatible (its rows are not \
-                     copied; a replica stops) or converging (capacity, admission, \
-                     hyperparameters: a rolling change)",
+                     at the last copy from it (a replica's bootstrap, a training shard's \
+                     catch-up; NaN: never compared): layout (no row copied; a replica \
+                     stops), initial_rows (seed, initializer: a replica stops), converging \
+                     (capacity, admission, hyperparameters: a rolling change)",
                     &[("peer_pod", pod.to_string().as_str()), ("kind", kind)],
                     move || {
-                        me.upgrade().map_or(f64::NAN, |s| {
-                            s.definition_differences.lock().get(&pod).map_or(0.0, |d| d[i] as f64)
-                        })
+                        me.upgrade()
+                            .and_then(|s| s.definition_differences.lock().get(&pod).map(|d| d[i]))
+                            .map_or(f64::NAN, |n| n as f64)
                     },
                 )
                 .expect("static metric");
@@ -902,7 +903,7 @@ impl PsServer {
     pub fn record_definition_differences(&self, peer_pod: u32, d: &DefinitionDiff) {
         self.definition_differences
             .lock()
-            .insert(peer_pod, [d.incompatible.len(), d.converging.len()]);
+            .insert(peer_pod, [d.layout.len(), d.initial_rows.len(), d.converging.len()]);
     }
 
     /// Shards per pod.

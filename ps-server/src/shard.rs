@@ -107,31 +107,72 @@ pub async fn copy_shard(
 enum NotCopied {
     /// No attempt succeeded before the deadline.
     Unreachable,
-    /// The peer's tables mean other things than this server's (see
-    /// [`compare_definitions`]): its rows must not be copied here.
+    /// The peer's tables differ from this server's where `refused` says (see
+    /// [`check_definitions`]): its rows are not copied here.
     Incompatible(String),
 }
 
+/// Which differences of table definitions stop a copy ([`check_definitions`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refuse {
+    /// Rows that cannot be stored here (another layout or shard count): a training shard's
+    /// catch-up. Rows of other initial values still copy: its own definitions decide absent
+    /// keys, and skipping the copy would lose the pushes the replica acknowledged.
+    Layout,
+    /// Those and other initial rows: a replica, which would answer absent keys otherwise
+    /// than the training pod for good.
+    LayoutOrInitialRows,
+}
+
 /// Asks the peer at `peer` of `client` (pod `peer_pod`) for its table definitions and shard
-/// count and compares them with `server`'s. `Ok(Err(why))`: incompatible; differences a
-/// rolling change passes through are logged and pass. `Err`: the peer did not answer.
+/// count and compares them with `server`'s. `Ok(Err(why))`: a difference `refuse` names;
+/// the others are logged and pass. A peer that answers but whose answer cannot be read (a
+/// build of another wire version: postcard carries no field names) is logged and passes,
+/// as before pods compared. `Err`: the peer did not answer (the caller tries again).
 async fn check_definitions(
     server: &PsServer,
     (client, peer, peer_pod): (&Client, usize, u32),
+    refuse: Refuse,
 ) -> Result<Result<(), String>, String> {
     let frame = wire::control_request_vec(Op::Tables, 0, 0, 0, &()).map_err(|e| e.to_string())?;
     let m = client.call(&[peer], Op::Tables as u16, &frame).await.map_err(|e| e.to_string())?;
-    let info: TablesInfo = wire::decode_response(m.as_slice(), &Limits::default())
-        .and_then(|r| r.control())
-        .map_err(|e| e.to_string())?;
+    let info = wire::decode_response(m.as_slice(), &Limits::default())
+        .map_err(|e| e.to_string())
+        .and_then(|r| {
+            if !r.header.status.is_success() {
+                return Err(format!("{:?}: {}", r.header.status, r.message()));
+            }
+            r.control::<TablesInfo>().map_err(|e| e.to_string())
+        });
+    let info = match info {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::warn!(peer_pod, error = %e, "pod {peer_pod}'s table definitions are unreadable; copying without comparing them");
+            return Ok(Ok(()));
+        }
+    };
     let peer_specs: Vec<_> = info.tables.into_iter().map(|t| t.spec).collect();
     let mut diff = compare_definitions(&server.tables().specs(), &peer_specs);
     if info.shards != server.shards() {
         // Its shard of the same number holds other keys.
         let shards = server.shards();
-        diff.incompatible.push(format!("{shards} shards a pod here, {} at the peer", info.shards));
+        diff.layout.push(format!("{shards} shards a pod here, {} at the peer", info.shards));
     }
     server.record_definition_differences(peer_pod, &diff);
+    let refused: Vec<String> = match refuse {
+        Refuse::Layout => diff.layout.clone(),
+        Refuse::LayoutOrInitialRows => [&diff.layout[..], &diff.initial_rows[..]].concat(),
+    };
+    let passed: Vec<&String> =
+        diff.layout.iter().chain(&diff.initial_rows).filter(|d| !refused.contains(d)).collect();
+    if !passed.is_empty() {
+        tracing::error!(
+            peer_pod,
+            differences = ?passed,
+            "pod {peer_pod} makes other initial rows: its rows are copied, but the pods answer \
+             absent keys otherwise until every pod runs one cluster file"
+        );
+    }
     if !diff.converging.is_empty() {
         tracing::warn!(
             peer_pod,
@@ -140,14 +181,14 @@ async fn check_definitions(
              copied; the pods keep other rows until every pod runs one file)"
         );
     }
-    Ok(if diff.incompatible.is_empty() {
+    Ok(if refused.is_empty() {
         Ok(())
     } else {
         Err(format!(
             "pod {peer_pod}'s tables are not this server's: {} (a table's name, dim, \
              initializer, seed or optimizer, and the shard count, cannot change while a \
              cluster runs: start every pod of it with one cluster file)",
-            diff.incompatible.join("; ")
+            refused.join("; ")
         ))
     })
 }
@@ -158,6 +199,7 @@ async fn check_definitions(
 async fn copy_with_retries(
     server: &PsServer,
     peer: (&Client, usize, u32),
+    refuse: Refuse,
     chunk_bytes: u32,
     mut diff: Option<&mut StripeDiff<'_>>,
     (deadline, what): (Option<Duration>, &str),
@@ -175,7 +217,7 @@ async fn copy_with_retries(
                 d.seen(table, row);
             }
         };
-        let copied = match check_definitions(server, peer).await {
+        let copied = match check_definitions(server, peer, refuse).await {
             Ok(Err(why)) => return Err(NotCopied::Incompatible(why)),
             Ok(Ok(())) => copy_shard(peer.0, peer.1, server.tables(), chunk_bytes, &mut seen).await,
             Err(e) => Err(format!("asking its table definitions: {e}")),
@@ -365,7 +407,8 @@ pub async fn start_shard(
             );
             let deadline = (Some(BOOTSTRAP_DEADLINE), "bootstrap");
             let training = (&peer, 0, topo.training_pod());
-            match copy_with_retries(&server, training, chunk, None, deadline).await {
+            let refuse = Refuse::LayoutOrInitialRows;
+            match copy_with_retries(&server, training, refuse, chunk, None, deadline).await {
                 Ok(c) => {
                     server.merge_dedupe(&c.windows);
                     tracing::info!(rows = c.rows, restored, "bootstrapped from the training pod");
@@ -474,7 +517,7 @@ impl<'a> StripeDiff<'a> {
 /// only) and dedupe windows, so it holds at least the freshest replica's state and knows
 /// which pushes that state holds; queues for each replica the rows it lacks (stripe by
 /// stripe, [`StripeDiff`]; every pushed row for a replica it could not reach, or whose
-/// tables are not this server's), and raises the version floor above every version seen.
+/// rows cannot be stored here), and raises the version floor above every version seen.
 /// `peers` are the replicas and their pods.
 async fn catch_up(
     server: &Arc<PsServer>,
@@ -489,6 +532,7 @@ async fn catch_up(
         let got = copy_with_retries(
             server,
             (peers, target, pod),
+            Refuse::Layout,
             chunk,
             Some(&mut diff),
             (deadline, &what),
@@ -507,7 +551,8 @@ async fn catch_up(
                     NotCopied::Unreachable => {
                         tracing::warn!(?deadline, "{what}: unreachable; going on")
                     }
-                    // This pod's definitions rule: its rows go there, none come here.
+                    // Its rows cannot be stored here. This pod's rows are queued for it,
+                    // which it refuses (`WrongDim`, …) until it runs this pod's file.
                     NotCopied::Incompatible(why) => {
                         tracing::error!(%why, "{what}: not copied; going on")
                     }

@@ -662,10 +662,12 @@ fn spawn_on(c: &Cluster, pod: u32, shard: u32, cfg: &Config) -> Guard {
 }
 
 // Pods compare their table definitions at a bootstrap and a catch-up. A replica whose table
-// means other things than the training pod's (another seed: its absent keys' initial rows
-// would differ for good) refuses to start, exit 2, naming the difference; a training shard
-// restarted beside such a replica does not copy its rows and says so; a replica that differs
-// in capacity only (a rolling change) copies the rows, starts and says so.
+// makes other initial rows than the training pod's (another seed: it would answer absent
+// keys otherwise for good) refuses to start, exit 2, naming the difference; a training shard
+// restarted beside such a replica still copies its rows (skipping them lost the pushes the
+// replica acknowledged) and says so; a replica that differs in capacity only (a rolling
+// change) copies the rows and starts; beside a replica of another dim a training shard
+// copies nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_compare_table_definitions_and_a_replica_of_another_seed_refuses_to_start() {
     let mut c = Cluster::new("definitions", 20).await;
@@ -680,33 +682,55 @@ async fn pods_compare_table_definitions_and_a_replica_of_another_seed_refuses_to
         err.contains("pod 0's tables are not this server's: table 0 ('emb') seed: 99 here"),
         "{err}"
     );
-
-    // Started without a bootstrap, it serves; the restarted training shard leaves its rows.
-    other_seed.server.bootstrap_from_peer = false;
-    let replica = spawn_on(&c, 1, 0, &other_seed);
-    c.kill9(0, 0);
-    c.restart(0, 0).await;
     let series = |pod: u32, kind: &str| {
         format!("bex_ps_peer_definition_differences{{peer_pod=\"{pod}\",kind=\"{kind}\"}}")
     };
-    let (_, text) = bex_process::http::get(c.http(0, 0), "/metrics").await.unwrap();
-    assert_eq!(sample(&text, &series(1, "incompatible")), Some(1.0), "{text}");
+    let training = c.http(0, 0);
+
+    // Started without a bootstrap, it serves and takes the pushes' rows; the training shard,
+    // killed (no checkpoint: it starts empty), copies them back in its catch-up.
+    other_seed.server.bootstrap_from_peer = false;
+    let replica = spawn_on(&c, 1, 0, &other_seed);
+    // Acknowledged once the training shard's replication has reconnected to it.
+    let grads = vec![0.5f32; 200 * DIM as usize];
+    let start = bex_ps_server::clock::now();
+    while let Err(e) = trainer.push(TABLE, DIM, &keys(200), &grads).await {
+        let waited = bex_ps_server::clock::now() - start;
+        assert!(waited < Duration::from_secs(20), "the replica never acknowledged: {e}");
+    }
+    c.kill9(0, 0);
+    c.restart(0, 0).await;
+    let (_, text) = bex_process::http::get(training, "/metrics").await.unwrap();
+    assert_eq!(sample(&text, &series(1, "initial_rows")), Some(1.0), "{text}");
+    assert_eq!(sample(&text, &series(1, "layout")), Some(0.0), "{text}");
+    let rows = sample(&text, "bex_ps_table_rows{table=\"emb\"}").unwrap();
+    assert!(rows > 0.0, "the replica's rows were copied: {text}");
     let log = c.stderr(0, 0);
-    assert!(log.contains("catch-up from replica 0: not copied") && log.contains("seed"), "{log}");
-    // (The replica holds no row: the training shard, killed, starts empty.)
-    push_all(&trainer, &keys(200)).await;
+    assert!(log.contains("makes other initial rows") && log.contains("seed"), "{log}");
     drop(replica);
 
     // Another capacity: a rolling change. It copies the training pod's rows and serves.
     let mut other_capacity = c.cfg.clone();
     other_capacity.tables[0].capacity.max_rows = 1 << 20;
-    let _replica = spawn_on(&c, 1, 0, &other_capacity);
-    let http = c.http(1, 0);
-    let (_, text) = bex_process::http::get(http, "/metrics").await.unwrap();
+    let replica = spawn_on(&c, 1, 0, &other_capacity);
+    let (_, text) = bex_process::http::get(c.http(1, 0), "/metrics").await.unwrap();
     assert_eq!(sample(&text, &series(0, "converging")), Some(1.0), "{text}");
-    assert_eq!(sample(&text, &series(0, "incompatible")), Some(0.0), "{text}");
+    assert_eq!(sample(&text, &series(0, "layout")), Some(0.0), "{text}");
+    assert_eq!(sample(&text, &series(0, "initial_rows")), Some(0.0), "{text}");
     let rows = sample(&text, "bex_ps_table_rows{table=\"emb\"}").unwrap();
     assert!(rows > 0.0, "bootstrapped: {text}");
+    drop(replica);
+
+    // Another dim: its rows cannot be stored here; nothing is copied.
+    let mut other_dim = c.cfg.clone();
+    other_dim.tables[0].dim = DIM * 2;
+    other_dim.server.bootstrap_from_peer = false;
+    let _replica = spawn_on(&c, 1, 0, &other_dim);
+    c.kill9(0, 0);
+    c.restart(0, 0).await;
+    let (_, text) = bex_process::http::get(training, "/metrics").await.unwrap();
+    assert_eq!(sample(&text, &series(1, "layout")), Some(1.0), "{text}");
+    assert!(c.stderr(0, 0).contains("catch-up from replica 0: not copied"));
 }
 
 // Issue 18, item 2 with a TTL: a pause in training expires nothing (by the wall clock, every
@@ -996,17 +1020,22 @@ async fn checkpoint(c: &Cluster, secret: &[u8], pod: u32, shard: u32) {
 }
 
 /// Runs `ps-server` as pod `pod`'s shard 0 on `cfg` (written into `dir`, `BEX_SECRET` unset),
-/// which must exit with status 2 (usage or configuration); returns its stderr.
+/// which must exit with status 2 (usage or configuration) within a minute; returns its
+/// stderr. (Killed if the test fails: a server that serves instead fails it, not hangs it.)
 fn exit_2_on(dir: &std::path::Path, cfg: &Config, pod: u32) -> String {
     let config = dir.join(format!("exit-2-{pod}.toml"));
     std::fs::write(&config, cfg.to_toml_string().unwrap()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--config", config.to_str().unwrap(), "--pod", &pod.to_string(), "--shard", "0"])
+    let stderr = dir.join(format!("exit-2-{pod}.stderr"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ps-server"));
+    cmd.args(["--config", config.to_str().unwrap(), "--pod", &pod.to_string(), "--shard", "0"])
         .env_remove("BEX_SECRET")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "exit 2: {err}");
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    let mut server = Guard::spawn(&mut cmd, "ps-server expected to exit 2").unwrap();
+    let status = server.wait_within(Duration::from_secs(60)).unwrap();
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    let Some(status) = status else { panic!("still running after 60 s: {err}") };
+    assert_eq!(status.code(), Some(2), "exit 2: {err}");
     err
 }
 
