@@ -88,10 +88,12 @@ pub enum Scenario {
     /// a push's effect must never reach the replica under another push's identity.
     TrainingKill,
     /// `TrainingKill` and then a replica killed and bootstrapped again, with the trainer's
-    /// table bounded (128 rows a shard for its 400 keys: every push evicts) and admitting a
-    /// key at its second push: evictions decided by row versions alone, copies in any order,
-    /// a training shard's catch-up over an older checkpoint and a fresh replica's bootstrap
-    /// must still leave every pod with the same rows.
+    /// table bounded (128 rows a shard), admitting a key at its second push and dropping
+    /// rows not pushed for 1 s, while the trainer's keys move on (half of its 400 keys at a
+    /// time, a quarter further each second: rows are evicted and expire): evictions and
+    /// expiry decided by row versions alone, copies in any order, a training shard's
+    /// catch-up over an older checkpoint and a fresh replica's bootstrap must still leave
+    /// every pod with the same rows.
     BoundedTrainingKill,
 }
 
@@ -242,6 +244,7 @@ fn cluster_config(scenario: Scenario) -> Config {
     if scenario == Scenario::BoundedTrainingKill {
         cfg.tables[EMB as usize].capacity.max_rows = BOUNDED_ROWS;
         cfg.tables[EMB as usize].admission.after_pushes = 2;
+        cfg.tables[EMB as usize].capacity.ttl_s = 1;
     }
     cfg
 }
@@ -403,6 +406,19 @@ impl Cluster {
         )
         .await
         .expect("every pod of a simulated cluster has one configuration");
+        let mut running = running;
+        if running.server.has_ttl() {
+            // ps-server's once-a-second expiry (there on a blocking thread; here inline, so
+            // the run stays a function of its seed).
+            let server = running.server.clone();
+            running.tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    server.expire_rows();
+                }
+            }));
+        }
         self.shards.insert((pod, shard), Shard { rdma, tcp, running });
     }
 
@@ -680,9 +696,17 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         let (cl, t, clock, pushed) =
             (trainer.clone(), tally.clone(), clock.clone(), pushed.clone());
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a41);
+        let bounded = scenario == Scenario::BoundedTrainingKill;
         tasks.push(tokio::spawn(async move {
             while clock.ms() < WORKLOAD_END.as_millis() as u64 {
-                let keys: Vec<u64> = (0..24).map(|_| rng.random_range(0..EMB_KEYS)).collect();
+                // Bounded: a window of half the keys moving on by a quarter a second, so
+                // rows stop being pushed and expire (TTL 1 s) as well as being evicted.
+                let keys: Vec<u64> = if bounded {
+                    let from = (clock.ms() / 1000).min(2) * EMB_KEYS / 4;
+                    (0..24).map(|_| from + rng.random_range(0..EMB_KEYS / 2)).collect()
+                } else {
+                    (0..24).map(|_| rng.random_range(0..EMB_KEYS)).collect()
+                };
                 let grads: Vec<f32> = (0..keys.len() * EMB_DIM as usize)
                     .map(|_| rng.random_range(-1.0..1.0))
                     .collect();
@@ -933,10 +957,11 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     }
     if scenario == Scenario::BoundedTrainingKill {
         // The bound held on every pod, and it bit (else the scenario tested nothing).
-        let mut evicted = 0;
+        let (mut evicted, mut expired) = (0, 0);
         for ((pod, shard), s) in &c.shards {
             let Some(t) = s.running.server.tables().get(EMB) else { continue };
             evicted += t.evicted();
+            expired += t.expired();
             if t.rows() > BOUNDED_ROWS {
                 violations.push(format!(
                     "pod {pod} shard {shard} holds {} rows, over its bound of {BOUNDED_ROWS}",
@@ -944,8 +969,8 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
                 ));
             }
         }
-        if evicted == 0 {
-            violations.push("the bounded table evicted nothing".into());
+        if evicted == 0 || expired == 0 {
+            violations.push(format!("the bounded table evicted {evicted}, expired {expired}"));
         }
     }
     let mut report = Report {

@@ -64,7 +64,8 @@ fn a_training_shard_killed_catches_up_from_its_replica_and_loses_nothing() {
 }
 
 #[test]
-fn a_bounded_admitting_table_keeps_the_same_rows_on_every_pod_through_a_kill_and_a_bootstrap() {
+fn a_bounded_admitting_expiring_table_keeps_the_same_rows_on_every_pod_through_a_kill_and_a_bootstrap(
+) {
     check(Scenario::BoundedTrainingKill);
 }
 
