@@ -126,9 +126,9 @@ enum Refuse {
 
 /// Asks the peer at `peer` of `client` (pod `peer_pod`) for its table definitions and shard
 /// count and compares them with `server`'s. `Ok(Err(why))`: a difference `refuse` names;
-/// the others are logged and pass. A peer that answers but whose answer cannot be read (a
-/// build of another wire version: postcard carries no field names) is logged and passes,
-/// as before pods compared. `Err`: the peer did not answer (the caller tries again).
+/// the others are logged and pass. A peer whose answer cannot be read (a build of another
+/// wire version: postcard carries no field names) is logged and passes, as before pods
+/// compared. `Err`: the peer did not answer, or answered an error (the caller tries again).
 async fn check_definitions(
     server: &PsServer,
     (client, peer, peer_pod): (&Client, usize, u32),
@@ -136,15 +136,12 @@ async fn check_definitions(
 ) -> Result<Result<(), String>, String> {
     let frame = wire::control_request_vec(Op::Tables, 0, 0, 0, &()).map_err(|e| e.to_string())?;
     let m = client.call(&[peer], Op::Tables as u16, &frame).await.map_err(|e| e.to_string())?;
-    let info = wire::decode_response(m.as_slice(), &Limits::default())
-        .map_err(|e| e.to_string())
-        .and_then(|r| {
-            if !r.header.status.is_success() {
-                return Err(format!("{:?}: {}", r.header.status, r.message()));
-            }
-            r.control::<TablesInfo>().map_err(|e| e.to_string())
-        });
-    let info = match info {
+    let r = wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+    if !r.header.status.is_success() {
+        // An answer about the request, not about the tables: asked again.
+        return Err(format!("Tables answered {}: {}", r.header.status.name(), r.message()));
+    }
+    let info = match r.control::<TablesInfo>() {
         Ok(info) => info,
         Err(e) => {
             tracing::warn!(peer_pod, error = %e, "pod {peer_pod}'s table definitions are unreadable; copying without comparing them");
@@ -165,7 +162,7 @@ async fn check_definitions(
     };
     let passed: Vec<&String> =
         diff.layout.iter().chain(&diff.initial_rows).filter(|d| !refused.contains(d)).collect();
-    if !passed.is_empty() {
+    if !passed.is_empty() && refused.is_empty() {
         tracing::error!(
             peer_pod,
             differences = ?passed,
@@ -551,8 +548,8 @@ async fn catch_up(
                     NotCopied::Unreachable => {
                         tracing::warn!(?deadline, "{what}: unreachable; going on")
                     }
-                    // Its rows cannot be stored here. This pod's rows are queued for it,
-                    // which it refuses (`WrongDim`, …) until it runs this pod's file.
+                    // Its rows cannot be stored here. This pod's rows are queued for it:
+                    // it refuses those of another width (`WrongDim`) and stores the others.
                     NotCopied::Incompatible(why) => {
                         tracing::error!(%why, "{what}: not copied; going on")
                     }

@@ -697,6 +697,7 @@ async fn pods_compare_table_definitions_and_a_replica_of_another_seed_refuses_to
     while let Err(e) = trainer.push(TABLE, DIM, &keys(200), &grads).await {
         let waited = bex_ps_server::clock::now() - start;
         assert!(waited < Duration::from_secs(20), "the replica never acknowledged: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     c.kill9(0, 0);
     c.restart(0, 0).await;
