@@ -81,6 +81,10 @@ fn transport() -> Vec<Vec<u8>> {
         h.encode(&mut b);
         out.push(b);
     }
+    let mut prefix = [0u8; proto::GRANT_PREFIX_LEN];
+    let offer = proto::RemoteTarget { addr: 0x7f00_9000, rkey: 0x42, slot: 3, len: 1 << 16 };
+    proto::encode_grant_prefix(1 << 20, Some(offer), &mut prefix);
+    out.push(prefix.to_vec());
     out.push(Frame::Data(4096).encode().to_vec());
     let mut f = Frame::Data(100).encode().to_vec();
     f.extend_from_slice(&1000u64.to_le_bytes());

@@ -8,15 +8,23 @@ fn array<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
     data.get(at..at + N)?.try_into().ok()
 }
 
-/// The engine's 64-byte header (at offset 0), and the TCP transport's frame header (offset
-/// 0, with the limit read from bytes 16..24), hello (offset 0) and proof (two hellos and a
-/// proof from offset 0): decoders never panic, decoded headers re-encode to their bytes, a
-/// decoded data frame respects the limit, and only the right proof verifies.
+/// The engine's 64-byte header (at offset 0), the prefix of a message written into a grant
+/// (offset 0), and the TCP transport's frame header (offset 0, with the limit read from
+/// bytes 16..24), hello (offset 0) and proof (two hellos and a proof from offset 0): decoders
+/// never panic, decoded headers re-encode to their bytes (a grant prefix to bytes that
+/// decode alike), a decoded data frame respects the limit, and only the right proof
+/// verifies.
 pub fn transport_frame(data: &[u8]) {
     if let Ok(h) = proto::Header::decode(data) {
         let mut b = [0u8; proto::HEADER_LEN];
         h.encode(&mut b);
         assert_eq!(b[..], data[..proto::HEADER_LEN], "engine header round trip");
+    }
+
+    if let Some((len, offer)) = proto::decode_grant_prefix(data) {
+        let mut b = [0u8; proto::GRANT_PREFIX_LEN];
+        proto::encode_grant_prefix(len, offer, &mut b);
+        assert_eq!(proto::decode_grant_prefix(&b), Some((len, offer)), "grant prefix round trip");
     }
 
     if let Some(f) = array::<{ wire::HEADER_LEN }>(data, 0) {
