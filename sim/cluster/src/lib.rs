@@ -387,8 +387,8 @@ impl Cluster {
         self.starts += 1;
         let incarnation = bex_ps_proto::shard::mix64(self.seed ^ self.starts << 20);
         // Rising with (virtual) time, continuous across restarts as a wall clock is;
-        // replayable. (A jump per start, tried first, moved a restarted shard's clock 51 days
-        // on, and its TTL then dropped every row from before the restart.)
+        // replayable. (Starting 2^40 µs higher at each start, as before, moved a restarted
+        // shard's clock weeks on, and its TTL then dropped every row from before the restart.)
         let (base, origin) = (PUSH_EPOCH_US, self.origin);
         let push_clock = bex_ps_server::server::PushClock::new(move || {
             base + (bex_ps_server::clock::now() - origin).as_micros() as u64
