@@ -9,7 +9,7 @@
 //! | target | surface |
 //! | --- | --- |
 //! | [`roce_packet`] | the software RNIC's RoCEv2 packet codec (`bex_rnic::soft::packet`) |
-//! | [`transport_frame`] | the engine's 64-byte header, a grant's message prefix, the TCP transport's hello, proof and frame header |
+//! | [`transport_frame`] | the engine's 64-byte header, the RDMA bootstrap's hello, a grant's message prefix, the TCP transport's hello, proof and frame header |
 //! | [`rpc_frame`] | the RPC frame header |
 //! | [`ps_wire`] | ps-core request/response frames, control bodies, snapshot chunks |
 //! | [`ps_server`] | a `PsServer`'s RPC handler fed a sequence of arbitrary frames |

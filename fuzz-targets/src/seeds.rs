@@ -81,6 +81,7 @@ fn transport() -> Vec<Vec<u8>> {
         h.encode(&mut b);
         out.push(b);
     }
+    out.push(bex_transport::rdma::sample_hello().to_vec());
     let mut prefix = [0u8; proto::GRANT_PREFIX_LEN];
     let offer = proto::RemoteTarget { addr: 0x7f00_9000, rkey: 0x42, slot: 3, len: 1 << 16 };
     proto::encode_grant_prefix(1 << 20, Some(offer), &mut prefix);

@@ -8,11 +8,11 @@ fn array<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
     data.get(at..at + N)?.try_into().ok()
 }
 
-/// The engine's 64-byte header (at offset 0), the prefix of a message written into a grant
-/// (offset 0), and the TCP transport's frame header (offset 0, with the limit read from
+/// The engine's 64-byte header (at offset 0), the RDMA bootstrap's hello (offset 0), the
+/// prefix of a message written into a grant (offset 0), and the TCP transport's frame header (offset 0, with the limit read from
 /// bytes 16..24), hello (offset 0) and proof (two hellos and a proof from offset 0): decoders
-/// never panic, decoded headers re-encode to their bytes (a grant prefix to bytes that
-/// decode alike), a decoded data frame respects the limit, and only the right proof
+/// never panic, decoded headers re-encode to their bytes (a grant prefix and a hello to bytes
+/// that decode alike), a decoded data frame respects the limit, and only the right proof
 /// verifies.
 pub fn transport_frame(data: &[u8]) {
     if let Ok(h) = proto::Header::decode(data) {
@@ -20,6 +20,8 @@ pub fn transport_frame(data: &[u8]) {
         h.encode(&mut b);
         assert_eq!(b[..], data[..proto::HEADER_LEN], "engine header round trip");
     }
+
+    let _ = bex_transport::rdma::check_hello(data);
 
     if let Some((len, offer)) = proto::decode_grant_prefix(data) {
         let mut b = [0u8; proto::GRANT_PREFIX_LEN];

@@ -14,6 +14,7 @@ use super::*;
 use crate::undo::Undo;
 use bex_rnic::verbs::Mtu;
 
+#[derive(Debug, PartialEq, Eq)]
 struct Hello {
     nonce: [u8; 16],
     rq_depth: u32,
@@ -64,6 +65,31 @@ impl Hello {
         let path_mtu = Mtu::from_bytes(u32_at(e + 30)).ok_or_else(|| refuse("bad path MTU"))?;
         Ok(Hello { nonce, rq_depth, sq_depth, listen, eager_max, path_mtu })
     }
+}
+
+/// Decodes the first [`HELLO_LEN`] bytes of `b` as a peer's hello (`None`: too short), and
+/// checks that a hello it accepts decodes again to the same fields once re-encoded: for
+/// the fuzz targets (`bex-fuzz-targets`), since the hello's type is this module's. Returns
+/// whether the hello was accepted.
+pub fn check_hello(b: &[u8]) -> Option<bool> {
+    let b: &[u8; HELLO_LEN] = b.get(..HELLO_LEN)?.try_into().ok()?;
+    let Ok(hello) = Hello::decode(b) else { return Some(false) };
+    let again = Hello::decode(&hello.encode());
+    assert!(again.as_ref().is_ok_and(|h| *h == hello), "hello round trip: {hello:?} → {again:?}");
+    Some(true)
+}
+
+/// A valid hello's bytes (a fuzz seed).
+pub fn sample_hello() -> [u8; HELLO_LEN] {
+    Hello {
+        nonce: [3; 16],
+        rq_depth: 64,
+        sq_depth: 32,
+        listen: SocketAddr::from(([10, 0, 0, 1], 4791)),
+        eager_max: 8192,
+        path_mtu: Mtu::Mtu4096,
+    }
+    .encode()
 }
 
 /// This transport's label in the handshake's proofs ([`crate::auth`]).
@@ -262,6 +288,15 @@ mod tests {
         refused(&|b| b[28..32].copy_from_slice(&1u32.to_le_bytes()), "queue depths");
         refused(&|b| b[50..54].copy_from_slice(&(2u32 << 20).to_le_bytes()), "eager_max");
         refused(&|b| b[54..58].copy_from_slice(&1001u32.to_le_bytes()), "path MTU");
+    }
+
+    #[test]
+    fn the_fuzz_check_accepts_the_sample_and_refuses_what_decode_refuses() {
+        assert_eq!(check_hello(&sample_hello()), Some(true));
+        let mut bad = sample_hello();
+        bad[7] = 3;
+        assert_eq!(check_hello(&bad), Some(false));
+        assert_eq!(check_hello(&sample_hello()[..HELLO_LEN - 1]), None);
     }
 
     proptest! {

@@ -42,7 +42,8 @@ use crate::undo::Undo;
 /// configured differently failed their engine on the first such message, opaquely). 4: the
 /// QP endpoint follows the proofs instead of riding in the hello.
 const HELLO_MAGIC: [u8; 8] = *b"BEXHELO\x04";
-const HELLO_LEN: usize = 8 + 16 + 4 + 4 + 16 + 2 + 4 + 4;
+/// Bytes of the bootstrap hello.
+pub const HELLO_LEN: usize = 8 + 16 + 4 + 4 + 16 + 2 + 4 + 4;
 
 #[derive(Clone, Copy, Debug)]
 struct EngineRef {
@@ -95,6 +96,7 @@ mod handshake;
 mod placement;
 mod socket;
 
+pub use handshake::{check_hello, sample_hello};
 pub use socket::RdmaSocket;
 
 impl<D: Device + 'static> Factory for FactoryImpl<D> {
