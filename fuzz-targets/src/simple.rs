@@ -9,11 +9,11 @@ fn array<const N: usize>(data: &[u8], at: usize) -> Option<[u8; N]> {
 }
 
 /// The engine's 64-byte header (at offset 0), the RDMA bootstrap's hello (offset 0), the
-/// prefix of a message written into a grant (offset 0), and the TCP transport's frame header (offset 0, with the limit read from
-/// bytes 16..24), hello (offset 0) and proof (two hellos and a proof from offset 0): decoders
-/// never panic, decoded headers re-encode to their bytes (a grant prefix and a hello to bytes
-/// that decode alike), a decoded data frame respects the limit, and only the right proof
-/// verifies.
+/// prefix of a message written into a grant (offset 0), and the TCP transport's frame
+/// header (offset 0, with the limit read from bytes 16..24), hello (offset 0) and proof (two
+/// hellos and a proof from offset 0): decoders never panic, decoded headers re-encode to
+/// their bytes (a grant prefix and a hello to bytes that decode alike), a decoded data frame
+/// respects the limit, and only the right proof verifies.
 pub fn transport_frame(data: &[u8]) {
     if let Ok(h) = proto::Header::decode(data) {
         let mut b = [0u8; proto::HEADER_LEN];

@@ -393,7 +393,7 @@ impl Cluster {
         let push_clock = bex_ps_server::server::PushClock::new(move || {
             base + (bex_ps_server::clock::now() - origin).as_micros() as u64
         });
-        let running = start_shard(
+        let mut running = start_shard(
             &self.cfg,
             &self.topo,
             ShardStart {
@@ -410,7 +410,6 @@ impl Cluster {
         )
         .await
         .expect("every pod of a simulated cluster has one configuration");
-        let mut running = running;
         if running.server.has_ttl() {
             // ps-server's once-a-second expiry (there on a blocking thread; here inline, so
             // the run stays a function of its seed).
