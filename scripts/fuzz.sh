@@ -4,7 +4,8 @@
 # Usage: scripts/fuzz.sh [--smoke | SECONDS_PER_TARGET] [TARGET...]
 #   SECONDS_PER_TARGET  libFuzzer's -max_total_time per target (default 60)
 #   --smoke             the CI run: 10 s per target, fixed libFuzzer seed
-#   TARGET              roce_packet transport_frame rpc_frame ps_wire ps_server config
+#   TARGET              roce_packet transport_frame rpc_frame rpc_replies ps_wire ps_server
+#                       config
 #                       (default: all)
 # Environment:
 #   FUZZ_SANITIZER   none (default; works on stable) or address (sets RUSTC_BOOTSTRAP=1,
@@ -23,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(roce_packet transport_frame rpc_frame ps_wire ps_server config)
+ALL=(roce_packet transport_frame rpc_frame rpc_replies ps_wire ps_server config)
 secs=60
 smoke=0
 targets=()

@@ -76,7 +76,7 @@ step "PS fault matrix in simulation: 10 scenarios x 25 seeds, real shard/RPC/cli
 cargo build --locked --release -q -p bex-simcluster
 target/release/bex-simcluster --seeds 25 --chunk 25 --quiet --out target/simcluster
 
-step "fuzz smoke: every cargo-fuzz target for 10 s (RoCE packets, transport/RPC frames, PS wire and server, config)"
+step "fuzz smoke: every cargo-fuzz target for 10 s (RoCE packets, transport/RPC frames, RPC reply matching, PS wire and server, config)"
 FUZZ_NICE=0 scripts/fuzz.sh --smoke
 
 step "end-to-end: a 2x2 cluster replays inference traffic and trains; asserts on its report"

@@ -11,6 +11,7 @@
 //! | [`roce_packet`] | the software RNIC's RoCEv2 packet codec (`bex_rnic::soft::packet`) |
 //! | [`transport_frame`] | the engine's 64-byte header, the RDMA bootstrap's hello, a grant's message prefix, the TCP transport's hello, proof and frame header |
 //! | [`rpc_frame`] | the RPC frame header |
+//! | [`rpc_replies`] | a channel's reply matching, under a script of calls and replies |
 //! | [`ps_wire`] | ps-core request/response frames, control bodies, snapshot chunks |
 //! | [`ps_server`] | a `PsServer`'s RPC handler fed a sequence of arbitrary frames |
 //! | [`config`] | `Config::from_toml_str` + `validate` + `topology` (+ round trip) |
@@ -24,6 +25,7 @@ mod config;
 mod ps_server;
 mod ps_wire;
 mod roce;
+mod rpc_replies;
 mod seeds;
 mod simple;
 
@@ -31,6 +33,7 @@ pub use config::config;
 pub use ps_server::{encode_frames, ps_server, repair, split_frames, REPAIR};
 pub use ps_wire::ps_wire;
 pub use roce::roce_packet;
+pub use rpc_replies::rpc_replies;
 pub use seeds::seeds;
 pub use simple::{rpc_frame, transport_frame};
 
@@ -38,10 +41,11 @@ pub use simple::{rpc_frame, transport_frame};
 pub type Target = fn(&[u8]);
 
 /// Every target with its name (the cargo-fuzz target and corpus directory name).
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("roce_packet", roce_packet),
     ("transport_frame", transport_frame),
     ("rpc_frame", rpc_frame),
+    ("rpc_replies", rpc_replies),
     ("ps_wire", ps_wire),
     ("ps_server", ps_server),
     ("config", config),

@@ -19,6 +19,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         "roce_packet" => roce(),
         "transport_frame" => transport(),
         "rpc_frame" => rpc(),
+        "rpc_replies" => rpc_scripts(),
         "ps_wire" => ps_requests().into_iter().map(|(_, f)| f).chain(ps_other()).collect(),
         "ps_server" => server(),
         "config" => config(),
@@ -121,6 +122,38 @@ fn rpc() -> Vec<Vec<u8>> {
         b
     })
     .collect()
+}
+
+/// Scripts for `rpc_replies` (see its doc): calls wait, replies come out of order, twice,
+/// late, with a wrong length, as an error, placed, and as a request.
+fn rpc_scripts() -> Vec<Vec<u8>> {
+    // Step bytes: 0 wait, 1 give up, 2 built reply (kind, status, id, body length, body,
+    // length delta as i8 / 32), 3 raw frame (length, bytes).
+    let reply = |kind: u8, status: u8, id: u8, body: &[u8], delta: i8| {
+        let mut s = vec![2, kind, status, id, body.len() as u8];
+        s.extend_from_slice(body);
+        s.push(delta as u8);
+        s
+    };
+    let (response, error, placed, elsewhere, request) = (2, 3, 4, 5, 1);
+    let mut out = Vec::new();
+    let mut a = vec![0, 1, 0, 2];
+    a.extend(reply(response, 0, 2, b"two", 0));
+    a.extend(reply(response, 0, 1, b"one", 0));
+    a.extend(reply(response, 0, 1, b"again", 0));
+    out.push(a);
+    let mut b = vec![0, 3, 0, 4, 0, 5, 1, 4];
+    b.extend(reply(response, 0, 3, b"too long", 64));
+    b.extend(reply(error, 5, 3, b"not found", 0));
+    b.extend(reply(placed, 0, 4, b"late", 0));
+    b.extend(reply(placed, 4, 5, b"busy, placed", -64));
+    out.push(b);
+    let mut c = vec![0, 6, 0, 7];
+    c.extend(reply(elsewhere, 0, 6, b"", 0));
+    c.extend(reply(request, 0, 7, b"", 0));
+    c.extend([3, 5, b'x', b'y', b'z', 0, 0]);
+    out.push(c);
+    out
 }
 
 /// Valid requests (with the op as the RPC method) against the local tables.

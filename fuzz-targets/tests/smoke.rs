@@ -171,6 +171,11 @@ fn rpc_frame() {
 }
 
 #[test]
+fn rpc_replies() {
+    run("rpc_replies", 100_000);
+}
+
+#[test]
 fn ps_wire() {
     run("ps_wire", 30_000);
 }
@@ -190,7 +195,15 @@ fn every_target_is_smoked_and_has_seeds() {
     let names: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
     assert_eq!(
         names,
-        ["roce_packet", "transport_frame", "rpc_frame", "ps_wire", "ps_server", "config"]
+        [
+            "roce_packet",
+            "transport_frame",
+            "rpc_frame",
+            "rpc_replies",
+            "ps_wire",
+            "ps_server",
+            "config"
+        ]
     );
     for n in names {
         assert!(!seeds(n).is_empty(), "{n}");

@@ -2,7 +2,6 @@
 //! A reader task matches replies to waiting calls; when the socket fails, every waiting call
 //! fails with the transport's error.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +13,10 @@ use tokio::sync::oneshot;
 
 use crate::client::ClientStats;
 use crate::error::RpcError;
-use crate::frame::{Header, Kind, ReplyTarget, Status, HEADER_LEN};
+use crate::frame::{Header, ReplyTarget, HEADER_LEN};
+use crate::reply::{ReplyEvent, Waiting};
 
-type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Msg, RpcError>>>>;
+type Pending = Mutex<Waiting<oneshot::Sender<Result<Msg, RpcError>>>>;
 
 struct Shared {
     pending: Pending,
@@ -36,7 +36,7 @@ struct ReplySlot<'a> {
 impl Drop for ReplySlot<'_> {
     fn drop(&mut self) {
         if !self.taken {
-            self.pending.lock().remove(&self.id);
+            self.pending.lock().remove(self.id);
         }
     }
 }
@@ -79,8 +79,7 @@ impl Channel {
     /// counted in `stats`.
     pub fn new(socket: Socket, pool: &'static Pool, stats: Arc<ClientStats>) -> Channel {
         let socket = Arc::new(socket);
-        let shared =
-            Arc::new(Shared { pending: Mutex::new(HashMap::new()), broken: Mutex::new(None) });
+        let shared = Arc::new(Shared { pending: Mutex::default(), broken: Mutex::new(None) });
         let (s2, sh2) = (socket.clone(), shared.clone());
         let reader = tokio::spawn(async move {
             // One warning per channel: a server sending garbage would otherwise log a line
@@ -100,52 +99,27 @@ impl Channel {
             let err = loop {
                 match s2.recv().await {
                     Ok(mut m) => {
-                        let Some(h) = Header::decode(m.as_slice()) else {
-                            malformed("an RPC reply without a valid header", None);
-                            continue;
-                        };
-                        // The reply went as a message; the exposed buffer is just freed.
-                        if h.kind == Kind::Elsewhere {
-                            continue;
-                        }
-                        let body = (m.len() - HEADER_LEN) as u64;
-                        // A placed reply fills the start of a larger buffer.
-                        let fits = if h.kind == Kind::Placed {
-                            h.body_len <= body
-                        } else {
-                            h.body_len == body
-                        };
-                        if !fits {
-                            malformed("an RPC reply with a wrong body length", Some(h.id));
-                            continue;
-                        }
-                        let Some(tx) = sh2.pending.lock().remove(&h.id) else {
-                            // A reply after its deadline: the caller has gone.
-                            continue;
-                        };
-                        m.advance(HEADER_LEN);
-                        m.truncate(h.body_len as usize);
-                        let failed = |m: &Msg| RpcError::Remote {
-                            status: Status::from_u16(h.status),
-                            message: String::from_utf8_lossy(m.as_slice()).into_owned(),
-                        };
-                        let r = match h.kind {
-                            Kind::Response => Ok(m),
-                            Kind::Placed if h.status == 0 => Ok(m),
-                            Kind::Error | Kind::Placed => Err(failed(&m)),
-                            Kind::Request | Kind::Elsewhere => {
-                                Err(RpcError::Protocol("request on a client channel".into()))
+                        let event = sh2.pending.lock().handle_reply(m.as_slice());
+                        match event {
+                            ReplyEvent::Malformed { what, id } => malformed(what, id),
+                            // A late reply (its caller has gone), or a placed reply's notice.
+                            ReplyEvent::NoCall => {}
+                            ReplyEvent::Reply { waiter, body } => {
+                                let reply = body.map(|body| {
+                                    m.advance(body.start);
+                                    m.truncate(body.len());
+                                    m
+                                });
+                                let _ = waiter.send(reply);
                             }
-                        };
-                        let _ = tx.send(r);
+                        }
                     }
                     Err(e) => break RpcError::Transport(e),
                 }
             };
             *sh2.broken.lock() = Some(err.clone());
             // In call order, so the waiting tasks wake in the same order every run.
-            let mut waiting: Vec<_> = sh2.pending.lock().drain().collect();
-            waiting.sort_unstable_by_key(|(id, _)| *id);
+            let waiting = sh2.pending.lock().drain_in_order();
             for (_, tx) in waiting {
                 let _ = tx.send(Err(err.clone()));
             }
@@ -221,7 +195,7 @@ impl Channel {
 
     /// Calls waiting for their replies.
     pub fn calls_waiting(&self) -> usize {
-        self.shared.pending.lock().len()
+        self.shared.pending.lock().ids().count()
     }
 
     /// Copies `body` into a frame and calls.
@@ -240,6 +214,7 @@ impl Channel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::Kind;
     use bex_transport::tcp::TcpTransport;
     use bex_transport::{Config, Transport};
 

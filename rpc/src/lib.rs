@@ -2,8 +2,9 @@
 //! recovery decisions kept above the transport — deadlines, probabilistic retry, replica
 //! selection across mini-pods, quarantine, and RDMA-to-TCP fallback with re-probe.
 //!
-//! - [`frame`]: the 16-byte frame header;
-//! - [`channel`]: many outstanding calls over one socket;
+//! - [`frame`]: the 40-byte frame header;
+//! - [`channel`]: many outstanding calls over one socket, its replies matched by
+//!   [`reply`] (sans-IO);
 //! - [`server`]: accept and dispatch to a [`Handler`];
 //! - [`client`]: calls to a replicated service with the recovery ladder;
 //! - [`policy`]: the pure decision types.
@@ -15,6 +16,7 @@ pub mod clock;
 pub mod error;
 pub mod frame;
 pub mod policy;
+pub mod reply;
 pub mod server;
 
 pub use channel::{alloc_frame, next_request_id, Channel};
