@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bex_client::fanout::PsClient;
+use bex_report::ProcessKind;
 use bex_transport_kind::TransportKind;
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +27,8 @@ pub struct KeyCount {
 /// The canary's report.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CanaryReport {
-    /// Always "canary".
-    pub kind: String,
+    /// Always [`ProcessKind::Canary`].
+    pub kind: ProcessKind,
     /// Client id.
     pub client: u64,
     /// Transport.
@@ -119,7 +120,7 @@ pub async fn run(
         }));
     }
     let mut report = CanaryReport {
-        kind: "canary".into(),
+        kind: ProcessKind::Canary,
         client,
         table,
         dim,

@@ -220,7 +220,7 @@ pub async fn run(
         });
     }
     VerifyReport {
-        kind: "verify".into(),
+        kind: bex_report::ProcessKind::Verify,
         ok: invariants.iter().all(|i| i.ok),
         invariants,
         converged_after_s,

@@ -88,15 +88,15 @@ pub fn describe(report: &ClusterReport) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use bex_report::{ClientRecord, PhaseReport};
+    use bex_report::{ClientRecord, PhaseReport, ProcessKind};
     use serde_json::{json, Value};
 
     use super::*;
 
-    fn phase(kind: &str, report: Value) -> PhaseReport {
+    fn phase(kind: ProcessKind, report: Value) -> PhaseReport {
         let client = ClientRecord {
             name: format!("{kind}-0"),
-            kind: kind.into(),
+            kind,
             report: Some(report),
             ..Default::default()
         };
@@ -116,8 +116,8 @@ mod tests {
         ClusterReport {
             ok: true,
             phases: vec![
-                phase("ranker", serde_json::to_value(ranker).unwrap()),
-                phase("trainer", serde_json::to_value(trainer).unwrap()),
+                phase(ProcessKind::Ranker, serde_json::to_value(ranker).unwrap()),
+                phase(ProcessKind::Trainer, serde_json::to_value(trainer).unwrap()),
             ],
             ..Default::default()
         }

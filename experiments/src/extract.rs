@@ -273,7 +273,7 @@ mod tests {
         use bex_report::{ClientRecord, PhaseReport, ServerDelta, ServerRecord};
         let trainer = |name: &str, report: TrainerReport| ClientRecord {
             name: name.into(),
-            kind: "trainer".into(),
+            kind: bex_report::ProcessKind::Trainer,
             report: Some(serde_json::to_value(report).unwrap()),
             ..ClientRecord::default()
         };

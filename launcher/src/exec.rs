@@ -4,7 +4,8 @@
 
 use bex_report::{
     ChaosRecord, ClientRecord, ClusterReport, ExitRecord, HostRecord, Invariant, NetworkReport,
-    PhaseReport, ServerDelta, ServerRecord, TcpDelta, TrainerReport, VerifyRecord, VerifyReport,
+    PhaseReport, ProcessKind, ServerDelta, ServerRecord, TcpDelta, TrainerReport, VerifyRecord,
+    VerifyReport,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -474,22 +475,18 @@ impl Executor {
             let result = self.chaos_action(&ev);
             let at = secs(now() - t0);
             say!(
-                "bex-cluster: chaos t={at:.1}s {} {}: {}",
+                "bex-cluster: chaos t={at:.1}s {}: {}",
                 ev.action,
-                ev.target,
                 result.as_deref().unwrap_or_else(|e| e)
             );
             if let Err(e) = &result {
-                self.reasons
-                    .push(format!("chaos {} {} at {at}s failed: {e}", ev.action, ev.target));
+                self.reasons.push(format!("chaos {} at {at}s failed: {e}", ev.action));
             }
             self.chaos_log.push(ChaosRecord {
                 at_s: ev.at_s,
                 started_at_s: Some(started),
                 applied_at_s: Some(at),
                 action: ev.action.clone(),
-                target: ev.target.clone(),
-                probability: Some(ev.probability),
                 result: match &result {
                     Ok(m) => m.clone(),
                     Err(e) => format!("failed: {e}"),
@@ -534,27 +531,27 @@ impl Executor {
     }
 
     fn chaos_action(&mut self, ev: &ChaosEvent) -> Result<String, String> {
-        let action = ev.parse()?;
+        let action = ev.action.clone();
         if action.is_network_fault() {
             self.network_faults = true;
         }
         match action {
             ChaosAction::Kill { server } => {
-                let s = self.running_server(&server)?;
+                let s = self.running_server(server.as_str())?;
                 s.signal(Signal::SIGKILL);
                 s.status = s.child.wait().ok();
                 let pid = s.pid;
-                self.down.insert(server);
+                self.down.insert(server.into());
                 Ok(format!("SIGKILL pid {pid}"))
             }
             ChaosAction::Term { server } => {
                 // A graceful stop: the server drains (refuses pushes, flushes replication),
                 // checkpoints and must exit 0 within its grace.
-                let s = self.running_server(&server)?;
+                let s = self.running_server(server.as_str())?;
                 let t0 = now();
                 let status = s.terminate(SERVER_STOP_GRACE);
                 let pid = s.pid;
-                self.down.insert(server);
+                self.down.insert(server.into());
                 match status {
                     Some(st) if st.success() => {
                         Ok(format!("SIGTERM pid {pid}: exited 0 after {:.2} s", secs(now() - t0)))
@@ -567,7 +564,7 @@ impl Executor {
                 let i = self
                     .clients
                     .iter_mut()
-                    .position(|c| c.spec.name == client && c.poll().is_none())
+                    .position(|c| c.spec.name == client.as_str() && c.poll().is_none())
                     .ok_or_else(|| format!("no running client {client}"))?;
                 let c = &mut self.clients[i];
                 let status = c.terminate(STOP_GRACE);
@@ -594,7 +591,7 @@ impl Executor {
                 Ok(format!("pid {old_pid} exited 0 on SIGTERM; started again as pid {pid}"))
             }
             ChaosAction::Restart { server } => {
-                let i = self.server_index(&server)?;
+                let i = self.server_index(server.as_str())?;
                 if self.servers[i].poll().is_none() {
                     return Err("still running (kill it first)".into());
                 }
@@ -607,14 +604,14 @@ impl Executor {
                 let r = self.spawn(&spec)?;
                 let pid = r.pid;
                 self.servers[i] = r;
-                self.down.remove(&server);
-                self.restarted.insert(server, now());
+                self.down.remove(server.as_str());
+                self.restarted.insert(server.into(), now());
                 Ok(format!("started again as pid {pid}"))
             }
             ChaosAction::Loss { server, probability } => {
-                let i = self.server_index(&server)?;
+                let i = self.server_index(server.as_str())?;
                 let ns = self.servers[i].spec.netns.clone().ok_or("loss needs netns mode")?;
-                let p = format!("{probability}");
+                let p = format!("{}", probability.0);
                 Self::iptables(
                     &ns,
                     &[
@@ -633,7 +630,7 @@ impl Executor {
                 Ok(format!("{ns} drops {p} of its input"))
             }
             ChaosAction::RdmaBlackhole { server } => {
-                let i = self.server_index(&server)?;
+                let i = self.server_index(server.as_str())?;
                 let ns = self.servers[i].spec.netns.clone().ok_or("needs netns mode")?;
                 Self::iptables(&ns, &["-A", "INPUT", "-p", "udp", "-j", "DROP"])?;
                 Self::iptables(&ns, &["-A", "OUTPUT", "-p", "udp", "-j", "DROP"])?;
@@ -642,7 +639,7 @@ impl Executor {
             ChaosAction::Partition { pod } => {
                 let mut cut = Vec::new();
                 for s in &self.servers {
-                    if matches!(s.spec.role, Role::Server { pod: p, .. } if p == pod) {
+                    if matches!(s.spec.role, Role::Server { pod: p, .. } if p == pod.0) {
                         let ns = s.spec.netns.clone().ok_or("partition needs netns mode")?;
                         Self::iptables(&ns, &["-A", "INPUT", "!", "-i", "lo", "-j", "DROP"])?;
                         Self::iptables(&ns, &["-A", "OUTPUT", "!", "-o", "lo", "-j", "DROP"])?;
@@ -650,11 +647,11 @@ impl Executor {
                     }
                 }
                 if cut.is_empty() {
-                    return Err(format!("no server in {}", ev.target));
+                    return Err(format!("no server in pod{pod}"));
                 }
                 Ok(format!("cut off {}", cut.join(", ")))
             }
-            ChaosAction::Heal => self.heal(),
+            ChaosAction::Heal {} => self.heal(),
         }
     }
 
@@ -891,15 +888,15 @@ impl Executor {
                 }
             }
             let (kind, pod, id) = match c.spec.role {
-                Role::Ranker { pod, id } => ("ranker", pod, id),
-                Role::Trainer { pod, id } => ("trainer", pod, id),
-                Role::Canary { pod, id } => ("canary", pod, id),
-                Role::Verify { id } => ("verify", 0, id),
-                Role::Server { pod, .. } => ("server", pod, 0),
+                Role::Ranker { pod, id } => (ProcessKind::Ranker, pod, id),
+                Role::Trainer { pod, id } => (ProcessKind::Trainer, pod, id),
+                Role::Canary { pod, id } => (ProcessKind::Canary, pod, id),
+                Role::Verify { id } => (ProcessKind::Verify, 0, id),
+                Role::Server { pod, .. } => (ProcessKind::Server, pod, 0),
             };
             clients.push(ClientRecord {
                 name: c.spec.name.clone(),
-                kind: kind.into(),
+                kind,
                 pod,
                 id,
                 pid: c.pid,
@@ -1005,8 +1002,6 @@ impl Executor {
                             started_at_s: None,
                             applied_at_s: None,
                             action: ev.action.clone(),
-                            target: ev.target.clone(),
-                            probability: None,
                             result: "not applied: the phases ended first".into(),
                         });
                     }
@@ -1095,11 +1090,10 @@ impl Executor {
                 tbf_limit_bytes: tbf.map(|t| t.2),
             }
         });
-        let mode = serde_json::to_value(self.plan.mode).ok();
         let report = ClusterReport {
             ok,
             reasons: std::mem::take(&mut self.reasons),
-            mode: mode.as_ref().and_then(Value::as_str).unwrap_or("?").to_string(),
+            mode: self.plan.mode,
             launcher_pid: std::process::id(),
             out_dir: self.out.display().to_string(),
             config: serde_json::to_value(&self.plan.config).unwrap_or(Value::Null),

@@ -3,21 +3,12 @@
 use serde::{Deserialize, Serialize};
 
 use bex_ps_proto::config::{FieldError, TransportKind};
+pub use bex_report::{ChaosAction, Mode};
 
 /// Longest run `launch.timeout_s` may ask for (a year): the clock arithmetic stays in range.
 const MAX_TIMEOUT_S: u64 = 365 * 86_400;
 /// Longest `launch.startup_timeout_s` (a day: a restore longer than that is a fault).
 const MAX_STARTUP_TIMEOUT_S: u64 = 86_400;
-
-/// Where the processes run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Every process on loopback.
-    Loopback,
-    /// One network namespace per host, joined by a bridge (root only).
-    Netns,
-}
 
 /// `[launch]`, keys as in `configs/local.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -114,151 +105,24 @@ pub struct Phase {
 
 /// A fault `bex-cluster` applies during the phases.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChaosEvent {
     /// Seconds after the first phase started.
     pub at_s: f64,
-    /// `kill` (SIGKILL a server), `term` (SIGTERM a server: it drains, checkpoints and must
-    /// exit 0), `restart` (start a stopped server again), `restart-client` (SIGTERM a running
-    /// client such as `trainer-2`, which must exit 0, and start it again with the same id;
-    /// a restarted trainer must then fail no step), `loss` (drop
-    /// `probability` of the packets a host receives, iptables; netns), `partition` (cut every
-    /// server of `pod<N>` off the network; netns), `rdma-blackhole` (drop a server's UDP, i.e.
-    /// the software RNIC's packets, while TCP still works: clients must fall back; netns),
-    /// `heal` (remove every loss, partition and blackhole).
-    pub action: String,
-    /// A server (`ps-p1-s0`) for kill, term, restart and loss; `pod1` for partition; a client
-    /// (`trainer-2`) for restart-client.
-    #[serde(default)]
-    pub target: String,
-    /// Drop probability for loss.
-    #[serde(default)]
-    pub probability: f64,
-}
-
-/// What a chaos event does: its `action`, `target` and `probability`, checked and typed.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ChaosAction {
-    /// SIGKILL a server.
-    Kill {
-        /// `ps-p<pod>-s<shard>`.
-        server: String,
-    },
-    /// SIGTERM a server, which must drain, checkpoint and exit 0.
-    Term {
-        /// `ps-p<pod>-s<shard>`.
-        server: String,
-    },
-    /// Start a stopped server again.
-    Restart {
-        /// `ps-p<pod>-s<shard>`.
-        server: String,
-    },
-    /// SIGTERM a running client (which must exit 0) and start it again with the same id.
-    RestartClient {
-        /// `ranker-<n>`, `trainer-<n>` or `canary-<n>`.
-        client: String,
-    },
-    /// Drop `probability` of the packets a server's host receives (iptables; netns).
-    Loss {
-        /// `ps-p<pod>-s<shard>`.
-        server: String,
-        /// In (0, 1).
-        probability: f64,
-    },
-    /// Cut every server of a pod off the network (netns).
-    Partition {
-        /// The pod.
-        pod: u32,
-    },
-    /// Drop a server's UDP (the software RNIC's packets) while TCP works (netns).
-    RdmaBlackhole {
-        /// `ps-p<pod>-s<shard>`.
-        server: String,
-    },
-    /// Remove every loss, partition and blackhole (netns).
-    Heal,
-}
-
-impl ChaosAction {
-    /// Its name in the config and the report.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ChaosAction::Kill { .. } => "kill",
-            ChaosAction::Term { .. } => "term",
-            ChaosAction::Restart { .. } => "restart",
-            ChaosAction::RestartClient { .. } => "restart-client",
-            ChaosAction::Loss { .. } => "loss",
-            ChaosAction::Partition { .. } => "partition",
-            ChaosAction::RdmaBlackhole { .. } => "rdma-blackhole",
-            ChaosAction::Heal => "heal",
-        }
-    }
-
-    /// True for the faults made with iptables in the hosts' network namespaces.
-    pub fn is_network_fault(&self) -> bool {
-        matches!(
-            self,
-            ChaosAction::Loss { .. }
-                | ChaosAction::Partition { .. }
-                | ChaosAction::RdmaBlackhole { .. }
-                | ChaosAction::Heal
-        )
-    }
-}
-
-/// `ps-p<pod>-s<shard>`.
-fn is_server_name(t: &str) -> bool {
-    t.strip_prefix("ps-p")
-        .and_then(|r| r.split_once("-s"))
-        .is_some_and(|(p, s)| p.parse::<u32>().is_ok() && s.parse::<u32>().is_ok())
+    /// `action` with its `target` (and `probability`), checked as read: `kill` (SIGKILL a
+    /// server), `term` (SIGTERM a server: it drains, checkpoints and must exit 0), `restart`
+    /// (start a stopped server again), `restart-client` (SIGTERM a running client such as
+    /// `trainer-2`, which must exit 0, and start it again with the same id; a restarted
+    /// trainer must then fail no step), `loss` (drop `probability` of the packets a host
+    /// receives, iptables; netns), `partition` (cut every server of `pod<N>` off the network;
+    /// netns), `rdma-blackhole` (drop a server's UDP, i.e. the software RNIC's packets, while
+    /// TCP still works: clients must fall back; netns), `heal` (remove every loss, partition
+    /// and blackhole; no target). Servers are named `ps-p1-s0`. (Unknown keys are refused by
+    /// the action: `deny_unknown_fields` cannot be combined with `flatten` here.)
+    #[serde(flatten)]
+    pub action: ChaosAction,
 }
 
 impl ChaosEvent {
-    /// The typed action, or why the event is wrong.
-    pub fn parse(&self) -> Result<ChaosAction, String> {
-        let server = || {
-            if is_server_name(&self.target) {
-                Ok(self.target.clone())
-            } else {
-                Err(format!("{}: target must be a server like \"ps-p1-s0\"", self.action))
-            }
-        };
-        Ok(match self.action.as_str() {
-            "kill" => ChaosAction::Kill { server: server()? },
-            "term" => ChaosAction::Term { server: server()? },
-            "restart" => ChaosAction::Restart { server: server()? },
-            "rdma-blackhole" => ChaosAction::RdmaBlackhole { server: server()? },
-            "loss" => {
-                let server = server()?;
-                if !(self.probability > 0.0 && self.probability < 1.0) {
-                    return Err("loss: probability must be in (0, 1)".into());
-                }
-                ChaosAction::Loss { server, probability: self.probability }
-            }
-            "partition" => match self.target.strip_prefix("pod").map(str::parse::<u32>) {
-                Some(Ok(pod)) => ChaosAction::Partition { pod },
-                _ => return Err("partition: target must be a pod like \"pod1\"".into()),
-            },
-            "restart-client" => {
-                let client = ["ranker-", "trainer-", "canary-"]
-                    .iter()
-                    .any(|k| self.target.strip_prefix(k).is_some_and(|n| n.parse::<u32>().is_ok()));
-                if !client {
-                    return Err("restart-client: target must be a client like \"trainer-2\"".into());
-                }
-                ChaosAction::RestartClient { client: self.target.clone() }
-            }
-            "heal" => ChaosAction::Heal,
-            other => {
-                return Err(format!(
-                    "unknown action {other:?} (kill, term, restart, restart-client, loss, \
-                     partition, rdma-blackhole, heal)"
-                ))
-            }
-        })
-    }
-
     fn check(&self, i: usize, netns: bool, timeout_s: u64) -> Option<FieldError> {
         let bad = |m: String| Some(FieldError::new(format!("launch.chaos[{i}]"), m));
         // Past the run's timeout it would never happen (and a huge value overflowed the
@@ -266,19 +130,29 @@ impl ChaosEvent {
         if !(self.at_s.is_finite() && self.at_s >= 0.0 && self.at_s <= timeout_s as f64) {
             return bad(format!("at_s must be in 0..={timeout_s} (launch.timeout_s)"));
         }
-        match self.parse() {
-            Err(e) => bad(e),
-            Ok(a) if a.is_network_fault() && !netns => {
-                bad(format!("{} needs mode = \"netns\" (iptables per host)", a.name()))
-            }
-            Ok(_) => None,
-        }
+        let a = &self.action;
+        (a.is_network_fault() && !netns)
+            .then(|| bad(format!("{} needs mode = \"netns\" (iptables per host)", a.name())))
+            .flatten()
     }
 }
 
 impl LaunchConfig {
     /// Reads `[launch]` (missing keys take the defaults) and checks it.
     pub fn from_table(t: &toml::Table) -> Result<LaunchConfig, Vec<FieldError>> {
+        // Chaos events one by one first, so each error names its event (read as part of
+        // the whole, an error says only "in `chaos`").
+        if let Some(toml::Value::Array(events)) = t.get("chaos") {
+            let e: Vec<FieldError> = (events.iter().enumerate())
+                .filter_map(|(i, ev)| {
+                    let read = ev.clone().try_into::<ChaosEvent>();
+                    read.err().map(|e| FieldError::new(format!("launch.chaos[{i}]"), e.to_string()))
+                })
+                .collect();
+            if !e.is_empty() {
+                return Err(e);
+            }
+        }
         let l: LaunchConfig = toml::Value::Table(t.clone())
             .try_into()
             .map_err(|e: toml::de::Error| vec![FieldError::new("launch", e.to_string())])?;
@@ -420,53 +294,51 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 mod tests {
     use super::*;
 
+    /// `[launch]` with `chaos` events, each a TOML inline table.
+    fn launch_with(mode: &str, events: &[&str]) -> Result<LaunchConfig, Vec<FieldError>> {
+        let text = format!("mode = \"{mode}\"\nchaos = [{}]", events.join(", "));
+        LaunchConfig::from_table(&toml::from_str(&text).unwrap())
+    }
+
     #[test]
     fn chaos_events_are_checked_by_field() {
-        let ev = |action: &str, target: &str, p: f64| ChaosEvent {
-            at_s: 1.0,
-            action: action.into(),
-            target: target.into(),
-            probability: p,
-        };
-        let with = |mode: Mode, chaos: Vec<ChaosEvent>| LaunchConfig {
-            mode,
-            chaos,
-            ..LaunchConfig::default()
-        };
-        let ok = vec![
-            ev("kill", "ps-p1-s0", 0.0),
-            ev("restart", "ps-p1-s0", 0.0),
-            ev("loss", "ps-p0-s1", 0.05),
-            ev("partition", "pod1", 0.0),
-            ev("rdma-blackhole", "ps-p0-s0", 0.0),
-            ev("heal", "", 0.0),
+        let ok = [
+            r#"{ at_s = 1.0, action = "kill", target = "ps-p1-s0" }"#,
+            r#"{ at_s = 1.0, action = "restart", target = "ps-p1-s0" }"#,
+            r#"{ at_s = 1.0, action = "loss", target = "ps-p0-s1", probability = 0.05 }"#,
+            r#"{ at_s = 1.0, action = "partition", target = "pod1" }"#,
+            r#"{ at_s = 1.0, action = "rdma-blackhole", target = "ps-p0-s0" }"#,
+            r#"{ at_s = 1.0, action = "heal" }"#,
         ];
-        assert!(with(Mode::Netns, ok.clone()).check().is_ok());
+        let read = launch_with("netns", &ok).unwrap();
+        assert_eq!(read.chaos[3].action.to_string(), "partition pod1");
+        assert_eq!(read.chaos[2].action.to_string(), "loss ps-p0-s1 0.05");
         // iptables faults need namespaces; kill/restart do not.
-        let e = with(Mode::Loopback, ok).check().unwrap_err();
+        let e = launch_with("loopback", &ok).unwrap_err();
         assert_eq!(e.len(), 4, "{e:?}");
-        assert!(with(Mode::Loopback, vec![ev("kill", "ps-p1-s0", 0.0)]).check().is_ok());
-        assert_eq!(
-            ev("loss", "ps-p0-s1", 0.05).parse().unwrap(),
-            ChaosAction::Loss { server: "ps-p0-s1".into(), probability: 0.05 }
-        );
-        assert_eq!(
-            ev("partition", "pod3", 0.0).parse().unwrap(),
-            ChaosAction::Partition { pod: 3 }
-        );
-        for bad in [
-            ev("kill", "pod1", 0.0),
-            ev("restart-client", "ps-p0-s0", 0.0),
-            ev("loss", "ps-p0-s1", 1.5),
-            ev("partition", "ps-p1-s0", 0.0),
-            ev("rdma-blackhole", "pod0", 0.0),
-            ev("explode", "", 0.0),
-            ChaosEvent { at_s: -1.0, ..ev("heal", "", 0.0) },
+        assert!(e.iter().all(|e| e.to_string().contains("needs mode = \"netns\"")), "{e:?}");
+        assert!(launch_with("loopback", &ok[..2]).is_ok());
+        for (bad, says) in [
+            (r#"{ at_s = 1.0, action = "kill", target = "pod1" }"#, "not a server"),
+            (r#"{ at_s = 1.0, action = "restart-client", target = "ps-p0-s0" }"#, "not a client"),
+            (
+                r#"{ at_s = 1.0, action = "loss", target = "ps-p0-s1", probability = 1.5 }"#,
+                "(0, 1)",
+            ),
+            (r#"{ at_s = 1.0, action = "partition", target = "ps-p1-s0" }"#, "not a pod"),
+            (r#"{ at_s = 1.0, action = "rdma-blackhole", target = "pod0" }"#, "not a server"),
+            (r#"{ at_s = 1.0, action = "explode" }"#, "explode"),
+            (
+                r#"{ at_s = 1.0, action = "kill", target = "ps-p1-s0", probablity = 0.1 }"#,
+                "probablity",
+            ),
+            (r#"{ at_s = -1.0, action = "heal" }"#, "at_s"),
             // Past the run's timeout; 1e20 panicked in the launcher's clock arithmetic.
-            ChaosEvent { at_s: 1e20, ..ev("heal", "", 0.0) },
+            (r#"{ at_s = 1e20, action = "heal" }"#, "at_s"),
         ] {
-            let e = with(Mode::Netns, vec![bad.clone()]).check().unwrap_err();
-            assert!(e[0].to_string().contains("launch.chaos[0]"), "{bad:?}: {e:?}");
+            let e = launch_with("netns", &[r#"{ at_s = 1.0, action = "heal" }"#, bad]).unwrap_err();
+            assert!(e[0].to_string().contains(says), "{bad}: {e:?}");
+            assert!(e[0].to_string().contains("launch.chaos[1]"), "{bad}: {e:?}");
         }
     }
 

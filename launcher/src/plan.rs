@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use bex_ps_proto::config::ServerEntry;
 use bex_ps_proto::Config;
+use bex_report::ProcessKind;
 
 use crate::launch::{parse_rate, parse_size, LaunchConfig, Mode};
 
@@ -309,9 +310,9 @@ impl Plan {
         for ph in &phases {
             let mut clients = Vec::new();
             let kinds = [
-                (ph.inference, launch.rankers, "ranker", &launch.ranker_args),
-                (ph.training, launch.trainers, "trainer", &launch.trainer_args),
-                (ph.canary, launch.canaries, "canary", &launch.canary_args),
+                (ph.inference, launch.rankers, ProcessKind::Ranker, &launch.ranker_args),
+                (ph.training, launch.trainers, ProcessKind::Trainer, &launch.trainer_args),
+                (ph.canary, launch.canaries, ProcessKind::Canary, &launch.canary_args),
             ];
             for (on, count, kind, extra) in kinds {
                 if !on {
@@ -322,24 +323,25 @@ impl Plan {
                     next_id += 1;
                     let training = cfg.cluster.training_pod;
                     let (pod, role) = match kind {
-                        "ranker" => {
+                        ProcessKind::Trainer => (training, Role::Trainer { pod: training, id }),
+                        ProcessKind::Canary => (training, Role::Canary { pod: training, id }),
+                        _ => {
                             let pod = serving[i as usize % serving.len()];
                             (pod, Role::Ranker { pod, id })
                         }
-                        "trainer" => (training, Role::Trainer { pod: training, id }),
-                        _ => (training, Role::Canary { pod: training, id }),
                     };
                     let name = format!("{kind}-{id}");
                     let (ns, ip) = place(&name, &mut next_ip)?;
                     let json = input.out_dir.join(format!("{name}.json"));
                     let mut args: Vec<String> = Vec::new();
-                    if kind == "canary" {
+                    let canary = kind == ProcessKind::Canary;
+                    if canary {
                         args.push("canary".into());
                     }
                     args.extend(["--pod".into(), pod.to_string()]);
                     args.extend(client_args(ip, id, &json));
                     let port = launch.client_metrics_port;
-                    let http = if port == 0 || kind == "canary" {
+                    let http = if port == 0 || canary {
                         None
                     } else {
                         let offset = if netns { 0 } else { id - 1 };
@@ -357,11 +359,7 @@ impl Plan {
                         netns: ns,
                         ip,
                         http,
-                        program: input.bin_dir.join(if kind == "canary" {
-                            "bex-chaos"
-                        } else {
-                            kind
-                        }),
+                        program: input.bin_dir.join(if canary { "bex-chaos" } else { kind.name() }),
                         args,
                         json: Some(json),
                     });

@@ -10,9 +10,11 @@
 
 #![forbid(unsafe_code)]
 
+mod chaos;
 mod ranker;
 mod trainer;
 
+pub use chaos::{ChaosAction, ClientName, DropProbability, PodName, ServerName};
 pub use ranker::{CandidateRange, DenseRefreshes, RankerCpu, RankerReport};
 pub use trainer::{EvalPoint, MessageSizesReport, SizeSummary, TrainerReport};
 
@@ -37,18 +39,65 @@ fn count(c: &Counters, name: &str) -> u64 {
     c.get(name).copied().unwrap_or(0)
 }
 
+/// What a process of a run is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessKind {
+    /// A `ps-server`.
+    Server,
+    /// A `ranker` (the default, for records built field by field: the commonest client).
+    #[default]
+    Ranker,
+    /// A `trainer`.
+    Trainer,
+    /// `bex-chaos canary`.
+    Canary,
+    /// `bex-chaos verify`.
+    Verify,
+}
+
+impl ProcessKind {
+    /// Its name in reports and in process names (`ranker-3`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcessKind::Server => "server",
+            ProcessKind::Ranker => "ranker",
+            ProcessKind::Trainer => "trainer",
+            ProcessKind::Canary => "canary",
+            ProcessKind::Verify => "verify",
+        }
+    }
+}
+
+impl std::fmt::Display for ProcessKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a run's processes run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Every process on loopback.
+    #[default]
+    Loopback,
+    /// One network namespace per host, joined by a bridge (root only).
+    Netns,
+}
+
 /// A client's own report, filed in [`ClientRecord::kind`] under [`ClientReport::KIND`].
 pub trait ClientReport: DeserializeOwned {
-    /// The client kind that writes it (`ranker`, `trainer`).
-    const KIND: &'static str;
+    /// The client kind that writes it.
+    const KIND: ProcessKind;
 }
 
 impl ClientReport for RankerReport {
-    const KIND: &'static str = "ranker";
+    const KIND: ProcessKind = ProcessKind::Ranker;
 }
 
 impl ClientReport for TrainerReport {
-    const KIND: &'static str = "trainer";
+    const KIND: ProcessKind = ProcessKind::Trainer;
 }
 
 /// How a process ended (both `None` while it ran, or when it could not be waited for).
@@ -65,8 +114,8 @@ pub struct ExitRecord {
 pub struct ClientRecord {
     /// `ranker-0`, `trainer-2`, ….
     pub name: String,
-    /// `ranker`, `trainer`, `canary` or `verify`.
-    pub kind: String,
+    /// What it is.
+    pub kind: ProcessKind,
     /// Its mini-pod.
     pub pod: u32,
     /// Its `--id`.
@@ -185,13 +234,9 @@ pub struct ChaosRecord {
     /// When it was done, if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_at_s: Option<f64>,
-    /// Its action (`kill`, `loss`, …).
-    pub action: String,
-    /// Its target.
-    pub target: String,
-    /// Its drop probability (loss).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probability: Option<f64>,
+    /// Its action, with its target (`action`, `target`, `probability` in the JSON).
+    #[serde(flatten)]
+    pub action: ChaosAction,
     /// What happened: a description, `failed: …` or `not applied: …`.
     pub result: String,
 }
@@ -210,8 +255,8 @@ pub struct Invariant {
 /// `bex-chaos verify`'s report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VerifyReport {
-    /// Always `verify`.
-    pub kind: String,
+    /// Always [`ProcessKind::Verify`].
+    pub kind: ProcessKind,
     /// Every invariant held.
     pub ok: bool,
     /// The invariants.
@@ -268,8 +313,8 @@ pub struct ClusterReport {
     pub ok: bool,
     /// Why not, one line each.
     pub reasons: Vec<String>,
-    /// `loopback` or `netns`.
-    pub mode: String,
+    /// Where the processes ran.
+    pub mode: Mode,
     /// The launcher's process id.
     pub launcher_pid: u32,
     /// The run's output directory.
