@@ -108,46 +108,69 @@ impl fmt::Display for ChaosAction {
     }
 }
 
-/// A server's name, `ps-p<pod>-s<shard>`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ServerName(String);
+/// A name checked as read: `$valid` says which strings are one.
+macro_rules! checked_name {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $valid:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
 
-impl TryFrom<String> for ServerName {
-    type Error = String;
+        impl TryFrom<String> for $name {
+            type Error = String;
 
-    fn try_from(s: String) -> Result<Self, String> {
-        let valid = s
-            .strip_prefix("ps-p")
+            fn try_from(s: String) -> Result<Self, String> {
+                let valid: fn(&str) -> bool = $valid;
+                if valid(&s) {
+                    Ok($name(s))
+                } else {
+                    Err(format!("target {s:?} is not {}", $what))
+                }
+            }
+        }
+
+        impl $name {
+            /// The name.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(n: $name) -> String {
+                n.0
+            }
+        }
+    };
+}
+
+checked_name!(
+    /// A server's name, `ps-p<pod>-s<shard>`.
+    ServerName,
+    "a server like \"ps-p1-s0\"",
+    |s| {
+        s.strip_prefix("ps-p")
             .and_then(|r| r.split_once("-s"))
-            .is_some_and(|(p, s)| p.parse::<u32>().is_ok() && s.parse::<u32>().is_ok());
-        if valid {
-            Ok(ServerName(s))
-        } else {
-            Err(format!("target {s:?} is not a server like \"ps-p1-s0\""))
-        }
+            .is_some_and(|(p, s)| p.parse::<u32>().is_ok() && s.parse::<u32>().is_ok())
     }
-}
+);
 
-/// A client's name, `ranker-<n>`, `trainer-<n>` or `canary-<n>`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ClientName(String);
-
-impl TryFrom<String> for ClientName {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        let valid = ["ranker-", "trainer-", "canary-"]
+checked_name!(
+    /// A client's name, `ranker-<n>`, `trainer-<n>` or `canary-<n>`.
+    ClientName,
+    "a client like \"trainer-2\"",
+    |s| {
+        ["ranker-", "trainer-", "canary-"]
             .iter()
-            .any(|k| s.strip_prefix(k).is_some_and(|n| n.parse::<u32>().is_ok()));
-        if valid {
-            Ok(ClientName(s))
-        } else {
-            Err(format!("target {s:?} is not a client like \"trainer-2\""))
-        }
+            .any(|k| s.strip_prefix(k).is_some_and(|n| n.parse::<u32>().is_ok()))
     }
-}
+);
 
 /// A pod, `pod<n>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -162,6 +185,18 @@ impl TryFrom<String> for PodName {
             Some(Ok(pod)) => Ok(PodName(pod)),
             _ => Err(format!("target {s:?} is not a pod like \"pod1\"")),
         }
+    }
+}
+
+impl fmt::Display for PodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pod{}", self.0)
+    }
+}
+
+impl From<PodName> for String {
+    fn from(p: PodName) -> String {
+        p.to_string()
     }
 }
 
@@ -182,52 +217,9 @@ impl TryFrom<f64> for DropProbability {
     }
 }
 
-macro_rules! name_conversions {
-    ($($t:ty),*) => {$(
-        impl From<$t> for String {
-            fn from(n: $t) -> String {
-                n.to_string()
-            }
-        }
-    )*};
-}
-name_conversions!(ServerName, ClientName, PodName);
-
 impl From<DropProbability> for f64 {
     fn from(p: DropProbability) -> f64 {
         p.0
-    }
-}
-
-impl ServerName {
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl ClientName {
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ServerName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Display for ClientName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Display for PodName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pod{}", self.0)
     }
 }
 
