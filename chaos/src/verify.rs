@@ -129,8 +129,8 @@ pub fn check_canaries(
     )
 }
 
-/// Waits up to `settle` for every pod to hold the training pod's rows of every key set, then
-/// checks the canaries on the training pod.
+/// Waits up to `settle` for every pod to hold the training pod's rows of every key set and
+/// of the canaries' keys, then checks the canaries' counts on the training pod.
 pub async fn run(
     ps: Arc<PsClient>,
     canaries: &[CanaryReport],
@@ -143,9 +143,20 @@ pub async fn run(
     let mut invariants = Vec::new();
     let mut converged_after_s = None;
     let mut last_problem = String::new();
+    // Canaries may share keys: each once. Their rows went through every fault, so they are
+    // compared across pods too (not only counted on the training pod).
+    let canary_set: std::collections::BTreeSet<u64> =
+        canaries.iter().flat_map(|c| c.keys.iter().map(|k| k.key)).collect();
+    let canary = canaries.first().map(|c| KeySet {
+        name: "canary".into(),
+        table: c.table,
+        dim: c.dim,
+        keys: canary_set.into_iter().collect(),
+    });
+    let every_set: Vec<&KeySet> = sets.iter().chain(&canary).collect();
     loop {
         let mut problem = None;
-        'sets: for set in sets {
+        'sets: for &set in &every_set {
             let base = match rows_of(&ps, training, set).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -183,7 +194,7 @@ pub async fn run(
             Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
-    let total: usize = sets.iter().map(|s| s.keys.len()).sum();
+    let total: usize = every_set.iter().map(|s| s.keys.len()).sum();
     invariants.push(Invariant {
         name: "replicas converge".into(),
         ok: converged_after_s.is_some(),
@@ -194,13 +205,8 @@ pub async fn run(
             None => format!("not within {:.0} s: {last_problem}", settle.as_secs_f64()),
         },
     });
-    // Canaries may share keys: each once.
-    let canary_set: std::collections::BTreeSet<u64> =
-        canaries.iter().flat_map(|c| c.keys.iter().map(|k| k.key)).collect();
-    let canary_set: Vec<u64> = canary_set.into_iter().collect();
-    if let Some(c) = canaries.first() {
-        let set = KeySet { name: "canary".into(), table: c.table, dim: c.dim, keys: canary_set };
-        match rows_of(&ps, training, &set).await {
+    if let Some(set) = &canary {
+        match rows_of(&ps, training, set).await {
             Ok(rows) => {
                 let (a, b) = check_canaries(canaries, &rows);
                 invariants.push(a);

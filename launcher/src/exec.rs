@@ -996,7 +996,13 @@ impl Executor {
                         let p = self.run_phase(i, deadline);
                         phases.push(p);
                     }
+                    // A fault that never happened leaves the run unproven: the clients
+                    // ended before its time (or the run failed or was stopped first).
                     for ev in &self.chaos[self.chaos_next..] {
+                        self.reasons.push(format!(
+                            "chaos {} at {} s was never applied: the phases ended first",
+                            ev.action, ev.at_s
+                        ));
                         self.chaos_log.push(ChaosRecord {
                             at_s: ev.at_s,
                             started_at_s: None,

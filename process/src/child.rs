@@ -12,8 +12,8 @@
 //! except [`Guard::wait_within`] (and [`Guard::terminate`]'s grace period through it), which
 //! polls `try_wait` (there is no portable way to wait for a child with a timeout).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, ExitStatus};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Output};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -167,6 +167,34 @@ impl Guard {
         Ok(status)
     }
 
+    /// Reads the child's stdout and stderr (those spawned `Stdio::piped()`) to their ends and
+    /// reaps it: `Command::output` under the guard, so a parent that fails or unwinds while
+    /// waiting still kills the child.
+    pub fn output(mut self) -> Result<Output, ChildError> {
+        // A child reading its stdin gets EOF, as `Command::output` gives it.
+        drop(self.stdin.take());
+        // Both at once, or a child filling the one not being read would block for good.
+        let stderr = self.child.stderr.take().map(|mut e| {
+            std::thread::spawn(move || {
+                let mut b = Vec::new();
+                e.read_to_end(&mut b).map(|_| b)
+            })
+        });
+        let mut stdout = Vec::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            o.read_to_end(&mut stdout).map_err(self.io("reading stdout"))?;
+        }
+        let stderr = match stderr.map(std::thread::JoinHandle::join) {
+            Some(Ok(read)) => read.map_err(self.io("reading stderr"))?,
+            Some(Err(_)) => {
+                return Err(self.io("reading stderr")(std::io::ErrorKind::Other.into()))
+            }
+            None => Vec::new(),
+        };
+        let status = self.finish()?;
+        Ok(Output { status, stdout, stderr })
+    }
+
     /// Closes the child's stdin and waits for it to exit.
     pub fn finish(mut self) -> Result<ExitStatus, ChildError> {
         drop(self.stdin.take());
@@ -249,6 +277,21 @@ mod tests {
         assert!(exists(pid));
         drop(guard);
         assert!(!exists(pid), "child still exists (or is a zombie)");
+    }
+
+    // More than a pipe holds on both streams: read together, neither blocks the child.
+    #[test]
+    fn output_reads_both_streams_to_their_ends_and_reaps() {
+        let mut cmd = Command::new("sh");
+        let script = "head -c 200000 /dev/zero; head -c 100000 /dev/zero >&2; cat; exit 3";
+        cmd.args(["-c", script]).stdin(Stdio::piped()).stdout(Stdio::piped());
+        cmd.stderr(Stdio::piped());
+        let guard = Guard::spawn(&mut cmd, "sh").unwrap();
+        let pid = guard.id();
+        let out = guard.output().unwrap();
+        assert_eq!((out.stdout.len(), out.stderr.len()), (200_000, 100_000));
+        assert_eq!(out.status.code(), Some(3));
+        assert!(!exists(pid), "reaped");
     }
 
     #[test]

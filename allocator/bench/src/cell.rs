@@ -2,13 +2,14 @@
 //! side (spawn, parse).
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bex_rnic::clock::{wall_elapsed, wall_now};
+use bex_bench::clock::Clock;
+use bex_process::child::Guard;
 use bex_rnic::soft::{Fabric, LinkModel, NicConfig};
 use bex_rnic::{Device, Registrar};
 use nix::sys::resource::{getrusage, UsageWho};
@@ -129,11 +130,11 @@ pub fn run_cell<A: BenchAlloc>(
 ) -> CellResult {
     let base_rss_kib = max_rss_kib();
     let mut warm = None;
-    let (c0, t0) = (cpu_s(), wall_now());
+    let (c0, t0) = (cpu_s(), Clock.now());
     let counts = workload::run(alloc, workload, threads, steps, 0xa110c, || {
         warm = alloc.registration();
     });
-    let (cpu, wall) = (cpu_s() - c0, wall_elapsed(t0).as_secs_f64());
+    let (cpu, wall) = (cpu_s() - c0, (Clock.now() - t0).as_secs_f64());
     let end = alloc.registration();
     CellResult {
         alloc: name.to_string(),
@@ -197,7 +198,7 @@ pub fn run_footprint(threads: usize, duration: Duration, every: Duration) -> Vec
     let stop = AtomicBool::new(false);
     let ops = AtomicU64::new(0);
     let (done_tx, done_rx) = channel::<()>();
-    let start = wall_now();
+    let start = Clock.now();
     let ramp = duration.mul_f64(0.4);
     let mut samples = Vec::new();
     std::thread::scope(|s| {
@@ -210,7 +211,7 @@ pub fn run_footprint(threads: usize, duration: Duration, every: Duration) -> Vec
                     (0..1500).map(|_| None).collect();
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let el = wall_elapsed(start);
+                    let el = Clock.now() - start;
                     if el >= duration {
                         break;
                     }
@@ -244,7 +245,7 @@ pub fn run_footprint(threads: usize, duration: Duration, every: Duration) -> Vec
         loop {
             let st = pool.stats();
             let smp = Sample {
-                t_ms: wall_elapsed(start).as_millis() as u64,
+                t_ms: (Clock.now() - start).as_millis() as u64,
                 registered: st.registered_bytes,
                 live: st.live_bytes,
                 registrations: st.registrations,
@@ -281,11 +282,14 @@ pub fn parse_sample(line: &str) -> Option<Sample> {
     })
 }
 
-/// Runs `exe args…` and returns its stdout, or why not.
+/// Runs `exe args…` (killed if this process dies or fails first) and returns its stdout, or
+/// why not.
 pub fn spawn(exe: &std::path::Path, args: &[String]) -> Result<String, String> {
-    let out = Command::new(exe)
-        .args(args)
-        .output()
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    bex_process::die_with_this_process(&mut cmd);
+    let out = Guard::spawn(&mut cmd, exe.display().to_string())
+        .and_then(Guard::output)
         .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     if !out.status.success() {
         return Err(format!(

@@ -37,17 +37,9 @@ pub struct Median {
     pub cross_free_share: f64,
 }
 
-fn median_f(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return 0.0;
-    }
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// The harness's median; 0 for no values (a cell with no repetitions) or a NaN among them.
+fn median_f(v: Vec<f64>) -> f64 {
+    bex_bench::stats::median(&v).unwrap_or(0.0)
 }
 
 /// Key of a cell.

@@ -16,6 +16,7 @@ use bex_bench::clock::Clock;
 use bex_bench::report::{render, Envelope};
 use bex_bench::stats::{LatencyRecorder, LatencySummary};
 use bex_plot::{Chart, Series, COLORS};
+use bex_process::child::Guard;
 use bex_ps_core::Table;
 use bex_ps_proto::init::Initializer;
 use bex_ps_proto::optim::Optimizer;
@@ -306,7 +307,7 @@ fn point(p: &PointArgs) -> PointReport {
         Store::Floor => {
             let started = Clock.now();
             let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec));
-            let filled = started.elapsed().as_secs_f64();
+            let filled = (Clock.now() - started).as_secs_f64();
             let m = exercise(&mut floor, &spec, p, rss0);
             (Measured { insert_s: filled, push: None, ..m }, None)
         }
@@ -341,7 +342,7 @@ fn exercise(rows: &mut impl Rows, spec: &TableSpec, p: &PointArgs, rss0: u64) ->
         rows.push(&keys, &grads[..keys.len() * dim]);
         i += keys.len() as u64;
     }
-    let insert_s = started.elapsed().as_secs_f64();
+    let insert_s = (clock.now() - started).as_secs_f64();
     let rss = bex_process::resident_bytes().unwrap_or(0);
     let rss_bytes_per_row = rss.saturating_sub(rss0) as f64 / p.rows as f64;
     let mut rng = p.rows ^ 0x5eed;
@@ -357,7 +358,7 @@ fn exercise(rows: &mut impl Rows, spec: &TableSpec, p: &PointArgs, rss0: u64) ->
             }
             let t = clock.now();
             op(&keys);
-            rec.record(t.elapsed());
+            rec.record(clock.now() - t);
         }
         rec.summary()
     };
@@ -437,14 +438,18 @@ fn spawn_point(
     seconds: f64,
 ) -> Result<PointReport, bex_bench::Error> {
     let store_arg = store.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
-    let out = Command::new(exe)
-        .args(["point", "--store", &store_arg])
+    let mut cmd = Command::new(exe);
+    cmd.args(["point", "--store", &store_arg])
         .args(["--dim", &dim.to_string(), "--rows", &rows.to_string()])
         .args(["--batch", &batch.to_string(), "--seconds", &seconds.to_string()])
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(bex_bench::error::io("spawning a point"))?;
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // A point holds up to 16 GB: it must not outlive a run that is stopped.
+    bex_process::die_with_this_process(&mut cmd);
+    let out = Guard::spawn(&mut cmd, format!("the point {store:?} dim {dim} rows {rows}"))
+        .and_then(Guard::output)
+        .map_err(|e| bex_bench::Error::Check(e.to_string()))?;
     if !out.status.success() {
         return Err(bex_bench::Error::Check(format!(
             "the point {store:?} dim {dim} rows {rows} failed: {}",

@@ -186,7 +186,7 @@ fn main() -> ExitCode {
                 sum.seeds,
                 args.seeds,
                 sum.failed_seeds.len(),
-                started.elapsed().as_secs_f64()
+                (wall_clock() - started).as_secs_f64()
             );
         }
         all_ok &= sum.failed_seeds.is_empty() && sum.seeds == args.seeds;
