@@ -756,6 +756,8 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
     let mut violations = Vec::new();
     let mut fallback_ms = None;
     let mut quarantined_mid = false;
+    // Packets the partition cut (its scenario must show it happened).
+    let mut partition_dropped = 0;
     let rdma_down_at = 400;
     match scenario {
         Scenario::Loss => {}
@@ -764,9 +766,12 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         Scenario::PodPartition => {
             clock.at(400).await;
             let pod1 = c.nodes_of(1);
+            let cut = || c.hub.with_net(|n| n.fabric().stats().link_dropped);
+            let before = cut();
             c.isolate(&pod1, true);
             // Healed just before the workload ends: the replicas catch up afterwards.
             clock.at(2_900).await;
+            partition_dropped = cut() - before;
             c.isolate(&pod1, false);
         }
         Scenario::Hang => {
@@ -931,6 +936,26 @@ async fn run_async(scenario: Scenario, seed: u64) -> Report {
         }
         Scenario::Hang if keepalive_failures == 0 => {
             violations.push("no peer noticed the hung replica by keepalive expiry".into());
+        }
+        // Each fault must have happened: a fabric that ignored it would pass every other
+        // check (the canaries, convergence and deadlines hold on a quiet network too).
+        Scenario::Loss => {
+            let f = c.hub.with_net(|n| n.fabric().stats());
+            if f.dropped == 0 || f.duplicated == 0 || f.reordered == 0 {
+                violations.push(format!(
+                    "the loss did not happen: {} dropped, {} duplicated, {} reordered",
+                    f.dropped, f.duplicated, f.reordered
+                ));
+            }
+        }
+        Scenario::PodPartition => {
+            let went_to_pod_0 = readers[1].rpc().stats().snapshot().remote_pod_calls;
+            if partition_dropped == 0 || went_to_pod_0 == 0 {
+                violations.push(format!(
+                    "the partition did not happen: {partition_dropped} packets cut, pod 1's \
+                     reader sent {went_to_pod_0} calls to pod 0"
+                ));
+            }
         }
         Scenario::Quarantine => {
             if !quarantined_mid || quarantines == 0 {
