@@ -97,8 +97,52 @@ struct Stream {
     tx_failed: bool,
 }
 
+/// What a run's faults did, summed over a scenario's seeds: a fault that never fired would
+/// pass every invariant (nothing to recover from).
+#[derive(Debug, Default)]
+struct Fired {
+    dropped: u64,
+    duplicated: u64,
+    corrupted: u64,
+    reordered: u64,
+    link_dropped: u64,
+    tail_drops: u64,
+}
+
+impl Fired {
+    fn add(&mut self, o: Fired) {
+        self.dropped += o.dropped;
+        self.duplicated += o.duplicated;
+        self.corrupted += o.corrupted;
+        self.reordered += o.reordered;
+        self.link_dropped += o.link_dropped;
+        self.tail_drops += o.tail_drops;
+    }
+
+    /// Why `kind`'s faults did not happen, if they did not.
+    fn missing(&self, kind: Kind) -> Option<String> {
+        let asked = match kind {
+            Kind::Rates(r) => vec![
+                ("dropped", r.drop, self.dropped),
+                ("duplicated", r.duplicate, self.duplicated),
+                ("corrupted", r.corrupt, self.corrupted),
+                ("reordered", r.reorder, self.reordered),
+            ],
+            Kind::PartitionHeal | Kind::PartitionForever => {
+                vec![("cut by the partition", 1.0, self.link_dropped)]
+            }
+            Kind::DropTailIncast => vec![("dropped at the full switch port", 1.0, self.tail_drops)],
+            // Failures that every seed's finish condition already requires.
+            Kind::QpError | Kind::Freeze => Vec::new(),
+        };
+        let none: Vec<&str> =
+            asked.iter().filter(|(_, rate, n)| *rate > 0.0 && *n == 0).map(|a| a.0).collect();
+        (!none.is_empty()).then(|| format!("no packet {}: the fault never fired", none.join(", ")))
+    }
+}
+
 /// Runs one scenario for one seed; `Err` names the broken invariant.
-fn run(kind: Kind, seed: u64) -> Result<(), String> {
+fn run(kind: Kind, seed: u64) -> Result<Fired, String> {
     let mut rng = Rng(seed ^ 0x5eed);
     let cfg = Config {
         sq_depth: 16,
@@ -241,7 +285,13 @@ fn run(kind: Kind, seed: u64) -> Result<(), String> {
                 // expiry, retry exhaustion or the QP error).
                 all_done &= resolved && rx_over && (!fails || s.tx_failed);
             }
-            violation.is_some() || (all_done && (!fails || injected.is_some()))
+            // Every fault has its whole course: a run whose streams end before the partition
+            // (or before its heal) tests nothing about it.
+            let course_run = match kind {
+                Kind::PartitionHeal => healed,
+                _ => !fails || injected.is_some(),
+            };
+            violation.is_some() || (all_done && course_run)
         },
         limit,
     );
@@ -282,7 +332,15 @@ fn run(kind: Kind, seed: u64) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    let f = net.fabric().stats();
+    Ok(Fired {
+        dropped: f.dropped,
+        duplicated: f.duplicated,
+        corrupted: f.corrupted,
+        reordered: f.reordered,
+        link_dropped: f.link_dropped,
+        tail_drops: net.fabric().switch_stats().map_or(0, |s| s.tail_drops),
+    })
 }
 
 const CHUNK: u64 = 400;
@@ -294,13 +352,23 @@ fn matrix(name: &str, kind: Kind, test: &str) {
     if bex_testkit::seed::run_chunked(&seeds, CHUNK, &[test, "--test-threads=1"]) {
         return;
     }
+    let cmd = format!("cargo test -p bex-transport --test sim_faults {test}");
+    let mut fired = Fired::default();
     for seed in seeds.clone() {
-        if let Err(e) = run(kind, seed) {
-            let cmd = format!("cargo test -p bex-transport --test sim_faults {test}");
-            panic!("scenario {name} seed {seed}: {e}\n{}", bex_testkit::seed::replay(seed, &cmd));
+        match run(kind, seed) {
+            Ok(f) => fired.add(f),
+            Err(e) => {
+                panic!(
+                    "scenario {name} seed {seed}: {e}\n{}",
+                    bex_testkit::seed::replay(seed, &cmd)
+                )
+            }
         }
     }
-    eprintln!("scenario {name}: {} seeds passed", seeds.end - seeds.start);
+    if let Some(why) = fired.missing(kind) {
+        panic!("scenario {name}, seeds {seeds:?}: {why} ({fired:?})");
+    }
+    eprintln!("scenario {name}: {} seeds passed ({fired:?})", seeds.end - seeds.start);
 }
 
 macro_rules! scenario {
