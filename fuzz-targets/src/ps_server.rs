@@ -166,7 +166,8 @@ async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
 type Expected = HashMap<(u32, u64), Option<Vec<u8>>>;
 
 /// For a training-pod and a replica server (fresh, tables of `configs/local.toml`): canary
-/// rows created by a fetch (training pod) or replicated (replica) and read back, then every frame of `data` (see [`split_frames`];
+/// rows pushed once (training pod: so they differ from initial rows, which read alike stored
+/// or not) or replicated (replica) and read back, then every frame of `data` (see [`split_frames`];
 /// [`repair`]ed if its method has [`REPAIR`]) handed to the handler. Every frame must get a ps-core response that decodes; a frame that does not
 /// decode, or whose op differs from the method, must get the decoder's error status; a Fetch
 /// reply must fit the server's frame limit; the canaries must read the same rows during and
@@ -186,12 +187,20 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
         let keys = canary_keys(table);
         let dim = dim_of(table);
         if pod == 0 {
-            // The training pod takes no Replicate: its canaries are the rows a first fetch
-            // creates (initial values), read back the same.
-            let created = fetch_canaries(&h, table).await;
-            let again = fetch_canaries(&h, table).await;
-            assert_eq!(created, again, "a created row reads back");
-            for (k, row) in keys.iter().zip(created) {
+            // The training pod takes no Replicate: its canaries are pushed once, so they read
+            // other than their initial rows (a lost or reset row then shows; initial rows
+            // read alike whether stored or not).
+            let initial = fetch_canaries(&h, table).await;
+            let grads = vec![0.25f32; keys.len() * dim as usize];
+            let dh = DataHeader { table, dim, client: SETUP_CLIENT, seq: table.into(), flags: 0 };
+            let mut f = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
+            wire::encode_push_into(&mut f, &dh, &keys, &grads).expect("canary pushes encode");
+            let r = call(&h, Op::Push as u16, &f).await;
+            let v = wire::decode_response(&r, &LIMITS).expect("a push reply decodes");
+            assert_eq!(v.header.status, Status::Ok, "the canary push succeeds");
+            let pushed = fetch_canaries(&h, table).await;
+            for (i, (k, row)) in keys.iter().zip(pushed).enumerate() {
+                assert_ne!(row, initial[i], "the push changed canary ({table}, {k})");
                 expected.insert((table, *k), Some(row));
             }
             continue;
