@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -40,12 +41,15 @@ fn worker<'p>(
     seed: u64,
     inbox: Receiver<(RegisteredBuf<'p>, u64)>,
     peers: Vec<SyncSender<(RegisteredBuf<'p>, u64)>>,
+    cross_frees: &AtomicU64,
 ) {
+    let mut freed_here = 0;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ (me as u64).wrapping_mul(0x9e37));
     let mut live: Vec<(RegisteredBuf<'p>, u64)> = Vec::new();
     for i in 0..OPS {
         while let Ok((b, tag)) = inbox.try_recv() {
             check(&b, tag, seed); // freed here, on a thread that did not allocate it
+            freed_here += 1;
         }
         let size = if rng.random_bool(0.1) {
             rng.random_range(16 << 10..=1 << 20)
@@ -75,7 +79,9 @@ fn worker<'p>(
     drop(peers);
     for (b, tag) in inbox {
         check(&b, tag, seed);
+        freed_here += 1;
     }
+    cross_frees.fetch_add(freed_here, Ordering::Relaxed);
 }
 
 #[test]
@@ -84,14 +90,20 @@ fn concurrent_allocate_and_free_with_cross_thread_frees() {
     let seed = run.seed;
     let rec = Arc::new(Recorder::default());
     let pool = Pool::with_config(vec![rec.clone()], PoolConfig::default()).unwrap();
+    let cross_frees = AtomicU64::new(0);
     std::thread::scope(|s| {
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| sync_channel(256)).unzip();
         for (me, rx) in rxs.into_iter().enumerate() {
             let peers = txs.clone();
-            let pool = &pool;
-            s.spawn(move || worker(pool, me, seed, rx, peers));
+            let (pool, cross_frees) = (&pool, &cross_frees);
+            s.spawn(move || worker(pool, me, seed, rx, peers, cross_frees));
         }
     });
+    // The hand-off is bounded (a full inbox frees locally): some must have gone through, or
+    // this tested no cross-thread free at all.
+    let cross = cross_frees.load(Ordering::Relaxed);
+    assert!(cross > 0, "seed={seed}: no buffer was freed on another thread");
+    eprintln!("seed={seed}: {cross} of {} frees cross-thread", THREADS * OPS);
     let st = pool.stats();
     assert_eq!(st.live_bytes, 0, "seed={seed}: every buffer freed: {st:?}");
     assert_eq!(st.allocations, st.deallocations, "seed={seed}");

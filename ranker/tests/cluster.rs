@@ -161,8 +161,10 @@ fn ranks_against_a_real_cluster_over_rdma_and_tcp() {
     assert!(lines > 10, "{lines} trace lines");
     let r = run_json(&c, "replay", &["--trace", path(&trace), "--transport", "tcp"]);
     assert_eq!((r.requests, r.ok), (lines, lines));
-    // The same requests, not just as many: a live run with the trace's seed and schedule
-    // sends the same bytes to the PS (another seed's run does not).
+    // As many requests of the same sizes: a live run with the trace's seed and schedule sends
+    // as many bytes to the PS. (Fetch frames carry as many keys whatever their values, so
+    // this does not tell the keys apart; `run::tests::live_schedule_equals_the_generated_trace`
+    // compares the requests themselves.)
     let live = run_json(&c, "live", &["--seconds", "1", "--rate", "50", "--transport", "tcp"]);
     assert_eq!(
         (live.issued, live.ok, live.bytes_sent),
