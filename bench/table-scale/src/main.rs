@@ -52,9 +52,10 @@ struct RunArgs {
     /// Row dimensions, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     dims: Vec<u32>,
-    /// Stores to measure: bex (the PS table), hashmap (the baseline) and floor (random
-    /// loads over an array of the rows' size: how memory alone slows as it grows).
-    #[arg(long, value_delimiter = ',', default_value = "bex,hashmap,floor")]
+    /// Stores to measure: bex (the PS table), bex-bounded (the same table with a row bound
+    /// it does not reach: its recency order included), hashmap (the baseline) and floor
+    /// (random loads over an array of the rows' size: how memory alone slows as it grows).
+    #[arg(long, value_delimiter = ',', default_value = "bex,bex-bounded,hashmap,floor")]
     stores: Vec<Store>,
     /// Keys per fetch and push.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -90,16 +91,26 @@ struct PointArgs {
 
 /// Where rows live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 enum Store {
     /// `bex_ps_core::Table`: 64 striped slabs and indexes.
     Bex,
+    /// The same table bounded (`capacity.max_rows` 10% above the rows, so no stripe is
+    /// full and nothing is evicted): what the recency order of a bounded table costs.
+    BexBounded,
     /// `HashMap<u64, Box<[f32]>>`: one allocation per row.
     Hashmap,
     /// No table: an array of the rows' payload bytes, and per "fetch" one random 8-byte
     /// load per key — what the memory system alone costs at this size, the floor under
     /// any table's growth (no push).
     Floor,
+}
+
+impl Store {
+    /// Its name on the command line and in the tables (`bex-bounded`).
+    fn name(self) -> String {
+        self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+    }
 }
 
 /// One point's numbers.
@@ -187,6 +198,11 @@ fn parse_count(text: &str) -> Result<u64, String> {
 }
 
 fn spec(dim: u32) -> TableSpec {
+    bounded_spec(dim, None)
+}
+
+/// [`spec`], with `max_rows` if given.
+fn bounded_spec(dim: u32, max_rows: Option<u64>) -> TableSpec {
     TableSpec {
         name: "scale".into(),
         dim,
@@ -194,7 +210,7 @@ fn spec(dim: u32) -> TableSpec {
         init: Initializer::Uniform { scale: 0.01 },
         optimizer: Optimizer::Adagrad { lr: 0.05, initial_accumulator: 0.1, eps: 1e-8 },
         admission: Admission::default(),
-        capacity: Capacity::default(),
+        capacity: Capacity { max_rows: max_rows.unwrap_or(0), ..Capacity::default() },
     }
 }
 
@@ -295,9 +311,13 @@ fn point(p: &PointArgs) -> PointReport {
     let spec = spec(p.dim);
     let rss0 = bex_process::resident_bytes().unwrap_or(0);
     let (m, counted) = match p.store {
-        Store::Bex => {
-            let mut table = Table::new(spec.clone()).expect("a valid spec");
+        Store::Bex | Store::BexBounded => {
+            // Stripes hold rows/64 ± a few σ of them: 10% of headroom keeps every stripe
+            // below its share of the bound, so no fetched key has been evicted.
+            let bound = (p.store == Store::BexBounded).then(|| p.rows + p.rows / 10 + 640);
+            let mut table = Table::new(bounded_spec(p.dim, bound)).expect("a valid spec");
             let m = exercise(&mut table, &spec, p, rss0);
+            assert_eq!(table.evicted(), 0, "the bound of {bound:?} rows evicted rows");
             (m, Some(table.bytes() as f64 / p.rows as f64))
         }
         Store::Hashmap => {
@@ -386,8 +406,9 @@ fn run(a: RunArgs) -> Result<ExitCode, bex_bench::Error> {
         for &n in &rows {
             for &store in &a.stores {
                 // Payload plus an allowance for indexes and allocator slack (measured: about
-                // 50 bytes a row for both stores).
-                let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80);
+                // 50 bytes a row for both stores), and for a bounded table's recency order.
+                let order = if store == Store::BexBounded { 48 } else { 0 };
+                let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80 + order);
                 let skipped = match available_bytes() {
                     Some(avail) if need > avail => Some(format!(
                         "needs about {:.1} GiB, {:.1} GiB available",
@@ -437,7 +458,7 @@ fn spawn_point(
     batch: u32,
     seconds: f64,
 ) -> Result<PointReport, bex_bench::Error> {
-    let store_arg = store.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+    let store_arg = store.name();
     let mut cmd = Command::new(exe);
     cmd.args(["point", "--store", &store_arg])
         .args(["--dim", &dim.to_string(), "--rows", &rows.to_string()])
@@ -479,15 +500,18 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
     };
     for dim in dims(points) {
         let bex = measured(points, Store::Bex, dim);
-        for p in &bex {
-            out.push(judge(
-                format!(
-                    "dim {dim}, {} rows: memory per row / (key + values + state)",
-                    count(p.rows)
-                ),
-                Some(p.rss_bytes_per_row / p.payload_bytes_per_row),
-                1.2,
-            ));
+        for store in [Store::Bex, Store::BexBounded] {
+            for p in measured(points, store, dim) {
+                let table = if store == Store::Bex { "" } else { ", bounded table" };
+                out.push(judge(
+                    format!(
+                        "dim {dim}, {} rows{table}: memory per row / (key + values + state)",
+                        count(p.rows)
+                    ),
+                    Some(p.rss_bytes_per_row / p.payload_bytes_per_row),
+                    1.2,
+                ));
+            }
         }
         if let (Some(first), Some(last)) = (bex.first(), bex.last()) {
             if last.rows > first.rows {
@@ -577,8 +601,7 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         .iter()
         .map(|p| {
             let r = p.report.as_ref();
-            let mut row =
-                vec![format!("{:?}", p.store).to_lowercase(), p.dim.to_string(), count(p.rows)];
+            let mut row = vec![p.store.name(), p.dim.to_string(), count(p.rows)];
             match (r, &p.skipped, &p.failed) {
                 (_, Some(_), _) => row.push("skipped (below)".into()),
                 (_, _, Some(_)) => row.push("FAILED (below)".into()),
@@ -606,7 +629,7 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         &rows,
     );
     for p in points {
-        let what = format!("{:?} dim {} {} rows", p.store, p.dim, count(p.rows)).to_lowercase();
+        let what = format!("{} dim {} {} rows", p.store.name(), p.dim, count(p.rows));
         if let Some(why) = &p.skipped {
             out.push_str(&format!("  {what}: skipped: {why}\n"));
         }
@@ -649,7 +672,7 @@ fn figure(points: &[RunPoint]) -> String {
                 .iter()
                 .filter_map(|r| Some(((r.rows as f64).log10(), metric(r)?)))
                 .collect();
-            let name = format!("{} dim {dim}", format!("{store:?}").to_lowercase());
+            let name = format!("{} dim {dim}", store.name());
             let s = Series::new(name, COLORS[i % COLORS.len()], pts);
             out.push(if store == Store::Bex { s } else { s.dashed() });
         }
@@ -665,7 +688,9 @@ fn figure(points: &[RunPoint]) -> String {
     let charts = [
         chart("Memory per row (RSS)", "bytes", series_of(&|r| Some(r.rss_bytes_per_row))),
         chart("Fetch of 1000 keys, p50", "µs", series_of(&|r| r.fetch.as_ref().map(|s| s.p50_us))),
+        chart("Fetch of 1000 keys, p99", "µs", series_of(&|r| r.fetch.as_ref().map(|s| s.p99_us))),
         chart("Push of 1000 keys, p50", "µs", series_of(&|r| r.push.as_ref().map(|s| s.p50_us))),
+        chart("Push of 1000 keys, p99", "µs", series_of(&|r| r.push.as_ref().map(|s| s.p99_us))),
         // The floor's "insert" is writing an array, off this chart's scale.
         chart(
             "Insert rate",
@@ -691,8 +716,8 @@ mod tests {
     }
 
     #[test]
-    fn a_small_point_measures_both_stores_alike() {
-        for store in [Store::Bex, Store::Hashmap] {
+    fn a_small_point_measures_every_table_store_alike() {
+        for store in [Store::Bex, Store::BexBounded, Store::Hashmap] {
             let r = point(&PointArgs { rows: 20_000, dim: 8, store, batch: 100, seconds: 0.05 });
             assert_eq!((r.rows, r.stride), (20_000, 16));
             assert!(r.insert_rows_per_s > 0.0 && r.fetch.is_some() && r.push.is_some());
