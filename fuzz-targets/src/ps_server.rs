@@ -162,6 +162,25 @@ async fn fetch_canaries(h: &Handler, table: u32) -> Vec<Vec<u8>> {
     v.rows().as_bytes().chunks(row).map(<[u8]>::to_vec).collect()
 }
 
+/// The setup client's `op` on `keys` of `table`: a Push of gradients, or a Replicate of
+/// whole rows (`width` values each); it must succeed.
+async fn setup_update(h: &Handler, op: Op, table: u32, width: usize, keys: &[u64], values: &[f32]) {
+    let whole_rows = op == Op::Replicate;
+    let flags = if whole_rows { flags::STATE } else { 0 };
+    let dh =
+        DataHeader { table, dim: width as u32, client: SETUP_CLIENT, seq: table.into(), flags };
+    let mut f = vec![0u8; wire::push_request_len(keys.len(), width)];
+    let encoded = if whole_rows {
+        wire::encode_replicate_into(&mut f, &dh, keys, values)
+    } else {
+        wire::encode_push_into(&mut f, &dh, keys, values)
+    };
+    encoded.expect("the setup's canary updates encode");
+    let r = call(h, op as u16, &f).await;
+    let v = wire::decode_response(&r, &LIMITS).expect("a setup reply decodes");
+    assert_eq!(v.header.status, Status::Ok, "the setup's {op:?} succeeds: {}", v.message());
+}
+
 /// What each canary must read: its bytes, or `None` once a successful push changed it.
 type Expected = HashMap<(u32, u64), Option<Vec<u8>>>;
 
@@ -192,12 +211,7 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
             // read alike whether stored or not).
             let initial = fetch_canaries(&h, table).await;
             let grads = vec![0.25f32; keys.len() * dim as usize];
-            let dh = DataHeader { table, dim, client: SETUP_CLIENT, seq: table.into(), flags: 0 };
-            let mut f = vec![0u8; wire::push_request_len(keys.len(), dim as usize)];
-            wire::encode_push_into(&mut f, &dh, &keys, &grads).expect("canary pushes encode");
-            let r = call(&h, Op::Push as u16, &f).await;
-            let v = wire::decode_response(&r, &LIMITS).expect("a push reply decodes");
-            assert_eq!(v.header.status, Status::Ok, "the canary push succeeds");
+            setup_update(&h, Op::Push, table, dim as usize, &keys, &grads).await;
             let pushed = fetch_canaries(&h, table).await;
             for (i, (k, row)) in keys.iter().zip(pushed).enumerate() {
                 assert_ne!(row, initial[i], "the push changed canary ({table}, {k})");
@@ -214,18 +228,7 @@ async fn run(pod: u32, frames: &[(u16, &[u8])]) {
             }
             row[width - 2] = f32::from_bits(1);
         }
-        let dh = DataHeader {
-            table,
-            dim: width as u32,
-            client: SETUP_CLIENT,
-            seq: table.into(),
-            flags: flags::STATE,
-        };
-        let mut f = vec![0u8; wire::push_request_len(keys.len(), width)];
-        wire::encode_replicate_into(&mut f, &dh, &keys, &rows).expect("canaries encode");
-        let r = call(&h, Op::Replicate as u16, &f).await;
-        let v = wire::decode_response(&r, &LIMITS).expect("a replicate reply decodes");
-        assert_eq!(v.header.status, Status::Ok, "the canary replication succeeds");
+        setup_update(&h, Op::Replicate, table, width, &keys, &rows).await;
         let got = fetch_canaries(&h, table).await;
         for (i, (k, row)) in keys.iter().zip(got).enumerate() {
             let want: Vec<u8> =

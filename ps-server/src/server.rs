@@ -1247,7 +1247,8 @@ impl PsServer {
         let seq = v.header.seq;
         match op {
             Op::Fetch => self.fetch(v),
-            Op::Push | Op::Replicate => self.update(op, v).await,
+            Op::Push => self.push(v).await,
+            Op::Replicate => self.replicate(v).await,
             Op::Tables => self.tables_info(seq),
             Op::Health => self.control(op, seq, &self.health()),
             Op::Checkpoint => self.checkpoint_op(v).await,
@@ -1323,102 +1324,49 @@ impl PsServer {
         Ok(m)
     }
 
-    /// Push (the training pod applies a gradient) or Replicate (a replica applies rows):
-    /// gated by role, read-only, drain and catch-up, deduplicated, replicated as `push_ack`
-    /// says.
-    async fn update(self: &Arc<Self>, op: Op, v: RequestView<'_>) -> Result<Msg, RpcError> {
-        let h = v.header;
+    /// Push: the training pod applies a gradient, deduplicated by (client, seq), and
+    /// replicates it as `push_ack` says.
+    async fn push(self: &Arc<Self>, v: RequestView<'_>) -> Result<Msg, RpcError> {
+        let (op, h) = (Op::Push, v.header);
         let seq = h.seq;
-        let table = |id: u32| self.tables.get(id);
-        if op == Op::Push && self.role != Role::Training {
-            return self.error(
-                Some(op),
-                Status::NotTraining,
-                seq,
-                "only the training pod applies pushes",
-            );
-        }
-        // Rows flow from the training pod only: a Replicate to it could plant a push
-        // identity in its dedupe window, so that push, when it came, would be answered
-        // Duplicate and never applied.
-        if op == Op::Replicate && self.role == Role::Training {
-            return self.error(
-                Some(op),
-                Status::NotTraining,
-                seq,
-                "the training pod takes no Replicate: rows flow from it to the other pods",
-            );
+        if self.role != Role::Training {
+            let why = "only the training pod applies pushes";
+            return self.error(Some(op), Status::NotTraining, seq, why);
         }
         if self.read_only.load(Ordering::Acquire) {
             return self.error(Some(op), Status::Unavailable, seq, "read-only");
         }
         // Replicated: the replication order first (see the field), then the gate.
-        let order = match (op, self.push_ack) {
-            (Op::Push, PushAck::Replicated) if !self.repl.is_empty() => {
+        let order = match self.push_ack {
+            PushAck::Replicated if !self.repl.is_empty() => {
                 Some(self.replication_order.clone().lock_owned().await)
             }
             _ => None,
         };
-        let applying = self.apply_gate.read().await;
-        // Checked under the gate: once the drain held it, no update gets past here.
-        // A training shard takes pushes only once it has caught up (Serving).
-        match self.state() {
-            ServingState::Draining => {
-                return self.error(Some(op), Status::Unavailable, seq, "draining")
-            }
-            ServingState::Serving => {}
-            _ if op == Op::Push => {
-                return self.error(Some(op), Status::Unavailable, seq, "catching up")
-            }
-            _ => {}
-        }
-        let Some(t) = table(h.table) else {
-            return self.error(Some(op), Status::UnknownTable, seq, "no such table");
+        let (applying, t) = match self.open_update(op, h, Table::dim).await {
+            Ok(open) => open,
+            Err(refused) => return refused,
         };
-        // A Replicate carries whole rows (the wire refuses it without STATE): the table's
-        // stride, steps and version.
-        let whole_rows = op == Op::Replicate;
-        let want = if whole_rows { t.state_width() } else { t.dim() };
-        if want != h.dim as usize {
-            return self.error(
-                Some(op),
-                Status::WrongDim,
-                seq,
-                "dimension differs from the table's",
-            );
-        }
-        if whole_rows {
-            return self.apply_whole_rows(t, v);
-        }
         // Validated before admission (the dedupe contract): a push admitted and then
         // refused would have its retry answered Duplicate, never applied.
         if let Some(i) = v.values.iter().position(|g| !g.is_finite()) {
-            return self.error(
-                Some(op),
-                Status::BadValue,
-                seq,
-                &format!("value {i} is not finite"),
-            );
+            let why = format!("value {i} is not finite");
+            return self.error(Some(op), Status::BadValue, seq, &why);
         }
         // Rows the push updated or created (keys below the admission threshold are counted
         // by the table, not applied).
         let mut applied = 0;
-        let verdict = {
-            let verdict = self.dedupe.admit(h.client, seq);
-            if verdict == Verdict::New {
-                // A row's version is the time of its last push (bounded tables keep the most
-                // recent rows, and every pod orders them alike by it).
-                t.advance_version_floor(self.push_clock.now());
-                match t.push_le(v.keys, v.values, None) {
-                    Ok(n) => applied = n,
-                    Err(e) => {
-                        return self.error(Some(op), Status::BadValue, seq, &e.to_string());
-                    }
-                }
-                self.update_seq.fetch_add(1, Ordering::AcqRel);
+        let verdict = self.dedupe.admit(h.client, seq);
+        if verdict == Verdict::New {
+            // A row's version is the time of its last push (bounded tables keep the most
+            // recent rows, and every pod orders them alike by it).
+            t.advance_version_floor(self.push_clock.now());
+            match t.push_le(v.keys, v.values, None) {
+                Ok(n) => applied = n,
+                Err(e) => return self.error(Some(op), Status::BadValue, seq, &e.to_string()),
             }
-            verdict
-        };
+            self.update_seq.fetch_add(1, Ordering::AcqRel);
+        }
         let push =
             PendingPush { table: h.table, keys: v.keys.iter().collect(), client: h.client, seq };
         if verdict == Verdict::New && self.push_ack == PushAck::Applied {
@@ -1427,21 +1375,12 @@ impl PsServer {
         }
         drop(applying);
         match verdict {
-            Verdict::New => {}
-            Verdict::Duplicate => {
-                self.metrics.duplicates.inc();
-            }
+            Verdict::New => self.metrics.pushed_keys.add(applied as u64),
+            Verdict::Duplicate => self.metrics.duplicates.inc(),
             Verdict::TooOld => {
-                return self.error(
-                    Some(op),
-                    Status::TooOld,
-                    seq,
-                    "sequence older than the dedupe window",
-                );
+                let why = "sequence older than the dedupe window";
+                return self.error(Some(op), Status::TooOld, seq, why);
             }
-        }
-        if verdict == Verdict::New {
-            self.metrics.pushed_keys.add(applied as u64);
         }
         let acked = match order {
             // A retry answered Duplicate replicates too: the first attempt's
@@ -1451,23 +1390,35 @@ impl PsServer {
         };
         if !acked {
             self.metrics.push_not_replicated.inc();
-            return self.error(
-                Some(op),
-                Status::Unavailable,
-                seq,
-                "applied, but no replica acknowledged it in time: retry",
-            );
+            let why = "applied, but no replica acknowledged it in time: retry";
+            return self.error(Some(op), Status::Unavailable, seq, why);
         }
         let status = if verdict == Verdict::New { Status::Ok } else { Status::Duplicate };
         self.status(op, status, seq, h.count)
     }
 
-    /// A Replicate of whole versioned rows: they apply over older ones whatever the verdict
-    /// (a copy is never wrong to apply). Admitting them once applied records the identity
-    /// they carry (a push's, when its own replication), so a restarted training shard that
-    /// copies these rows knows that push is in them.
-    fn apply_whole_rows(&self, t: &Table, v: RequestView<'_>) -> Result<Msg, RpcError> {
+    /// Replicate: a replica applies whole versioned rows over older ones whatever the
+    /// verdict (a copy is never wrong to apply; the wire refuses one without STATE).
+    /// Admitting them once applied records the identity they carry (a push's, when its own
+    /// replication), so a restarted training shard that copies these rows knows that push
+    /// is in them.
+    async fn replicate(&self, v: RequestView<'_>) -> Result<Msg, RpcError> {
         let (op, h) = (Op::Replicate, v.header);
+        // Rows flow from the training pod only: a Replicate to it could plant a push
+        // identity in its dedupe window, so that push, when it came, would be answered
+        // Duplicate and never applied.
+        if self.role == Role::Training {
+            let why = "the training pod takes no Replicate: rows flow from it to the other pods";
+            return self.error(Some(op), Status::NotTraining, h.seq, why);
+        }
+        if self.read_only.load(Ordering::Acquire) {
+            return self.error(Some(op), Status::Unavailable, h.seq, "read-only");
+        }
+        // The table's stride, steps and version: whole rows.
+        let (_applying, t) = match self.open_update(op, h, Table::state_width).await {
+            Ok(open) => open,
+            Err(refused) => return refused,
+        };
         match t.apply_replica_state_le(v.keys, v.values) {
             Ok(_) => {
                 if self.dedupe.admit(h.client, h.seq) == Verdict::Duplicate {
@@ -1478,6 +1429,37 @@ impl PsServer {
             }
             Err(e) => self.error(Some(op), Status::BadValue, h.seq, &e.to_string()),
         }
+    }
+
+    /// What a Push or Replicate passes after its own checks: the apply gate held shared (a
+    /// checkpoint or the drain holding it sees every update past here whole), not draining,
+    /// a training shard caught up (pushes), and the table, of `width` values a row as the
+    /// header says. `Err` is the reply refusing it.
+    async fn open_update(
+        &self,
+        op: Op,
+        h: wire::RequestHeader,
+        width: fn(&Table) -> usize,
+    ) -> Result<(tokio::sync::RwLockReadGuard<'_, ()>, &Table), Result<Msg, RpcError>> {
+        let applying = self.apply_gate.read().await;
+        match self.state() {
+            ServingState::Draining => {
+                return Err(self.error(Some(op), Status::Unavailable, h.seq, "draining"))
+            }
+            ServingState::Serving => {}
+            _ if op == Op::Push => {
+                return Err(self.error(Some(op), Status::Unavailable, h.seq, "catching up"))
+            }
+            _ => {}
+        }
+        let Some(t) = self.tables.get(h.table) else {
+            return Err(self.error(Some(op), Status::UnknownTable, h.seq, "no such table"));
+        };
+        if width(t) != h.dim as usize {
+            let why = "dimension differs from the table's";
+            return Err(self.error(Some(op), Status::WrongDim, h.seq, why));
+        }
+        Ok((applying, t))
     }
 
     /// Snapshot: one chunk of the shard's rows and dedupe windows from a cursor.
