@@ -647,7 +647,7 @@ impl Executor {
                     }
                 }
                 if cut.is_empty() {
-                    return Err(format!("no server in pod{pod}"));
+                    return Err(format!("no server in {pod}"));
                 }
                 Ok(format!("cut off {}", cut.join(", ")))
             }
@@ -996,19 +996,25 @@ impl Executor {
                         let p = self.run_phase(i, deadline);
                         phases.push(p);
                     }
-                    // A fault that never happened leaves the run unproven: the clients
-                    // ended before its time (or the run failed or was stopped first).
+                    // A fault that never happened leaves the run unproven when the clients
+                    // ended before its time; a run that failed or was stopped first has its
+                    // reason already.
+                    let cut_short = self.interrupted() || !self.reasons.is_empty();
+                    let why =
+                        if cut_short { "the run stopped first" } else { "the phases ended first" };
                     for ev in &self.chaos[self.chaos_next..] {
-                        self.reasons.push(format!(
-                            "chaos {} at {} s was never applied: the phases ended first",
-                            ev.action, ev.at_s
-                        ));
+                        if !cut_short {
+                            self.reasons.push(format!(
+                                "chaos {} at {} s was never applied: the phases ended first",
+                                ev.action, ev.at_s
+                            ));
+                        }
                         self.chaos_log.push(ChaosRecord {
                             at_s: ev.at_s,
                             started_at_s: None,
                             applied_at_s: None,
                             action: ev.action.clone(),
-                            result: "not applied: the phases ended first".into(),
+                            result: format!("not applied: {why}"),
                         });
                     }
                     self.chaos_next = self.chaos.len();

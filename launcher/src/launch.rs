@@ -197,6 +197,10 @@ impl LaunchConfig {
                 e.push(f);
             }
         }
+        // Faults are applied during the phases: with none, none would ever happen.
+        if !self.chaos.is_empty() && self.phases.is_empty() {
+            e.push(FieldError::new("launch.chaos", "needs launch.phases: faults happen in them"));
+        }
         if !(self.verify_settle_s.is_finite() && (0.0..=3600.0).contains(&self.verify_settle_s)) {
             e.push(FieldError::new("launch.verify_settle_s", "must be in 0..=3600"));
         }
@@ -318,6 +322,10 @@ mod tests {
         assert_eq!(e.len(), 4, "{e:?}");
         assert!(e.iter().all(|e| e.to_string().contains("needs mode = \"netns\"")), "{e:?}");
         assert!(launch_with("loopback", &ok[..2]).is_ok());
+        // Faults happen during phases: chaos without any is refused at load, not at run time.
+        let no_phases = format!("phases = []\nchaos = [{}]", ok[0]);
+        let e = LaunchConfig::from_table(&toml::from_str(&no_phases).unwrap()).unwrap_err();
+        assert!(e[0].to_string().contains("needs launch.phases"), "{e:?}");
         for (bad, says) in [
             (r#"{ at_s = 1.0, action = "kill", target = "pod1" }"#, "not a server"),
             (r#"{ at_s = 1.0, action = "restart-client", target = "ps-p0-s0" }"#, "not a client"),

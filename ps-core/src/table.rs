@@ -365,9 +365,10 @@ impl Stripe {
         // Stale entries more than the live rows (and a few): rebuild from the slab, so the
         // heap holds at most about two entries a row.
         if order.heap.len() > 2 * live + 64 {
-            // Exactly the live rows' room: the heap then grows by doubling to at most two
-            // entries a row before the next rebuild (16 to 32 bytes a row).
-            let mut entries = Vec::with_capacity(live);
+            // Room for as many entries as the next rebuild allows: the heap never grows past
+            // it (grown by doubling from the live rows' room, it reached four entries a row
+            // before the rebuild), 32 bytes a row as allocated, less resident until used.
+            let mut entries = Vec::with_capacity(2 * live + 65);
             entries.extend(
                 (0..self.versions.len())
                     .filter(|&r| self.versions[r] != FREE)

@@ -312,9 +312,12 @@ fn point(p: &PointArgs) -> PointReport {
     let rss0 = bex_process::resident_bytes().unwrap_or(0);
     let (m, counted) = match p.store {
         Store::Bex | Store::BexBounded => {
-            // Stripes hold rows/64 ± a few σ of them: 10% of headroom keeps every stripe
-            // below its share of the bound, so no fetched key has been evicted.
-            let bound = (p.store == Store::BexBounded).then(|| p.rows + p.rows / 10 + 640);
+            // A stripe holds about rows/64 of them, give or take σ = √(rows/64): six σ (and
+            // 16 rows) of headroom a stripe keeps every one below its share of the bound, so
+            // no fetched key has been evicted (the point fails if one was).
+            let share = p.rows / 64;
+            let headroom = 6 * (share as f64).sqrt().ceil() as u64 + 16;
+            let bound = (p.store == Store::BexBounded).then_some(64 * (share + headroom));
             let mut table = Table::new(bounded_spec(p.dim, bound)).expect("a valid spec");
             let m = exercise(&mut table, &spec, p, rss0);
             assert_eq!(table.evicted(), 0, "the bound of {bound:?} rows evicted rows");
