@@ -226,6 +226,11 @@ impl Dedupe {
         self.parts.iter().map(|p| p.lock().clients.len()).sum()
     }
 
+    /// The most clients remembered (the configured bound).
+    pub fn max_clients(&self) -> usize {
+        self.max_clients
+    }
+
     /// Clients evicted so far.
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)

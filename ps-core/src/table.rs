@@ -1246,6 +1246,15 @@ impl Table {
         {
             return Err(TableError::BadVersion { index, version: version_at(rec) });
         }
+        // Values and state after the key, version and steps: finite, as a Replicate's must be
+        // (a snapshot chunk comes from a peer, and a CRC is no authentication).
+        let head = rl - 4 * self.layout.stride;
+        for (i, rec) in records.chunks_exact(rl).enumerate() {
+            let vals = LeF32s::new(&rec[head..]).unwrap_or_default();
+            if let Some(j) = vals.iter().position(|v| !v.is_finite()) {
+                return Err(TableError::NonFinite { index: i * self.layout.stride + j });
+            }
+        }
         for rec in records.chunks_exact(rl) {
             let key = u64_at(rec, 0);
             let (version, rest) = match format {
@@ -1899,6 +1908,35 @@ mod tests {
         let got = dst.apply_replica_state_le(LeU64s::new(&k).unwrap(), LeF32s::new(&v).unwrap());
         assert!(matches!(got, Err(TableError::BadVersion { index: 0, .. })), "{got:?}");
         assert_eq!(dst.rows(), 0);
+    }
+
+    // A snapshot chunk's records come from a peer (its CRC is no authentication): a NaN in
+    // a row's values or state stores nothing, as a Replicate's would not.
+    #[test]
+    fn imported_records_with_a_non_finite_value_are_refused_whole() {
+        let src = Table::new(spec(
+            "t",
+            2,
+            Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 },
+        ))
+        .unwrap();
+        src.push(&[5, 6], &[0.5; 4], None).unwrap();
+        let mut records = Vec::new();
+        for s in 0..STRIPES {
+            src.export_records(ExportRows::Live, s, 0, usize::MAX, &mut records);
+        }
+        let rl = src.record_len();
+        assert_eq!(records.len(), 2 * rl);
+        for at in [rl - 4, 2 * rl - 8] {
+            let mut bad = records.clone();
+            bad[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+            let dst = Table::new(src.spec().clone()).unwrap();
+            let got = dst.import_records(&bad, RecordFormat::Versioned, &mut |_| {});
+            assert!(matches!(got, Err(TableError::NonFinite { .. })), "{got:?}");
+            assert_eq!(dst.rows(), 0, "nothing stored");
+        }
+        let dst = Table::new(src.spec().clone()).unwrap();
+        assert_eq!(dst.import_records(&records, RecordFormat::Versioned, &mut |_| {}).unwrap(), 2);
     }
 
     #[test]

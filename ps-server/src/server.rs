@@ -1018,6 +1018,11 @@ impl PsServer {
         self.dedupe.merge(windows);
     }
 
+    /// The most push identities this server's dedupe remembers.
+    pub fn dedupe_max_clients(&self) -> usize {
+        self.dedupe.max_clients()
+    }
+
     /// Queues for replica `target` the pushed rows of stripe `stripe` of `table` that are
     /// newer here than in `theirs` (key → version: the replica's rows of that stripe, from
     /// its snapshot); returns how many.

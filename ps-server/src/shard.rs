@@ -64,16 +64,19 @@ pub struct Copied {
 /// `seen` of every row record (table, row). The peer's dedupe windows are asked for first:
 /// a window read before the rows names only pushes whose rows are already there (read
 /// after, it could name a push whose rows the copy missed, and that push's retry would be
-/// answered Duplicate and lost).
+/// answered Duplicate and lost); more than `max_windows` of them is an error. The peer's
+/// chunks must move their cursor on (the windows by client, then the rows by table, stripe
+/// and row): one that does not would make the copy loop for good.
 pub async fn copy_shard(
     client: &Client,
     peer: usize,
     tables: &TableSet,
-    chunk_bytes: u32,
+    (chunk_bytes, max_windows): (u32, usize),
     seen: &mut (dyn FnMut(u32, SeenRow) + Send),
 ) -> Result<Copied, String> {
     let mut cursor = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
     let mut out = Copied::default();
+    let place = |c: &SnapshotCursor| (c.table, c.stripe, c.row);
     for seq in 1.. {
         let req = SnapshotRequest { cursor, max_bytes: chunk_bytes };
         let frame =
@@ -90,6 +93,21 @@ pub async fn copy_shard(
         out.rows += u64::from(info.rows);
         let windows_chunk = info.is_windows();
         out.windows.extend(info.windows);
+        if out.windows.len() > max_windows {
+            return Err(format!(
+                "the peer sent more than {max_windows} dedupe windows (its bound should match \
+                 this server's dedupe_max_clients)"
+            ));
+        }
+        // (The one step back, from the windows to the first table's rows, follows the last
+        // windows chunk, which names no next cursor.)
+        if let Some(next) = info.next.filter(|n| place(n) <= place(&cursor)) {
+            return Err(format!(
+                "the peer's snapshot did not move on: cursor {:?} after {:?}",
+                place(&next),
+                place(&cursor)
+            ));
+        }
         match info.next {
             // The windows come in pages, then the rows from the start.
             Some(c) if windows_chunk => cursor = c,
@@ -215,7 +233,12 @@ async fn copy_with_retries(
         };
         let copied = match check_definitions(server, peer, refuse).await {
             Ok(Err(why)) => return Err(NotCopied::Incompatible(why)),
-            Ok(Ok(())) => copy_shard(peer.0, peer.1, server.tables(), chunk_bytes, &mut seen).await,
+            Ok(Ok(())) => {
+                // The peer keeps at most as many windows as this server (one cluster file);
+                // twice that leaves room for a rolling change of the bound.
+                let limits = (chunk_bytes, 2 * server.dedupe_max_clients());
+                copy_shard(peer.0, peer.1, server.tables(), limits, &mut seen).await
+            }
             Err(e) => Err(format!("asking its table definitions: {e}")),
         };
         match copied {
@@ -634,5 +657,79 @@ mod tests {
             assert!(missing <= 1, "replica {replica} lacks {missing} rows it was not sent");
         }
         assert_eq!(queued, 4000);
+    }
+
+    /// A peer that answers every Snapshot with one chunk of dedupe windows, whatever the
+    /// cursor asked for.
+    struct StuckPeer {
+        chunk: Vec<u8>,
+        windows: u32,
+    }
+
+    impl bex_rpc::Handler for StuckPeer {
+        async fn handle(
+            &self,
+            _method: u16,
+            _body: bex_transport::Msg,
+        ) -> Result<bex_transport::Msg, bex_rpc::RpcError> {
+            let pool = crate::server::test_server::test_pool();
+            let len = wire::RESPONSE_HEADER_LEN + self.chunk.len();
+            let mut m = bex_rpc::alloc_frame(pool, len)?;
+            let buf = &mut m.as_mut_slice()[bex_rpc::HEADER_LEN..];
+            let (_, body) =
+                wire::begin_body_response(buf, Op::Snapshot, 1, self.windows, self.chunk.len())
+                    .map_err(|e| bex_rpc::RpcError::Protocol(e.to_string()))?;
+            body.copy_from_slice(&self.chunk);
+            Ok(m)
+        }
+    }
+
+    /// A client of a [`StuckPeer`] answering `chunk` (its transports are kept alive).
+    async fn stuck_peer(
+        chunk: Vec<u8>,
+        windows: u32,
+    ) -> (Client, [bex_transport::TcpTransport; 2]) {
+        let pool = crate::server::test_server::test_pool();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let server =
+            bex_transport::TcpTransport::start(pool, any, Default::default()).await.unwrap();
+        let handler = Arc::new(StuckPeer { chunk, windows });
+        tokio::spawn(serve(server.clone().into(), handler, Arc::new(ServerStats::default())));
+        let tcp = bex_transport::TcpTransport::start(pool, any, Default::default()).await.unwrap();
+        let at = server.local_addr();
+        let client = Client::new(
+            None,
+            tcp.clone().into(),
+            vec![Endpoint::at(1, at, at)],
+            Default::default(),
+        );
+        (client, [server, tcp])
+    }
+
+    // A peer whose snapshot never moves its cursor on (or sends windows without end) made the
+    // copy loop for good, collecting windows; now the copy fails and says why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_from_a_peer_whose_snapshot_does_not_move_on_fails() {
+        let cfg = Config::from_toml_str(
+            "[cluster]\npods = 2\nshards = 1\n[[tables]]\nname = \"a\"\ndim = 4\n",
+        )
+        .unwrap();
+        let tables = TableSet::new(cfg.table_specs()).unwrap();
+        let windows: Vec<WindowState> =
+            (1..=3).map(|client| WindowState { client, high: 5, bits: vec![0; 2] }).collect();
+        // One window a chunk: the first names client 2 as the next cursor.
+        let mut chunk = Vec::new();
+        let first = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
+        checkpoint::snapshot_chunk(&tables, first, 1, || windows.clone(), &mut chunk).unwrap();
+        let (client, _alive) = stuck_peer(chunk, 1).await;
+        // Bounded, so a copy that loops fails the test instead of hanging it.
+        let mut ignore = |_, _| {};
+        let copy = copy_shard(&client, 0, &tables, (1 << 20, 100), &mut ignore);
+        let err = tokio::time::timeout(Duration::from_secs(10), copy).await.expect("the copy ends");
+        let err = err.unwrap_err();
+        assert!(err.contains("did not move on"), "{err}");
+        // The same peer, but the copy's bound on windows is reached first.
+        let err = copy_shard(&client, 0, &tables, (1 << 20, 0), &mut |_, _| {}).await;
+        assert!(err.unwrap_err().contains("more than 0 dedupe windows"));
     }
 }

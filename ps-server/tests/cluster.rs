@@ -132,7 +132,8 @@ async fn direct_client(
 async fn records(c: &Cluster, secret: &[u8], pod: u32, shard: u32) -> Vec<Vec<u8>> {
     let (_node, client) = direct_client(c, secret, pod, shard).await;
     let tables = bex_ps_core::TableSet::new(c.cfg.table_specs()).unwrap();
-    bex_ps_server::shard::copy_shard(&client, 0, &tables, 1 << 20, &mut |_, _| {}).await.unwrap();
+    let limits = (1 << 20, 1 << 16);
+    bex_ps_server::shard::copy_shard(&client, 0, &tables, limits, &mut |_, _| {}).await.unwrap();
     let mut out = Vec::new();
     for (_, t) in tables.iter() {
         let mut all = Vec::new();
