@@ -233,6 +233,11 @@ pub fn register_rpc_server(reg: &Registry, stats: Arc<ServerStats>) -> Result<()
             &s.malformed
         }),
         ("bex_rpc_server_sockets_total", "Sockets accepted", |s| &s.sockets),
+        (
+            "bex_rpc_server_in_flight_full_total",
+            "Times a socket had the most requests in flight and was read no further until one was answered",
+            |s| &s.in_flight_full,
+        ),
     ];
     for &(name, help, read) in COUNTERS {
         let s = stats.clone();

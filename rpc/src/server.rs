@@ -30,7 +30,16 @@ pub struct ServerStats {
     pub malformed: AtomicU64,
     /// Sockets accepted.
     pub sockets: AtomicU64,
+    /// Times a socket had [`MAX_IN_FLIGHT`] requests being handled or replied to, and was
+    /// read no further until one finished.
+    pub in_flight_full: AtomicU64,
 }
+
+/// Requests of one socket being handled or replied to at once. A caller with more
+/// outstanding is read no further until one is answered: backpressure, not an error. Without
+/// a bound, a peer that sends requests and never reads its replies had every reply (up to the
+/// frame limit each) allocated and queued, and the process ran out of memory.
+pub const MAX_IN_FLIGHT: usize = 256;
 
 fn error_frame(
     pool: &'static Pool,
@@ -95,7 +104,20 @@ async fn serve_socket<H: Handler>(
     stats: Arc<ServerStats>,
     pool: &'static Pool,
 ) {
-    while let Ok(mut m) = socket.recv().await {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        // A permit before the next read: a socket at its bound is not read.
+        let permit = match in_flight.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                stats.in_flight_full.fetch_add(1, Ordering::Relaxed);
+                match in_flight.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return, // never closed
+                }
+            }
+        };
+        let Ok(mut m) = socket.recv().await else { return };
         let Some(h) = Header::decode(m.as_slice()).filter(|h| h.kind == Kind::Request) else {
             stats.malformed.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -103,6 +125,8 @@ async fn serve_socket<H: Handler>(
         m.advance(HEADER_LEN);
         let (socket, handler, stats) = (socket.clone(), handler.clone(), stats.clone());
         tokio::spawn(async move {
+            // Held until the reply is queued on the socket.
+            let _permit = permit;
             stats.requests.fetch_add(1, Ordering::Relaxed);
             let reply = match handler.handle(h.method, m).await {
                 Ok(mut r) if r.len() >= HEADER_LEN => {
@@ -126,5 +150,70 @@ async fn serve_socket<H: Handler>(
                 send_reply(&socket, r, &h, pool).await;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bex_transport::tcp::TcpTransport;
+    use bex_transport::Config;
+
+    use super::*;
+
+    /// Takes every request and answers none until `open` is raised.
+    struct Gate {
+        pool: &'static Pool,
+        taken: AtomicU64,
+        open: tokio::sync::Semaphore,
+    }
+
+    impl Handler for Gate {
+        async fn handle(&self, _method: u16, _body: Msg) -> Result<Msg, RpcError> {
+            self.taken.fetch_add(1, Ordering::Relaxed);
+            let _ = self.open.acquire().await.map_err(|_| RpcError::Protocol("closed".into()))?;
+            crate::alloc_frame(self.pool, 0)
+        }
+    }
+
+    // A peer that sends far more requests than it lets be answered: the server reads only
+    // MAX_IN_FLIGHT of them (and counts the stall) until replies go out, then serves the rest.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_is_read_no_further_than_its_requests_in_flight() {
+        let pool = Pool::unregistered(Default::default()).unwrap().leak();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let server =
+            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let client =
+            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let gate =
+            Arc::new(Gate { pool, taken: AtomicU64::new(0), open: tokio::sync::Semaphore::new(0) });
+        let stats = Arc::new(ServerStats::default());
+        tokio::spawn(serve(server.clone(), gate.clone(), stats.clone()));
+        let socket = client.connect(server.local_addr()).await.unwrap();
+        let sent = MAX_IN_FLIGHT + 50;
+        for id in 1..=sent as u64 {
+            let mut m = Msg::alloc(pool, HEADER_LEN).unwrap();
+            Header::request(1, id).encode(m.as_mut_slice());
+            socket.send(m).await.unwrap();
+        }
+        let taken = || gate.taken.load(Ordering::Relaxed);
+        for _ in 0..200 {
+            if taken() >= MAX_IN_FLIGHT as u64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(taken(), MAX_IN_FLIGHT as u64, "requests taken while none was answered");
+        assert!(stats.in_flight_full.load(Ordering::Relaxed) >= 1);
+        gate.open.add_permits(sent);
+        for _ in 0..sent {
+            let r = tokio::time::timeout(Duration::from_secs(10), socket.recv()).await;
+            let r = r.expect("every request answered").unwrap();
+            assert_eq!(Header::decode(r.as_slice()).map(|h| h.kind), Some(Kind::Response));
+        }
+        assert_eq!(taken(), sent as u64);
     }
 }
