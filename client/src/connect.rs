@@ -96,7 +96,7 @@ pub async fn connect_client(
         )));
     }
     let secret = cluster_secret(cfg, bind).map_err(SetupError::config)?;
-    let tcfg = transport_config(&cfg.transport, &secret);
+    let tcfg = transport_config(cfg, &secret);
     let any = SocketAddr::new(bind, 0);
     let stack = Stack::open(&nic_spec(&cfg.transport)?, any, any, tcfg).await?;
     let (rdma, tcp) = stack.transports();

@@ -49,7 +49,12 @@ pub fn set_nic(t: &mut TransportConfig, spec: &NicSpec) {
 }
 
 /// Maps the cluster's transport section (and the cluster secret) to the transport's config.
-pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
+/// A message may be as large as a PS frame and its RPC header, no larger: the transport's
+/// own bound (1 GiB) let a peer make this process allocate that much for one message it
+/// announced, frame header or RTS, before the PS decoder refused the frame.
+pub fn transport_config(cfg: &bex_ps_proto::Config, secret: &[u8]) -> Config {
+    let t = &cfg.transport;
+    let frame = (cfg.server.max_request_bytes + bex_rpc::HEADER_LEN) as u64;
     Config {
         endpoints: t.endpoints,
         sq_depth: t.sq_depth,
@@ -69,6 +74,8 @@ pub fn transport_config(t: &TransportConfig, secret: &[u8]) -> Config {
         max_queued_sends: t.max_queued_sends,
         qp_port: t.port,
         secret: secret.to_vec(),
+        // A grant is never larger than a message.
+        max_message_bytes: frame.max(t.grant_max_bytes as u64),
         ..Config::default()
     }
 }
@@ -200,6 +207,23 @@ mod tests {
     }
 
     use super::*;
+
+    // A message is bounded by the PS frame limit (and its RPC header), not the transport's
+    // 1 GiB default, and every valid cluster file gives a valid transport config.
+    #[test]
+    fn a_message_is_bounded_by_the_ps_frame_limit() {
+        for max_request_bytes in [4096, 1 << 20, 64 << 20] {
+            let text = format!(
+                "[cluster]\npods = 1\nshards = 1\n[server]\nmax_request_bytes = {max_request_bytes}\n\
+                 [[tables]]\nname = \"t\"\ndim = 4\n"
+            );
+            let cfg = bex_ps_proto::Config::from_toml_str(&text).unwrap();
+            let t = transport_config(&cfg, b"s");
+            let frame = (max_request_bytes + bex_rpc::HEADER_LEN) as u64;
+            assert_eq!(t.max_message_bytes, frame.max(cfg.transport.grant_max_bytes as u64));
+            t.validate().unwrap_or_else(|e| panic!("{max_request_bytes}: {e}"));
+        }
+    }
 
     #[test]
     fn nic_specs_round_trip_through_the_config() {

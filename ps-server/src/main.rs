@@ -219,7 +219,7 @@ async fn boot(args: &Args, cfg: &Config) -> Booted {
         )
     };
     let secret = cluster_secret(cfg, addrs.rdma.ip()).unwrap_or_else(|e| die(2, &e));
-    let tcfg = transport_config(&cfg.transport, &secret);
+    let tcfg = transport_config(cfg, &secret);
     let ckpt = cfg.checkpoint_path(args.pod, args.shard);
     let specs = cfg.table_specs();
     // `try_exists`, not `exists`: a checkpoint that cannot be looked at (permissions, I/O, a

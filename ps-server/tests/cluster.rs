@@ -96,7 +96,7 @@ impl Cluster {
     }
 
     async fn client_on(&self, local_pod: u32, secret: &[u8], rdma: bool) -> Arc<PsClient> {
-        let tcfg = transport_config(&self.cfg.transport, secret);
+        let tcfg = transport_config(&self.cfg, secret);
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
         let stack =
             Stack::open(&nic_spec(&self.cfg.transport).unwrap(), any, any, tcfg).await.unwrap();
@@ -117,7 +117,7 @@ async fn direct_client(
     pod: u32,
     shard: u32,
 ) -> (Stack, bex_rpc::Client) {
-    let tcfg = transport_config(&c.cfg.transport, secret);
+    let tcfg = transport_config(&c.cfg, secret);
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
     let stack = Stack::open(&nic_spec(&c.cfg.transport).unwrap(), any, any, tcfg).await.unwrap();
     let (rdma, tcp) = stack.transports();

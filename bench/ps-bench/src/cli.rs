@@ -299,7 +299,7 @@ struct Clients {
 impl Clients {
     async fn open(cfg: &Config) -> Result<Clients> {
         let secret = cluster_secret(cfg, std::net::Ipv4Addr::LOCALHOST.into())?;
-        let tcfg = transport_config(&cfg.transport, &secret);
+        let tcfg = transport_config(cfg, &secret);
         let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
         let nic = nic_spec(&cfg.transport).map_err(|e| e.to_string())?;
         let stack = Stack::open(&nic, any, any, tcfg)

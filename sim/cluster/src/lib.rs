@@ -307,7 +307,7 @@ impl Cluster {
         tokio::spawn(hub.clone().drive());
         let cfg = cluster_config(scenario);
         let topo = cfg.topology().expect("the simulated cluster's topology");
-        let tcfg = transport_config(&cfg.transport, b"sim");
+        let tcfg = transport_config(&cfg, b"sim");
         let mut cfg = cfg;
         // Checkpoints (training-restart) go to a directory of this run's own.
         static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
