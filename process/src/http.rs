@@ -22,6 +22,10 @@ pub trait Endpoints: Send + Sync + 'static {
 
 const MAX_HEAD: usize = 8 * 1024;
 const READ_DEADLINE: Duration = Duration::from_secs(2);
+/// Connections served at once; more wait in the listen backlog. Unbounded, anyone who can
+/// reach the port could hold a descriptor each for the read deadline and starve the
+/// transports, which share the process's descriptor limit.
+const MAX_CONNECTIONS: usize = 64;
 
 /// Binds `addr` and serves until the task is dropped; returns the bound address.
 pub async fn serve<E: Endpoints>(
@@ -31,7 +35,9 @@ pub async fn serve<E: Endpoints>(
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
@@ -39,6 +45,7 @@ pub async fn serve<E: Endpoints>(
             let e = endpoints.clone();
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(READ_DEADLINE, handle(stream, &*e)).await;
+                drop(slot);
             });
         }
     });
@@ -48,7 +55,11 @@ pub async fn serve<E: Endpoints>(
 async fn handle<E: Endpoints>(mut stream: TcpStream, e: &E) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+    // Only the bytes a read added (and the 3 before them) can complete the blank line: a
+    // scan of the whole head per read was quadratic in a client's tiny segments.
+    let mut scanned = 0;
+    while !head[scanned..].windows(4).any(|w| w == b"\r\n\r\n") {
+        scanned = head.len().saturating_sub(3);
         let n = stream.read(&mut buf).await?;
         if n == 0 {
             return Ok(());
@@ -145,5 +156,30 @@ mod tests {
             serve("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed(false))).await.unwrap();
         assert_eq!(get(addr, "/health").await.unwrap(), (503, "{\"ok\":false}".into()));
         assert_eq!(get(addr, "/health/live").await.unwrap(), (200, "{\"ok\":false}".into()));
+    }
+
+    // A request in one-byte segments (the blank line split across reads) is served; and
+    // connections beyond the bound wait for a slot instead of being refused.
+    #[tokio::test]
+    async fn a_request_in_tiny_segments_is_served_and_excess_connections_wait() {
+        let (addr, _t) =
+            serve("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed(true))).await.unwrap();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        for b in b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n" {
+            s.write_all(&[*b]).await.unwrap();
+            s.flush().await.unwrap();
+        }
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"), "{out:?}");
+        // Every slot held by a silent client: the next request is served once their read
+        // deadline frees slots.
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let served = tokio::time::timeout(READ_DEADLINE * 3, get(addr, "/health")).await;
+        assert_eq!(served.expect("served after the idle ones time out").unwrap().0, 200);
     }
 }
