@@ -328,6 +328,9 @@ pub struct Metrics {
     duplicates: Counter,
     replicated_requests: Counter,
     push_not_replicated: Counter,
+    /// Replicas' answers to Replicate that did not decode, and peers' Snapshot chunks or
+    /// Tables answers that did not.
+    malformed_peer_replies: Counter,
     replication_overflow: Counter,
     replication_pruned: Counter,
     checkpoint_failures: Counter,
@@ -416,6 +419,14 @@ impl Metrics {
                     "bex_ps_push_not_replicated_total",
                     "Pushes applied but answered Unavailable: no replica acknowledged them in \
                      push_ack_timeout_ms (push_ack = replicated)",
+                    &[],
+                )
+                .expect("static metric"),
+            malformed_peer_replies: registry
+                .counter(
+                    "bex_ps_malformed_peer_replies_total",
+                    "Answers of other pods' servers (to Replicate, Snapshot or Tables) that did \
+                     not decode; the request is retried",
                     &[],
                 )
                 .expect("static metric"),
@@ -1016,6 +1027,11 @@ impl PsServer {
     /// Adds a peer's dedupe windows (from a snapshot) to this server's.
     pub fn merge_dedupe(&self, windows: &[bex_ps_core::dedupe::WindowState]) {
         self.dedupe.merge(windows);
+    }
+
+    /// Counts an answer of another pod's server that did not decode.
+    pub fn count_malformed_peer_reply(&self) {
+        self.metrics.malformed_peer_replies.inc();
     }
 
     /// The most push identities this server's dedupe remembers.
@@ -1678,7 +1694,10 @@ async fn send_until_acked(f: &Forwarder, frame: impl Fn() -> Result<Vec<u8>, Str
                     target = f.target,
                     "replication refused; retrying"
                 ),
-                Err(e) => tracing::warn!(%e, "bad replication reply"),
+                Err(e) => {
+                    f.metrics.malformed_peer_replies.inc();
+                    tracing::warn!(%e, target = f.target, "bad replication reply; retrying")
+                }
             },
             Err(e) => tracing::debug!(%e, target = f.target, "replication failed; retrying"),
         }

@@ -59,6 +59,24 @@ pub struct Copied {
     pub windows: Vec<WindowState>,
 }
 
+/// Why [`copy_shard`] stopped.
+#[derive(Debug)]
+pub enum CopyError {
+    /// The call failed (no connection, a timeout), or the peer answered an error status.
+    Unanswered(String),
+    /// The peer's answer did not decode, or broke the snapshot's rules (a cursor that does
+    /// not move on, too many windows): counted as a malformed peer reply.
+    Malformed(String),
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyError::Unanswered(why) | CopyError::Malformed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Copies the rows of this shard from the server at endpoint `peer` of `client` into
 /// `tables` in chunks of at most `chunk_bytes`, each row only over an older one, telling
 /// `seen` of every row record (table, row). The peer's dedupe windows are asked for first:
@@ -73,40 +91,42 @@ pub async fn copy_shard(
     tables: &TableSet,
     (chunk_bytes, max_windows): (u32, usize),
     seen: &mut (dyn FnMut(u32, SeenRow) + Send),
-) -> Result<Copied, String> {
+) -> Result<Copied, CopyError> {
+    let unanswered = |e: String| CopyError::Unanswered(e);
+    let malformed = |e: String| CopyError::Malformed(e);
     let mut cursor = SnapshotCursor { table: u32::MAX, ..SnapshotCursor::START };
     let mut out = Copied::default();
     let place = |c: &SnapshotCursor| (c.table, c.stripe, c.row);
     for seq in 1.. {
         let req = SnapshotRequest { cursor, max_bytes: chunk_bytes };
-        let frame =
-            wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req).map_err(|e| e.to_string())?;
-        let m =
-            client.call(&[peer], Op::Snapshot as u16, &frame).await.map_err(|e| e.to_string())?;
-        let r =
-            wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+        let frame = wire::control_request_vec(Op::Snapshot, 0, 0, seq, &req)
+            .map_err(|e| unanswered(e.to_string()))?;
+        let m = client.call(&[peer], Op::Snapshot as u16, &frame).await;
+        let m = m.map_err(|e| unanswered(e.to_string()))?;
+        let r = wire::decode_response(m.as_slice(), &Limits::default())
+            .map_err(|e| malformed(e.to_string()))?;
         if !r.header.status.is_success() {
-            return Err(r.message().into_owned());
+            return Err(unanswered(r.message().into_owned()));
         }
-        let info =
-            checkpoint::apply_snapshot_chunk(tables, r.body, seen).map_err(|e| e.to_string())?;
+        let info = checkpoint::apply_snapshot_chunk(tables, r.body, seen)
+            .map_err(|e| malformed(e.to_string()))?;
         out.rows += u64::from(info.rows);
         let windows_chunk = info.is_windows();
         out.windows.extend(info.windows);
         if out.windows.len() > max_windows {
-            return Err(format!(
+            return Err(malformed(format!(
                 "the peer sent more than {max_windows} dedupe windows (its bound should match \
                  this server's dedupe_max_clients)"
-            ));
+            )));
         }
         // (The one step back, from the windows to the first table's rows, follows the last
         // windows chunk, which names no next cursor.)
         if let Some(next) = info.next.filter(|n| place(n) <= place(&cursor)) {
-            return Err(format!(
+            return Err(malformed(format!(
                 "the peer's snapshot did not move on: cursor {:?} after {:?}",
                 place(&next),
                 place(&cursor)
-            ));
+            )));
         }
         match info.next {
             // The windows come in pages, then the rows from the start.
@@ -154,7 +174,10 @@ async fn check_definitions(
 ) -> Result<Result<(), String>, String> {
     let frame = wire::control_request_vec(Op::Tables, 0, 0, 0, &()).map_err(|e| e.to_string())?;
     let m = client.call(&[peer], Op::Tables as u16, &frame).await.map_err(|e| e.to_string())?;
-    let r = wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| e.to_string())?;
+    let r = wire::decode_response(m.as_slice(), &Limits::default()).map_err(|e| {
+        server.count_malformed_peer_reply();
+        e.to_string()
+    })?;
     if !r.header.status.is_success() {
         // An answer about the request, not about the tables: asked again.
         return Err(format!("Tables answered {}: {}", r.header.status.name(), r.message()));
@@ -162,6 +185,7 @@ async fn check_definitions(
     let info = match r.control::<TablesInfo>() {
         Ok(info) => info,
         Err(e) => {
+            server.count_malformed_peer_reply();
             tracing::warn!(peer_pod, error = %e, "pod {peer_pod}'s table definitions are unreadable; copying without comparing them");
             return Ok(Ok(()));
         }
@@ -239,11 +263,16 @@ async fn copy_with_retries(
                 let limits = (chunk_bytes, 2 * server.dedupe_max_clients());
                 copy_shard(peer.0, peer.1, server.tables(), limits, &mut seen).await
             }
-            Err(e) => Err(format!("asking its table definitions: {e}")),
+            Err(e) => Err(CopyError::Unanswered(format!("asking its table definitions: {e}"))),
         };
         match copied {
             Ok(c) => return Ok(c),
-            Err(e) => tracing::warn!(attempt, error = %e, "{what} failed; retrying"),
+            Err(e) => {
+                if matches!(e, CopyError::Malformed(_)) {
+                    server.count_malformed_peer_reply();
+                }
+                tracing::warn!(attempt, error = %e, "{what} failed; retrying")
+            }
         }
         if give_up_at.is_some_and(|t| crate::clock::now() + backoff >= t) {
             return Err(NotCopied::Unreachable);
@@ -727,9 +756,12 @@ mod tests {
         let copy = copy_shard(&client, 0, &tables, (1 << 20, 100), &mut ignore);
         let err = tokio::time::timeout(Duration::from_secs(10), copy).await.expect("the copy ends");
         let err = err.unwrap_err();
-        assert!(err.contains("did not move on"), "{err}");
+        assert!(
+            matches!(&err, CopyError::Malformed(why) if why.contains("did not move on")),
+            "{err}"
+        );
         // The same peer, but the copy's bound on windows is reached first.
         let err = copy_shard(&client, 0, &tables, (1 << 20, 0), &mut |_, _| {}).await;
-        assert!(err.unwrap_err().contains("more than 0 dedupe windows"));
+        assert!(err.unwrap_err().to_string().contains("more than 0 dedupe windows"));
     }
 }
