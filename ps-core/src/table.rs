@@ -1914,20 +1914,17 @@ mod tests {
     // a row's values or state stores nothing, as a Replicate's would not.
     #[test]
     fn imported_records_with_a_non_finite_value_are_refused_whole() {
-        let src = Table::new(spec(
-            "t",
-            2,
-            Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 },
-        ))
-        .unwrap();
-        src.push(&[5, 6], &[0.5; 4], None).unwrap();
+        let src = bounded(0, 0); // dim 4, Adagrad, unbounded
+        src.push(&[5, 6], &[0.5; 8], None).unwrap();
         let mut records = Vec::new();
         for s in 0..STRIPES {
             src.export_records(ExportRows::Live, s, 0, usize::MAX, &mut records);
         }
         let rl = src.record_len();
         assert_eq!(records.len(), 2 * rl);
-        for at in [rl - 4, 2 * rl - 8] {
+        // The last word of the first record (a state slot), the first value of the second
+        // (after its key, version and steps).
+        for at in [rl - 4, rl + 20] {
             let mut bad = records.clone();
             bad[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
             let dst = Table::new(src.spec().clone()).unwrap();

@@ -215,18 +215,12 @@ impl Channel {
 mod tests {
     use super::*;
     use crate::frame::Kind;
-    use bex_transport::tcp::TcpTransport;
-    use bex_transport::{Config, Transport};
+    use bex_transport::Transport;
 
     /// A channel over TCP on loopback counting into `stats`, the peer's socket, the pool,
     /// and both transports (kept by the test: dropping them closes the sockets).
     async fn pair(stats: Arc<ClientStats>) -> (Channel, Socket, &'static Pool, [Transport; 2]) {
-        let pool = Pool::unregistered(Default::default()).unwrap().leak();
-        let any = "127.0.0.1:0".parse().unwrap();
-        let server =
-            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
-        let client =
-            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let (pool, server, client) = crate::test_util::tcp_transports().await;
         let (socket, accepted) = tokio::join!(client.connect(server.local_addr()), server.accept());
         let ch = Channel::new(socket.unwrap(), pool, stats);
         (ch, accepted.unwrap(), pool, [server, client])

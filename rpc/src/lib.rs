@@ -18,6 +18,8 @@ pub mod frame;
 pub mod policy;
 pub mod reply;
 pub mod server;
+#[cfg(test)]
+mod test_util;
 
 pub use channel::{alloc_frame, next_request_id, Channel};
 pub use client::{

@@ -157,9 +157,6 @@ async fn serve_socket<H: Handler>(
 mod tests {
     use std::time::Duration;
 
-    use bex_transport::tcp::TcpTransport;
-    use bex_transport::Config;
-
     use super::*;
 
     /// Takes every request and answers none until `open` is raised.
@@ -181,12 +178,7 @@ mod tests {
     // MAX_IN_FLIGHT of them (and counts the stall) until replies go out, then serves the rest.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_socket_is_read_no_further_than_its_requests_in_flight() {
-        let pool = Pool::unregistered(Default::default()).unwrap().leak();
-        let any = "127.0.0.1:0".parse().unwrap();
-        let server =
-            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
-        let client =
-            Transport::Tcp(TcpTransport::start(pool, any, Config::default()).await.unwrap());
+        let (pool, server, client) = crate::test_util::tcp_transports().await;
         let gate =
             Arc::new(Gate { pool, taken: AtomicU64::new(0), open: tokio::sync::Semaphore::new(0) });
         let stats = Arc::new(ServerStats::default());
