@@ -1241,15 +1241,14 @@ impl Table {
             RecordFormat::Versioned => u64_at(rec, 8),
             RecordFormat::Unversioned => 1,
         };
-        if let Some((index, rec)) =
-            records.chunks_exact(rl).enumerate().find(|(_, r)| version_at(r) > MAX_VERSION)
-        {
-            return Err(TableError::BadVersion { index, version: version_at(rec) });
-        }
-        // Values and state after the key, version and steps: finite, as a Replicate's must be
+        // Every record checked before any is stored: a version no push has, and values and
+        // state (after the key, version and steps) that are finite, as a Replicate's must be
         // (a snapshot chunk comes from a peer, and a CRC is no authentication).
         let head = rl - 4 * self.layout.stride;
         for (i, rec) in records.chunks_exact(rl).enumerate() {
+            if version_at(rec) > MAX_VERSION {
+                return Err(TableError::BadVersion { index: i, version: version_at(rec) });
+            }
             let vals = LeF32s::new(&rec[head..]).unwrap_or_default();
             if let Some(j) = vals.iter().position(|v| !v.is_finite()) {
                 return Err(TableError::NonFinite { index: i * self.layout.stride + j });
