@@ -20,9 +20,9 @@
 //!
 //! With `capacity` set, each stripe keeps at most its share of `max_rows` (the stripe hash
 //! is seeded by the table, so a stripe holds the same keys on every pod), ordered by
-//! (version, key) in a lazy min-heap (`Recency`). Versions are push times (see below), so a
-//! new row displaces the least recently pushed, and a whole-row copy older than everything a full
-//! stripe keeps is not stored: pods applying the same copies in any order keep the same
+//! (version, key) (`Recency`: the least pairs, refilled by a scan of the slab). Versions are
+//! push times (see below), so a new row displaces the least recently pushed, and a whole-row
+//! copy older than everything a full stripe keeps is not stored: pods applying the same copies in any order keep the same
 //! rows, with no deletion message. With `ttl_s`, [`TableSet::expire`] drops rows last pushed
 //! `ttl_s` before the table's newest push (capped near the wall clock).
 //!
@@ -174,26 +174,37 @@ struct Stripe {
     quota: usize,
 }
 
-/// A bounded stripe's rows by (version, key), least recently pushed first: a min-heap with
-/// lazy deletion. A push appends its row's new (version, key) and leaves the old entry, which
-/// is dropped when it reaches the top (it no longer names a live row's version) or when the
-/// stale entries outnumber the live rows (rebuilt from the slab). The least entry naming a
-/// live row is the same row a sorted set of the live rows would give, so evictions are as
-/// deterministic. Rejected: `BTreeSet<(u64, u64)>` (used before), which cost a removal and
-/// an insertion per push, two B-tree walks: 1000-key pushes to a bounded 1M-row table took
-/// 3.3x as long as to an unbounded one, now 1.09x (p50 1011 -> 288 µs; memory 1.40 -> 1.32x
-/// the payload; `results/table-scale/runs/bounded-heap-2026-12-06.txt`). A push's new
-/// version is nearly always the newest, so it settles at a leaf at once. The rebuilds show
-/// in the p99 (about 3x the unbounded table's); popping a few stale entries per push did
-/// not help (a pushed row's old entry is rarely the top).
+/// A bounded stripe's least recently pushed rows, by (version, key): the least `keep` pairs
+/// of the live rows as of the last scan of the slab, in a min-heap, and every pair noted
+/// since that is at most `bound`. So every live row whose pair is at most `bound` has it here, and
+/// the least pair here that still names a live row's version is the stripe's least recently
+/// pushed row: evictions are those a sorted set of the live rows would give, so every pod
+/// evicts alike. Pairs go stale in place (the row pushed again or gone) and are dropped when
+/// they reach the top; when the pairs run out, the slab is scanned again (about every
+/// `keep` evictions: 64 rows read an eviction). A push's new version is the newest, above
+/// `bound`, so it costs one comparison. Costs about a byte a row, against 16 to 32 for the
+/// lazy min-heap of every row's pair that came before it (1.32x the payload a row,
+/// `results/table-scale/runs/bounded-heap-2026-12-06.txt`), which had itself replaced a
+/// `BTreeSet<(u64, u64)>` (two B-tree walks a push: 3.3x the unbounded table's push time).
 #[derive(Debug, Default)]
 struct Recency {
-    heap: BinaryHeap<Reverse<(u64, u64)>>,
+    /// (version, key) pairs, least first, some stale. A heap, not a sorted deque: a copy
+    /// older than `bound` (a replica catching up) would shift half the pairs.
+    low: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Every live row whose pair is at most this has it in `low` (None: never scanned).
+    bound: Option<(u64, u64)>,
+    /// Pairs the last scan kept: `low` is cut back to this when it doubles.
+    keep: usize,
     /// The newest version a live row holds, unless `newest_stale`.
     newest: u64,
     /// A row holding `newest` left: recomputed from the slab when asked.
     newest_stale: bool,
 }
+
+/// A scan of a bounded stripe keeps the least of every this many live rows' pairs (at least
+/// [`MIN_KEPT_PAIRS`]).
+const KEPT_PAIR_FRACTION: usize = 64;
+const MIN_KEPT_PAIRS: usize = 16;
 
 /// The highest version a row copy may carry: versions are push times in µs (about 2^51
 /// today), so anything above 2^62 is corrupt or hostile.
@@ -331,15 +342,53 @@ impl Stripe {
         self.oldest().map_or(0, |(v, _)| v)
     }
 
-    /// (version, key) of the least recently pushed live row of a bounded stripe: the heap's
-    /// top once the entries of rows since pushed again or removed are popped.
+    /// (version, key) of the least recently pushed live row of a bounded stripe: the front of
+    /// its order once stale pairs are dropped, scanning the slab when they run out.
     fn oldest(&mut self) -> Option<(u64, u64)> {
         loop {
-            let &Reverse((version, key)) = self.order.as_ref()?.heap.peek()?;
-            if self.find(key).is_some_and(|r| self.versions[r as usize] == version) {
-                return Some((version, key));
+            match self.order.as_ref()?.low.peek() {
+                Some(&Reverse((version, key))) => {
+                    if self.find(key).is_some_and(|r| self.versions[r as usize] == version) {
+                        return Some((version, key));
+                    }
+                    self.order.as_mut()?.low.pop();
+                }
+                None if self.live() == 0 => return None,
+                None => self.scan_oldest(),
             }
-            self.order.as_mut()?.heap.pop();
+        }
+    }
+
+    /// Refills a bounded stripe's order with the least pairs of its live rows (see
+    /// [`Recency`]). A row whose version is above the largest pair kept so far is passed
+    /// without reading its key, so a scan reads the versions and few keys.
+    fn scan_oldest(&mut self) {
+        let keep = (self.live() / KEPT_PAIR_FRACTION).max(MIN_KEPT_PAIRS);
+        let mut least = BinaryHeap::with_capacity(keep + 1);
+        for (r, &version) in self.versions.iter().enumerate() {
+            if version == FREE {
+                continue;
+            }
+            if least.len() == keep {
+                let Some(&(top, _)) = least.peek() else { continue };
+                if version > top {
+                    continue;
+                }
+            }
+            least.push((version, key_at(&self.data, self.slot, r as u32)));
+            if least.len() > keep {
+                least.pop();
+            }
+        }
+        // Fewer live rows than `keep`: every pair is here, and every pair noted will be.
+        let bound = match least.peek() {
+            Some(&most) if least.len() == keep => most,
+            _ => (u64::MAX, u64::MAX),
+        };
+        if let Some(order) = self.order.as_mut() {
+            order.low = least.into_iter().map(Reverse).collect();
+            order.bound = Some(bound);
+            order.keep = keep;
         }
     }
 
@@ -356,27 +405,23 @@ impl Stripe {
 
     /// Row `key` now holds `version` (a bounded stripe's order learns it).
     fn note_version(&mut self, version: u64, key: u64) {
-        let live = self.live();
         let Some(order) = self.order.as_mut() else { return };
-        order.heap.push(Reverse((version, key)));
         if !order.newest_stale {
             order.newest = order.newest.max(version);
         }
-        // Stale entries more than the live rows (and a few): rebuild from the slab, so the
-        // heap holds at most about two entries a row.
-        if order.heap.len() > 2 * live + 64 {
-            // Room for as many entries as the next rebuild allows: the heap never grows past
-            // it (grown by doubling from the live rows' room, it reached four entries a row
-            // before the rebuild), 32 bytes a row as allocated, less resident until used.
-            let mut entries = Vec::with_capacity(2 * live + 65);
-            entries.extend(
-                (0..self.versions.len())
-                    .filter(|&r| self.versions[r] != FREE)
-                    .map(|r| Reverse((self.versions[r], self.key(r)))),
-            );
-            if let Some(order) = self.order.as_mut() {
-                order.heap = BinaryHeap::from(entries);
-            }
+        let pair = (version, key);
+        if order.bound.is_none_or(|bound| pair > bound) {
+            return;
+        }
+        order.low.push(Reverse(pair));
+        // Cut back to the least `keep` pairs: those cut are above the new bound.
+        if order.low.len() > 2 * order.keep {
+            let mut pairs: Vec<(u64, u64)> =
+                std::mem::take(&mut order.low).into_iter().map(|Reverse(p)| p).collect();
+            pairs.select_nth_unstable(order.keep - 1);
+            pairs.truncate(order.keep);
+            order.bound = pairs.iter().copied().max();
+            order.low = pairs.into_iter().map(Reverse).collect();
         }
     }
 
@@ -386,7 +431,7 @@ impl Stripe {
         self.note_version(version, self.key(r));
     }
 
-    /// Removes live row `r`; its slot is reused by the next new row (its entry in the
+    /// Removes live row `r`; its slot is reused by the next new row (its pair in the
     /// eviction order goes stale: see [`Recency`]).
     fn evict(&mut self, r: usize) {
         let key = self.key(r);
@@ -485,7 +530,7 @@ impl Stripe {
             + self.data.capacity() * 4
             + self.index.bytes()
             + self.free.capacity() * 4
-            + self.order.as_ref().map_or(0, |o| o.heap.capacity() * 16)
+            + self.order.as_ref().map_or(0, |o| o.low.capacity() * 16)
             + self.sketch.as_ref().map_or(0, CountMin::bytes)) as u64
     }
 }
@@ -1576,15 +1621,26 @@ mod tests {
         Table::new(s).unwrap()
     }
 
-    // The lazy heap against a scan of the slab: under pushes (stale entries), new rows that
-    // displace, copies with older or equal versions, re-inserted keys and expiry, the heap's
+    // The eviction order against a scan of the slab: under pushes (stale pairs), new rows
+    // that displace, copies with older or equal versions, re-inserted keys and expiry, its
     // oldest is always the least (version, key) of the live rows, the newest their greatest,
-    // and stale entries never exceed the bound.
+    // and it holds at most twice the pairs a scan keeps.
     #[test]
-    fn the_recency_heap_names_the_rows_a_scan_of_the_slab_would() {
+    fn the_recency_order_names_the_rows_a_scan_of_the_slab_would() {
+        // Fewer rows a stripe than a scan keeps pairs, and many more (a scan keeps 1 in 64).
+        // Expiry as often as the stripe still fills.
+        check_recency_order(24, 200, 20_000, 100);
+        check_recency_order(3000, 8000, 12_000, 1);
+    }
+
+    /// Random pushes, copies and expiries (`expiries_per_mille` of the steps) on one stripe
+    /// of `quota` rows.
+    fn check_recency_order(quota: usize, keys: u64, steps: u64, expiries_per_mille: u32) {
         use rand::{Rng, SeedableRng};
-        let t = bounded(64 * 24, 0); // 24 rows a stripe
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x4ea9);
+        let t = bounded(64 * quota as u64, 0);
+        let most_pairs = 2 * (quota / KEPT_PAIR_FRACTION).max(MIN_KEPT_PAIRS);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x4ea9 ^ quota as u64);
+        let (mut displaced, mut expired, mut most_kept) = (0, 0, 0);
         let mut s = t.stripes[0].write();
         let live = |s: &Stripe| -> Vec<(u64, u64)> {
             (0..s.versions.len())
@@ -1592,33 +1648,34 @@ mod tests {
                 .map(|r| (s.versions[r], s.key(r)))
                 .collect()
         };
-        for step in 0..20_000u64 {
-            let rows = live(&s);
-            match rng.random_range(0..10) {
+        for step in 0..steps {
+            let mut rows = live(&s);
+            let op = rng.random_range(0..1000);
+            if op < 450 && !rows.is_empty() {
                 // A push of a live row: its version moves up (often to the newest).
-                0..=4 if !rows.is_empty() => {
-                    let (v, key) = rows[rng.random_range(0..rows.len())];
-                    let r = s.find(key).unwrap() as usize;
-                    let up = if rng.random_bool(0.8) { step * 10 } else { v + 1 };
-                    s.set_version(r, up.max(v + 1));
-                }
-                // Expiry of everything older than a cutoff.
-                5 => {
-                    let cutoff = (step * 10).saturating_sub(rng.random_range(0..200));
-                    while let Some((v, key)) = s.oldest() {
-                        if v >= cutoff {
-                            break;
-                        }
-                        let r = s.find(key).unwrap() as usize;
-                        s.evict(r);
+                let (v, key) = rows[rng.random_range(0..rows.len())];
+                let r = s.find(key).unwrap() as usize;
+                let up = if rng.random_bool(0.8) { step * 10 } else { v + 1 };
+                s.set_version(r, up.max(v + 1));
+            } else if op < 450 + expiries_per_mille {
+                // Expiry of everything older than a cutoff: up to a quarter of the rows.
+                rows.sort_unstable();
+                let cutoff = rows.get(rng.random_range(0..=rows.len() / 4)).map_or(0, |r| r.0);
+                while let Some((v, key)) = s.oldest() {
+                    if v >= cutoff {
+                        break;
                     }
+                    let r = s.find(key).unwrap() as usize;
+                    s.evict(r);
+                    expired += 1;
                 }
+            } else {
                 // A new row or a copy, of a key seen before or not, any version.
-                _ => {
-                    let key = rng.random_range(0..200);
-                    if s.find(key).is_none() {
-                        let version = rng.random_range(0..=step * 10);
-                        let _ = s.insert(key, version, &t.layout);
+                let key = rng.random_range(0..keys);
+                if s.find(key).is_none() {
+                    let version = rng.random_range(0..=step * 10);
+                    if let Some((_, Some(_))) = s.insert(key, version, &t.layout) {
+                        displaced += 1;
                     }
                 }
             }
@@ -1626,10 +1683,14 @@ mod tests {
             assert_eq!(s.oldest(), rows.iter().min().copied(), "step {step}: the oldest");
             let newest = rows.iter().map(|r| r.0).max().unwrap_or(0);
             assert_eq!(s.newest_version(), newest, "step {step}: the newest");
-            let heap = s.order.as_ref().unwrap().heap.len();
-            assert!(heap <= 2 * rows.len() + 65, "step {step}: {heap} entries");
-            assert!(rows.len() <= 24);
+            let low = s.order.as_ref().unwrap().low.len();
+            assert!(low <= most_pairs, "step {step}: {low} pairs");
+            assert!(rows.len() <= quota);
+            most_kept = most_kept.max(s.order.as_ref().unwrap().keep);
         }
+        // The stripe filled and expired, and scanned with as many pairs as its size gives.
+        assert!(displaced > 100 && expired > 100, "{displaced} displaced, {expired} expired");
+        assert_eq!(most_kept, (quota / KEPT_PAIR_FRACTION).max(MIN_KEPT_PAIRS));
     }
 
     /// Every row of `t` as sorted records (key, version, steps, values and state).
