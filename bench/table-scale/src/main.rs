@@ -95,8 +95,10 @@ struct PointArgs {
 enum Store {
     /// `bex_ps_core::Table`: 64 striped slabs and indexes.
     Bex,
-    /// The same table bounded (`capacity.max_rows` 10% above the rows, so no stripe is
-    /// full and nothing is evicted): what the recency order of a bounded table costs.
+    /// The same table bounded at the rows (`capacity.max_rows`) and full: a quarter more
+    /// keys are pushed than it keeps, so every stripe is full and each new key displaces its
+    /// least recently pushed row. Fetches and pushes take keys among the last rows-many
+    /// pushed (a few were displaced: fetched as initial rows, pushed back in).
     BexBounded,
     /// `HashMap<u64, Box<[f32]>>`: one allocation per row.
     Hashmap,
@@ -232,6 +234,9 @@ trait Rows {
 
 impl Rows for Table {
     fn push(&mut self, keys: &[u64], grads: &[f32]) {
+        // As a server does before each push (its clock here: the pushes counted), so a row's
+        // version says when it was last pushed.
+        self.advance_version_floor(0);
         Table::push(self, keys, grads, None).expect("lengths are right");
     }
     fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
@@ -301,6 +306,8 @@ impl Rows for Floor {
 /// What exercising a store measured.
 struct Measured {
     insert_s: f64,
+    /// Keys inserted (`rows`, or more for a bounded table).
+    pushed: u64,
     rss_bytes_per_row: f64,
     fetch: Option<LatencySummary>,
     push: Option<LatencySummary>,
@@ -311,27 +318,31 @@ fn point(p: &PointArgs) -> PointReport {
     let spec = spec(p.dim);
     let rss0 = bex_process::resident_bytes().unwrap_or(0);
     let (m, counted) = match p.store {
-        Store::Bex | Store::BexBounded => {
-            // A stripe holds about rows/64 of them, give or take σ = √(rows/64): six σ (and
-            // 16 rows) of headroom a stripe keeps every one below its share of the bound, so
-            // no fetched key has been evicted (the point fails if one was).
-            let share = p.rows / 64;
-            let headroom = 6 * (share as f64).sqrt().ceil() as u64 + 16;
-            let bound = (p.store == Store::BexBounded).then_some(64 * (share + headroom));
-            let mut table = Table::new(bounded_spec(p.dim, bound)).expect("a valid spec");
-            let m = exercise(&mut table, &spec, p, rss0);
-            assert_eq!(table.evicted(), 0, "the bound of {bound:?} rows evicted rows");
+        Store::Bex => {
+            let mut table = Table::new(spec.clone()).expect("a valid spec");
+            let m = exercise(&mut table, &spec, p, p.rows, rss0);
+            (m, Some(table.bytes() as f64 / p.rows as f64))
+        }
+        Store::BexBounded => {
+            let mut table = Table::new(bounded_spec(p.dim, Some(p.rows))).expect("a valid spec");
+            let pushed = p.rows + p.rows / 4;
+            let m = exercise(&mut table, &spec, p, pushed, rss0);
+            // A stripe is sent about pushed/64 keys, give or take σ = √(pushed/64): at 100K
+            // rows and more, a quarter more than its share is over six σ, so every stripe
+            // filled (the point fails if one did not).
+            assert_eq!(table.rows(), p.rows, "a bounded stripe did not fill");
+            assert!(table.evicted() >= pushed - p.rows, "{} rows displaced", table.evicted());
             (m, Some(table.bytes() as f64 / p.rows as f64))
         }
         Store::Hashmap => {
             let mut baseline = Baseline { spec: spec.clone(), rows: HashMap::new() };
-            (exercise(&mut baseline, &spec, p, rss0), None)
+            (exercise(&mut baseline, &spec, p, p.rows, rss0), None)
         }
         Store::Floor => {
             let started = Clock.now();
             let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec));
             let filled = (Clock.now() - started).as_secs_f64();
-            let m = exercise(&mut floor, &spec, p, rss0);
+            let m = exercise(&mut floor, &spec, p, p.rows, rss0);
             (Measured { insert_s: filled, push: None, ..m }, None)
         }
     };
@@ -344,24 +355,31 @@ fn point(p: &PointArgs) -> PointReport {
         rss_bytes_per_row: m.rss_bytes_per_row,
         counted_bytes_per_row: counted,
         insert_s: m.insert_s,
-        insert_rows_per_s: p.rows as f64 / m.insert_s,
+        insert_rows_per_s: m.pushed as f64 / m.insert_s,
         fetch: m.fetch,
         push: m.push,
         batch: p.batch,
     }
 }
 
-/// Inserts `p.rows` rows by pushes, then times fetches and pushes of random existing keys.
-fn exercise(rows: &mut impl Rows, spec: &TableSpec, p: &PointArgs, rss0: u64) -> Measured {
+/// Inserts `pushed` keys by pushes, then times fetches and pushes of random keys among the
+/// last `p.rows` of them; memory is per `p.rows`.
+fn exercise(
+    rows: &mut impl Rows,
+    spec: &TableSpec,
+    p: &PointArgs,
+    pushed: u64,
+    rss0: u64,
+) -> Measured {
     let (dim, batch) = (spec.dim as usize, p.batch as usize);
     let grads = vec![0.01f32; batch * dim];
     let mut keys = Vec::with_capacity(batch);
     let clock = Clock;
     let started = clock.now();
     let mut i = 0;
-    while i < p.rows {
+    while i < pushed {
         keys.clear();
-        keys.extend((i..p.rows.min(i + batch as u64)).map(key));
+        keys.extend((i..pushed.min(i + batch as u64)).map(key));
         rows.push(&keys, &grads[..keys.len() * dim]);
         i += keys.len() as u64;
     }
@@ -377,7 +395,7 @@ fn exercise(rows: &mut impl Rows, spec: &TableSpec, p: &PointArgs, rss0: u64) ->
             keys.clear();
             for _ in 0..batch {
                 rng = mix64(rng);
-                keys.push(key(rng % p.rows));
+                keys.push(key(pushed - p.rows + rng % p.rows));
             }
             let t = clock.now();
             op(&keys);
@@ -387,7 +405,7 @@ fn exercise(rows: &mut impl Rows, spec: &TableSpec, p: &PointArgs, rss0: u64) ->
     };
     let fetch = measure(&mut |k| rows.fetch(k, &mut out));
     let push = measure(&mut |k| rows.push(k, &grads));
-    Measured { insert_s, rss_bytes_per_row, fetch, push }
+    Measured { insert_s, pushed, rss_bytes_per_row, fetch, push }
 }
 
 /// Bytes the system can give now (`MemAvailable`).
@@ -409,9 +427,8 @@ fn run(a: RunArgs) -> Result<ExitCode, bex_bench::Error> {
         for &n in &rows {
             for &store in &a.stores {
                 // Payload plus an allowance for indexes and allocator slack (measured: about
-                // 50 bytes a row for both stores), and for a bounded table's recency order.
-                let order = if store == Store::BexBounded { 48 } else { 0 };
-                let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80 + order);
+                // 50 bytes a row for every store; a bounded table's order about 1).
+                let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80);
                 let skipped = match available_bytes() {
                     Some(avail) if need > avail => Some(format!(
                         "needs about {:.1} GiB, {:.1} GiB available",
