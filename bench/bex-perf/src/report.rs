@@ -151,6 +151,7 @@ fn x_label(t: Test, x: u64) -> String {
 }
 
 /// A table column: a series' metric.
+#[derive(Clone)]
 struct Col {
     series: &'static str,
     metric: Metric,
@@ -169,8 +170,12 @@ struct Layout {
     ratios: Vec<RatioCol>,
 }
 
-fn col(series: &'static str, metric: Metric) -> Col {
-    Col { series, metric }
+/// A column per series and metric, series by series.
+fn cols(series: &[&'static str], metrics: &[Metric]) -> Vec<Col> {
+    series
+        .iter()
+        .flat_map(|&series| metrics.iter().map(move |&metric| Col { series, metric }))
+        .collect()
 }
 
 fn rat(num: &'static str, den: &'static str, metric: Metric) -> RatioCol {
@@ -184,17 +189,7 @@ fn layout(t: Test) -> Layout {
             title: "Fig. 8  lat: round-trip time (µs) with one message outstanding (\"rdma \
                     spin\": endpoint drivers poll 20 µs before waiting); ratio = RDMA / TCP \
                     (lower is better)",
-            cols: vec![
-                col("rdma", Mean),
-                col("rdma", P50),
-                col("rdma", P99),
-                col("rdma spin", Mean),
-                col("rdma spin", P50),
-                col("rdma spin", P99),
-                col("tcp", Mean),
-                col("tcp", P50),
-                col("tcp", P99),
-            ],
+            cols: cols(&["rdma", "rdma spin", "tcp"], &[Mean, P50, P99]),
             ratios: vec![
                 rat("rdma", "tcp", P50),
                 rat("rdma", "tcp", Mean),
@@ -205,46 +200,32 @@ fn layout(t: Test) -> Layout {
             title: "Fig. 9  tput: 1 MB messages, 32 B response each, one engine/connection: \
                     Gb/s vs messages outstanding (mtu61440: a soft-only MTU); ratio = RDMA / \
                     TCP (higher is better)",
-            cols: vec![
-                col("rdma mtu4096", Gbps),
-                col("rdma mtu1024", Gbps),
-                col("rdma mtu61440", Gbps),
-                col("tcp", Gbps),
-            ],
-            ratios: vec![
-                rat("rdma mtu4096", "tcp", Gbps),
-                rat("rdma mtu1024", "tcp", Gbps),
-                rat("rdma mtu61440", "tcp", Gbps),
-            ],
+            cols: cols(&["rdma mtu4096", "rdma mtu1024", "rdma mtu61440", "tcp"], &[Gbps]),
+            ratios: ["rdma mtu4096", "rdma mtu1024", "rdma mtu61440"]
+                .map(|rdma| rat(rdma, "tcp", Gbps))
+                .into(),
         },
         Test::Frag => Layout {
             title: "Fig. 10  frag: 1 MB messages, 16 outstanding, one engine: Gb/s vs \
                     fragment size",
-            cols: vec![col("rdma", Gbps)],
+            cols: cols(&["rdma"], &[Gbps]),
             ratios: vec![],
         },
         Test::FragSim => Layout {
             title: "Fig. 10  frag-sim (in-memory fabric, virtual time): 1 MB messages, 16 \
                     outstanding, one engine: Gb/s vs fragment size on 25 and 100 Gb/s links",
-            cols: vec![col("25 Gb/s", Gbps), col("100 Gb/s", Gbps)],
+            cols: cols(&["25 Gb/s", "100 Gb/s"], &[Gbps]),
             ratios: vec![],
         },
         Test::Rate => Layout {
             title: "Fig. 11  rate: 512 B requests (echoed), 8 outstanding per engine: \
                     M requests/s vs engines, and CPU µs (client + server) per request; \
                     ratio = RDMA / TCP",
-            cols: vec![
-                col("rdma 1 endpoint", Mreqs),
-                col("rdma 2 endpoints", Mreqs),
-                col("tcp", Mreqs),
-                col("rdma 1 endpoint", CpuPerMsg),
-                col("rdma 2 endpoints", CpuPerMsg),
-                col("tcp", CpuPerMsg),
-            ],
-            ratios: vec![
-                rat("rdma 1 endpoint", "tcp", Mreqs),
-                rat("rdma 2 endpoints", "tcp", Mreqs),
-            ],
+            cols: [Mreqs, CpuPerMsg]
+                .iter()
+                .flat_map(|&m| cols(&["rdma 1 endpoint", "rdma 2 endpoints", "tcp"], &[m]))
+                .collect(),
+            ratios: ["rdma 1 endpoint", "rdma 2 endpoints"].map(|rdma| rat(rdma, "tcp", Mreqs)).into(),
         },
         Test::Hol | Test::HolSim => Layout {
             title: if t == Test::Hol {
@@ -255,14 +236,7 @@ fn layout(t: Test) -> Layout {
                  RTT (µs) under competing 1 MB flows on one engine; ratio = unfragmented / \
                  4K-fragmented p99"
             },
-            cols: vec![
-                col("4K fragments", P50),
-                col("4K fragments", P99),
-                col("4K fragments", LargeGbps),
-                col("no fragmentation", P50),
-                col("no fragmentation", P99),
-                col("no fragmentation", LargeGbps),
-            ],
+            cols: cols(&["4K fragments", "no fragmentation"], &[P50, P99, LargeGbps]),
             ratios: vec![rat("no fragmentation", "4K fragments", P99)],
         },
         Test::HolRpc => Layout {
@@ -271,17 +245,13 @@ fn layout(t: Test) -> Layout {
                     server; over RDMA replies are written into the caller's buffer; \"one \
                     lane\": one connection per destination; ratios: one lane / two, RDMA / TCP \
                     (p99)",
-            cols: vec![
-                col("rdma 4K fragments", P50),
-                col("rdma 4K fragments", P99),
-                col("rdma 4K fragments", LargeGbps),
-                col("rdma no fragmentation", P99),
-                col("rdma 4K fragments one lane", P99),
-                col("tcp", P50),
-                col("tcp", P99),
-                col("tcp", LargeGbps),
-                col("tcp one lane", P99),
-            ],
+            cols: [
+                cols(&["rdma 4K fragments"], &[P50, P99, LargeGbps]),
+                cols(&["rdma no fragmentation", "rdma 4K fragments one lane"], &[P99]),
+                cols(&["tcp"], &[P50, P99, LargeGbps]),
+                cols(&["tcp one lane"], &[P99]),
+            ]
+            .concat(),
             ratios: vec![
                 rat("rdma no fragmentation", "rdma 4K fragments", P99),
                 rat("rdma 4K fragments one lane", "rdma 4K fragments", P99),
@@ -295,15 +265,18 @@ fn layout(t: Test) -> Layout {
                     of a broadcast to 8 sockets (shared: one registered buffer sent 8 times; \
                     zero-copy: a copy per socket, each sent in place; copy: a copy per socket \
                     and the bounce copy); ratios above 1: the second is faster",
-            cols: vec![
-                col("zero-copy", P50),
-                col("copy", P50),
-                col("zero-copy spin", P50),
-                col("copy spin", P50),
-                col("broadcast shared", P50),
-                col("broadcast zero-copy", P50),
-                col("broadcast copy", P50),
-            ],
+            cols: cols(
+                &[
+                    "zero-copy",
+                    "copy",
+                    "zero-copy spin",
+                    "copy spin",
+                    "broadcast shared",
+                    "broadcast zero-copy",
+                    "broadcast copy",
+                ],
+                &[P50],
+            ),
             ratios: vec![
                 rat("copy", "zero-copy", P50),
                 rat("copy spin", "zero-copy spin", P50),
