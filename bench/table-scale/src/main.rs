@@ -52,9 +52,9 @@ struct RunArgs {
     /// Row dimensions, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     dims: Vec<u32>,
-    /// Stores to measure: bex (the PS table), bex-bounded (the same table with a row bound
-    /// it does not reach: its recency order included), hashmap (the baseline) and floor
-    /// (random loads over an array of the rows' size: how memory alone slows as it grows).
+    /// Stores to measure: bex (the PS table), bex-bounded (the same table bounded at the
+    /// rows and full: evicting as it goes), hashmap (the baseline) and floor (random loads
+    /// over an array of the rows' size: how memory alone slows as it grows).
     #[arg(long, value_delimiter = ',', default_value = "bex,bex-bounded,hashmap,floor")]
     stores: Vec<Store>,
     /// Keys per fetch and push.
@@ -674,7 +674,8 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         out.push_str(&format!(
             "  {}: {} (limit {}) -> {verdict}\n",
             t.what,
-            t.value.map_or("-".into(), |v| format!("{v:.2}")),
+            // Three places: at two, 1.2029 would print as "1.20" beside "NOT met".
+            t.value.map_or("-".into(), |v| format!("{v:.3}")),
             t.limit
         ));
     }
