@@ -1093,6 +1093,20 @@ mod tests {
                 }
             }
         }
+        // `[[tables]]` is an array (the loop above skips it, and the defaults have none): the
+        // keys of an entry with every field set, written in some entry or as an example.
+        let mut entry = Config::from_toml_str(&text).unwrap().tables.remove(0);
+        entry.seed = Some(1);
+        let entry = toml::Value::try_from(&entry).unwrap();
+        let entries = file.get("tables").and_then(toml::Value::as_array).unwrap();
+        for key in entry.as_table().unwrap().keys() {
+            let written = entries.iter().any(|t| t.get(key).is_some())
+                || text.contains(&format!("\n# {key} ="));
+            if !written {
+                missing.push(format!("tables.{key}"));
+            }
+        }
+        assert_eq!(entry.as_table().unwrap().len(), 7, "every field of an entry: {entry}");
         assert!(missing.is_empty(), "configs/local.toml does not name {missing:?}");
     }
 

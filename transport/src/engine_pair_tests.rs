@@ -286,6 +286,12 @@ fn one_shared_buffer_goes_out_many_times_and_is_freed_after_the_last() {
 /// Faults on every packet: loss, duplicates, corruption and reordering.
 const LOSSY: FaultRates = FaultRates { drop: 0.02, duplicate: 0.02, corrupt: 0.01, reorder: 0.02 };
 
+/// A run under [`LOSSY`] that met none of its faults proved nothing.
+fn assert_faults_fired(p: &Pair) {
+    let st = p.fabric.stats();
+    assert!(st.dropped > 0 && st.duplicated > 0 && st.reordered > 0, "{st:?}");
+}
+
 #[test]
 fn messages_survive_loss_duplication_and_reordering() {
     let mut p = Pair::new(3, Config::default());
@@ -301,6 +307,7 @@ fn messages_survive_loss_duplication_and_reordering() {
     for (i, (m, &len)) in p.b.received(sb).iter().zip(&sizes).enumerate() {
         assert!(intact(m, len, i as u8), "message {i}");
     }
+    assert_faults_fired(&p);
 }
 
 #[test]
@@ -420,6 +427,7 @@ fn standing_grants_survive_loss_duplication_and_reordering() {
     // Offers never shrink: after the second message (70 kB) the 128 KiB grant fits all.
     let c = p.a.engine.counters.snapshot();
     assert_eq!((c.large_messages, c.granted_messages), (2, 28), "{c:?}");
+    assert_faults_fired(&p);
 }
 
 #[test]

@@ -64,19 +64,27 @@ async fn srq_mode_delivers_every_size_too() {
     let (a, _da) = rdma(Config::default()).await;
     let (b, _db) = rdma(cfg).await;
     let addr = b.local_addr();
+    // Then a flood of 100 more than the SRQ holds, which the receiver only reads once all
+    // are queued: a sender counting credits towards an SRQ peer would stall on it.
+    let sizes: Vec<usize> = [0, 100, 9000, 1 << 20].into_iter().chain([512; 100]).collect();
+    let (queued, all_queued) = tokio::sync::oneshot::channel::<()>();
+    let expected = sizes.clone();
     let server = tokio::spawn(async move {
         let s = b.accept().await.unwrap();
-        for (i, len) in [0usize, 100, 9000, 1 << 20].into_iter().enumerate() {
+        all_queued.await.unwrap();
+        for (i, len) in expected.into_iter().enumerate() {
             check(&s.recv().await.unwrap(), len, i as u64);
         }
         b
     });
     let s = a.connect(addr).await.unwrap();
-    for (i, len) in [0usize, 100, 9000, 1 << 20].into_iter().enumerate() {
-        s.send(pattern(a.pool(), len, i as u64)).await.unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        s.send_detached(pattern(a.pool(), len, i as u64)).await.unwrap();
     }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    queued.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(20), server).await.unwrap().unwrap();
-    assert_eq!(a.counters().credit_stalls, 0);
+    assert_eq!(a.counters().credit_stalls, 0, "no credits towards an SRQ peer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,8 +46,10 @@ fn small_incasts_do_not_pause_and_runs_replay_exactly() {
 fn the_victim_flow_loses_bandwidth_to_a_large_incast() {
     let alone = run_probe(&Params { victim: true, ..small(1, None) }).expect("probe");
     let crowded = run_probe(&Params { victim: true, ..small(32, None) }).expect("probe");
-    let (a, c) = (alone.victim_gbps.unwrap_or(0.0), crowded.victim_gbps.unwrap_or(0.0));
-    assert!(a > 0.0 && c < a, "victim alone {a} Gb/s, under incast {c} Gb/s");
+    // Both runs must have measured the victim: an absent figure read as 0 passed `c < a`.
+    let a = alone.victim_gbps.expect("the victim ran alone");
+    let c = crowded.victim_gbps.expect("the victim ran under incast");
+    assert!(a > 0.0 && c > 0.0 && c < a, "victim alone {a} Gb/s, under incast {c} Gb/s");
 }
 
 #[test]

@@ -825,9 +825,13 @@ mod tests {
     }
 
     #[test]
-    fn psns_are_24_bits() {
-        for q in 0..100 {
-            assert!(initial_psn(q) <= MASK_24);
-        }
+    fn psns_are_24_bits_and_unpredictable() {
+        let psns: std::collections::HashSet<u32> = (0..100).map(initial_psn).collect();
+        assert!(psns.iter().all(|&p| p <= MASK_24));
+        // 100 random 24-bit values all differ but with odds of 3 in 10 000; a PSN that
+        // followed the QPN (or a constant) would not.
+        assert!(psns.len() >= 99, "{} distinct PSNs of 100", psns.len());
+        let again: Vec<u32> = (0..100).map(initial_psn).collect();
+        assert!((0..100).any(|q| again[q as usize] != initial_psn(q)), "PSNs repeat per QPN");
     }
 }
