@@ -182,9 +182,10 @@ struct Stripe {
 /// evicts alike. Pairs go stale in place (the row pushed again or gone) and are dropped when
 /// they reach the top; when the pairs run out, the slab is scanned again (about every
 /// `keep` evictions: 64 rows read an eviction). A push's new version is the newest, above
-/// `bound`, so it costs one comparison. Costs about a byte a row, against 16 to 32 for the
-/// lazy min-heap of every row's pair that came before it (1.32x the payload a row,
-/// `results/table-scale/runs/bounded-heap-2026-12-06.txt`), which had itself replaced a
+/// `bound`, so it costs one comparison. Costs under a byte a row in a stripe of over 1024
+/// rows, against 16 to 32 for the lazy min-heap of every row's pair that came before it
+/// (a full table 1.32x its payload against 1.19x now,
+/// `results/table-scale/runs/bounded-scan-2026-12-06.txt`), which had itself replaced a
 /// `BTreeSet<(u64, u64)>` (two B-tree walks a push: 3.3x the unbounded table's push time).
 #[derive(Debug, Default)]
 struct Recency {
