@@ -22,9 +22,10 @@
 //! is seeded by the table, so a stripe holds the same keys on every pod), ordered by
 //! (version, key) (`Recency`: the least pairs, refilled by a scan of the slab). Versions are
 //! push times (see below), so a new row displaces the least recently pushed, and a whole-row
-//! copy older than everything a full stripe keeps is not stored: pods applying the same copies in any order keep the same
-//! rows, with no deletion message. With `ttl_s`, [`TableSet::expire`] drops rows last pushed
-//! `ttl_s` before the table's newest push (capped near the wall clock).
+//! copy older than everything a full stripe keeps is not stored: pods applying the same
+//! copies in any order keep the same rows, with no deletion message. With `ttl_s`,
+//! [`TableSet::expire`] drops rows last pushed `ttl_s` before the table's newest push
+//! (capped near the wall clock).
 //!
 //! # Semantics
 //!

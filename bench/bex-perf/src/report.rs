@@ -225,7 +225,10 @@ fn layout(t: Test) -> Layout {
                 .iter()
                 .flat_map(|&m| cols(&["rdma 1 endpoint", "rdma 2 endpoints", "tcp"], &[m]))
                 .collect(),
-            ratios: ["rdma 1 endpoint", "rdma 2 endpoints"].map(|rdma| rat(rdma, "tcp", Mreqs)).into(),
+            ratios: vec![
+                rat("rdma 1 endpoint", "tcp", Mreqs),
+                rat("rdma 2 endpoints", "tcp", Mreqs),
+            ],
         },
         Test::Hol | Test::HolSim => Layout {
             title: if t == Test::Hol {
