@@ -218,6 +218,17 @@ pub const MAX_VERSION: u64 = 1 << 62;
 /// a stripe, the table in the L3) it saved 185 -> 137 µs.
 const WARM_ABOVE_BYTES: usize = 64 << 10;
 
+/// What storing a whole-row copy did ([`Stripe::put_if_newer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CopyOutcome {
+    /// Not stored: the stored row is at least as new, or a full stripe keeps only newer.
+    Ignored,
+    /// Written over the key's older row.
+    Replaced,
+    /// A new row, in place of `displaced` in a full stripe.
+    Created { displaced: Option<u64> },
+}
+
 /// The version of a free slot (no row's: versions are push times in µs, saturating below).
 const FREE: u64 = u64::MAX;
 
@@ -281,7 +292,11 @@ impl Stripe {
     /// a two-stage pipeline holding two read locks, the next stripe's buckets loading while
     /// this one's rows do (equal at 1M and 10M rows, fetch p50 1.07-1.36x at 100M;
     /// `results/table-scale/runs/two-stage-warm-2026-12-04.txt`).
-    fn warm(&self, keys: impl Iterator<Item = u64>, words: usize) {
+    ///
+    /// A push (`bookkeeping`) also reads and writes the row's version and step count, which
+    /// live in arrays of their own: their loads go in the second pass too (left to the
+    /// serving loop, each was one more miss a key waited out in turn).
+    fn warm(&self, keys: impl Iterator<Item = u64>, words: usize, bookkeeping: bool) {
         // A slab this small stays in the caches: warming would only cost its own work.
         if self.data.len() * 4 < WARM_ABOVE_BYTES {
             return;
@@ -305,6 +320,10 @@ impl Stripe {
                     let at = r as usize * self.slot;
                     for w in (at..at + words.min(self.slot)).step_by(16) {
                         loaded ^= self.data.get(w).map_or(0, |v| v.to_bits() as u8);
+                    }
+                    if bookkeeping {
+                        loaded ^= self.versions.get(r as usize).map_or(0, |&v| v as u8);
+                        loaded ^= self.steps.get(r as usize).map_or(0, |&v| v as u8);
                     }
                 }
             }
@@ -517,6 +536,40 @@ impl Stripe {
     }
 
     /// Appends row `r`'s record (see [`Table::record_len`]).
+    /// Stores a whole row copy (values and state, steps, version) of `key` unless the stored
+    /// row is at least as new (a missing row is created).
+    fn put_if_newer(
+        &mut self,
+        key: u64,
+        version: u64,
+        steps: u32,
+        values: LeF32s<'_>,
+        l: &Layout,
+    ) -> CopyOutcome {
+        let found = self.find(key);
+        if version == 0 && found.is_none() {
+            // A never-pushed row reads as its initial values already: storing the copy
+            // would only cost memory (and admit a key the training pod has not).
+            return CopyOutcome::Ignored;
+        }
+        let version = version.min(FREE - 1);
+        let (r, outcome) = match found {
+            Some(r) if version <= self.versions[r as usize] => return CopyOutcome::Ignored,
+            Some(r) => (r as usize, CopyOutcome::Replaced),
+            // In a full stripe a copy older than every row kept is not stored: the training
+            // pod dropped that row too (or will).
+            None => match self.insert(key, version, l) {
+                Some((r, displaced)) => (r, CopyOutcome::Created { displaced }),
+                None => return CopyOutcome::Ignored,
+            },
+        };
+        let span = self.span(r);
+        values.copy_to(&mut self.data[span]);
+        self.steps[r] = steps;
+        self.set_version(r, version);
+        outcome
+    }
+
     fn put_record(&self, r: usize, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.key(r).to_le_bytes());
         out.extend_from_slice(&self.versions[r].to_le_bytes());
@@ -785,7 +838,7 @@ impl Table {
         let mut missing = Vec::new();
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
             let g = self.stripes[usize::from(group[0].0)].read();
-            g.warm(group.iter().map(|&(_, i)| keys[i as usize]), 2 + l.dim);
+            g.warm(group.iter().map(|&(_, i)| keys[i as usize]), 2 + l.dim, false);
             for &(_, i) in group {
                 let i = i as usize;
                 match g.find(keys[i]) {
@@ -881,7 +934,7 @@ impl Table {
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
             let mut s = self.stripes[usize::from(group[0].0)].write();
             // The optimizer reads and writes the whole row.
-            s.warm(group.iter().map(|&(_, i)| keys[i as usize]), s.slot);
+            s.warm(group.iter().map(|&(_, i)| keys[i as usize]), s.slot, true);
             for &(_, i) in group {
                 let (i, key) = (i as usize, keys[i as usize]);
                 grad_row(i, &mut g);
@@ -1114,48 +1167,44 @@ impl Table {
                 return Err(TableError::BadVersion { index: i, version });
             }
         }
-        let mut n = 0;
-        for (i, key) in keys.iter().enumerate() {
-            let Some(row) = rows.row(i, w) else { break };
+        let keys: Vec<u64> = keys.iter().collect();
+        let copy = |i: usize| {
+            let row = rows.row(i, w).unwrap_or_default();
             let word = |j: usize| row.get(l.stride + j).map_or(0, f32::to_bits);
             let version = u64::from(word(1)) | u64::from(word(2)) << 32;
-            let values = row.row(0, l.stride).unwrap_or_default();
-            if self.put_if_newer(key, version, word(0), values) {
-                n += 1;
-            }
-        }
+            (version, word(0), row.row(0, l.stride).unwrap_or_default())
+        };
+        let mut n = 0;
+        self.put_copies_if_newer(&keys, copy, |_, stored| n += usize::from(stored));
         Ok(n)
     }
 
-    /// Stores a whole row copy (values and state, steps, version) of `key` unless the stored
-    /// row is at least as new (a missing row is created). True if it was written.
-    fn put_if_newer(&self, key: u64, version: u64, steps: u32, values: LeF32s<'_>) -> bool {
-        let l = &self.layout;
-        let mut s = self.stripe(key).write();
-        if version == 0 && s.find(key).is_none() {
-            // A never-pushed row reads as its initial values already: storing the copy
-            // would only cost memory (and admit a key the training pod has not).
-            return false;
-        }
-        let version = version.min(FREE - 1);
-        let r = match s.find(key) {
-            Some(r) if version <= s.versions[r as usize] => return false,
-            Some(r) => r as usize,
-            // In a full stripe a copy older than every row kept is not stored: the training
-            // pod dropped that row too (or will).
-            None => match s.insert(key, version, l) {
-                Some((r, displaced)) => {
+    /// Stores whole row copies, copy `i` (`copy(i)`: version, steps, values and state) for
+    /// `keys[i]`, each unless the stored row is at least as new (see
+    /// [`put_if_newer`](Stripe::put_if_newer)); `stored(i, written)` is told each outcome,
+    /// in stripe order. Grouped by stripe, each write-locked once and warmed as a push is:
+    /// copy by copy, a lock each and a row's four loads (bucket, row, version, steps) one
+    /// after another, a replica at 100M rows waited out every miss of every copy in turn.
+    fn put_copies_if_newer<'a>(
+        &self,
+        keys: &[u64],
+        copy: impl Fn(usize) -> (u64, u32, LeF32s<'a>),
+        mut stored: impl FnMut(usize, bool),
+    ) {
+        let by_stripe = self.by_stripe(keys);
+        for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
+            let mut s = self.stripes[usize::from(group[0].0)].write();
+            s.warm(group.iter().map(|&(_, i)| keys[i as usize]), s.slot, true);
+            for &(_, i) in group {
+                let i = i as usize;
+                let (version, steps, values) = copy(i);
+                let outcome = s.put_if_newer(keys[i], version, steps, values, &self.layout);
+                if let CopyOutcome::Created { displaced } = outcome {
                     self.count_insert(displaced);
-                    r
                 }
-                None => return false,
-            },
-        };
-        let span = s.span(r);
-        values.copy_to(&mut s.data[span]);
-        s.steps[r] = steps;
-        s.set_version(r, version);
-        true
+                stored(i, outcome != CopyOutcome::Ignored);
+            }
+        }
     }
 
     /// Slots of stripe `stripe` now, live or free (0 for a stripe out of range): what
@@ -1264,7 +1313,8 @@ impl Table {
     /// [`export_records`](Self::export_records) (or, `Unversioned`, by checkpoint versions
     /// 1 and 2: version 1), each only over an older stored row (see the module docs).
     /// `records.len()` must be a multiple of the record length. `seen` gets every record's
-    /// key, version and whether it was stored. Returns the number of records.
+    /// key, version and whether it was stored (in stripe order: records are applied grouped
+    /// by stripe, in their order within each). Returns the number of records.
     pub fn import_records(
         &self,
         records: &[u8],
@@ -1301,8 +1351,10 @@ impl Table {
                 return Err(TableError::NonFinite { index: i * self.layout.stride + j });
             }
         }
-        for rec in records.chunks_exact(rl) {
-            let key = u64_at(rec, 0);
+        let recs: Vec<&[u8]> = records.chunks_exact(rl).collect();
+        let keys: Vec<u64> = recs.iter().map(|rec| u64_at(rec, 0)).collect();
+        let copy = |i: usize| {
+            let rec = recs[i];
             let (version, rest) = match format {
                 RecordFormat::Versioned => (u64_at(rec, 8), &rec[16..]),
                 // Before versions: every stored row counts as pushed once, so it travels in
@@ -1311,10 +1363,11 @@ impl Table {
             };
             let mut st = [0u8; 4];
             st.copy_from_slice(&rest[..4]);
-            let vals = LeF32s::new(&rest[4..]).unwrap_or_default();
-            let stored = self.put_if_newer(key, version, u32::from_le_bytes(st), vals);
-            seen(SeenRow { key, version, stored });
-        }
+            (version, u32::from_le_bytes(st), LeF32s::new(&rest[4..]).unwrap_or_default())
+        };
+        self.put_copies_if_newer(&keys, copy, |i, stored| {
+            seen(SeenRow { key: keys[i], version: version_at(recs[i]), stored });
+        });
         Ok(records.len() / rl)
     }
 }
@@ -1545,6 +1598,13 @@ mod tests {
         assert_eq!(apply(&first), 0, "the late older copy changes nothing");
         assert_eq!(apply(&second), 0, "applying a copy twice changes nothing");
         assert_eq!(state_copy(&dst, &[1, 2]), second);
+        // In the other order the newer copy of key 1 goes over the older: still two rows.
+        let dst = Table::new(spec("t", 2, opt)).unwrap();
+        let apply = |(k, v): &(Vec<u8>, Vec<u8>)| {
+            dst.apply_replica_state_le(LeU64s::new(k).unwrap(), LeF32s::new(v).unwrap()).unwrap()
+        };
+        assert_eq!((apply(&first), apply(&second)), (2, 1));
+        assert_eq!((dst.rows(), state_copy(&dst, &[1, 2])), (2, second.clone()));
         // Versions: one per push of the row, never below the floor.
         let version = |t: &Table, key: u64| {
             let mut v = None;

@@ -1,8 +1,8 @@
 //! `table-scale`: how one shard's table behaves as it grows (issue 18, item 4). For each row
 //! count and dimension it fills a table through `Table::push` (Adagrad, so rows carry one
 //! state slot) and measures resident memory per row, the insert rate, and the latency of
-//! 1000-key fetches and pushes of random existing keys; beside it, in the same run, the same
-//! rows in a plain `HashMap<u64, Box<[f32]>>` with the same initializer and optimizer. Every
+//! 1000-key fetches and pushes of random existing keys, and of applying 1000 newer whole-row
+//! copies as a replica does; beside it, in the same run, the same rows in a plain `HashMap<u64, Box<[f32]>>` with the same initializer and optimizer. Every
 //! point runs in a child process of its own, so its resident memory is its rows' alone and
 //! is returned to the system before the next point; a point that would not fit in the
 //! memory available now is reported as skipped, not attempted.
@@ -21,9 +21,12 @@ use bex_ps_core::Table;
 use bex_ps_proto::init::Initializer;
 use bex_ps_proto::optim::Optimizer;
 use bex_ps_proto::shard::mix64;
+use bex_ps_proto::wire::{LeF32s, LeU64s};
 use bex_ps_proto::{Admission, Capacity, TableSpec};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
+
+mod inline;
 
 const TOOL: &str = "table-scale";
 
@@ -102,6 +105,9 @@ enum Store {
     BexBounded,
     /// `HashMap<u64, Box<[f32]>>`: one allocation per row.
     Hashmap,
+    /// A prototype, not a table: rows inline in the index's buckets (`inline.rs`), to
+    /// measure what one page walk per lookup instead of two would gain.
+    Inline,
     /// No table: an array of the rows' payload bytes, and per "fetch" one random 8-byte
     /// load per key — what the memory system alone costs at this size, the floor under
     /// any table's growth (no push).
@@ -135,6 +141,10 @@ struct PointReport {
     fetch: Option<LatencySummary>,
     /// Latency of one push of `batch` random existing keys.
     push: Option<LatencySummary>,
+    /// Latency of applying whole-row copies of `batch` random existing keys, newer than the
+    /// stored rows, as a replica applies a Replicate (bex stores only).
+    #[serde(default)]
+    copy: Option<LatencySummary>,
     batch: u32,
 }
 
@@ -230,6 +240,12 @@ fn key(i: u64) -> u64 {
 trait Rows {
     fn push(&mut self, keys: &[u64], grads: &[f32]);
     fn fetch(&mut self, keys: &[u64], out: &mut [f32]);
+    /// Applies whole-row copies of `keys` newer than the stored rows, as a replica applies a
+    /// Replicate; how long the apply alone took (building the copies is not timed). None
+    /// where the store has no such operation.
+    fn copy(&mut self, _keys: &[u64], _clock: &Clock) -> Option<Duration> {
+        None
+    }
 }
 
 impl Rows for Table {
@@ -241,6 +257,28 @@ impl Rows for Table {
     }
     fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
         self.read_into(keys, out).expect("lengths are right");
+    }
+    fn copy(&mut self, keys: &[u64], clock: &Clock) -> Option<Duration> {
+        // The copies as the training pod reads them, each given a version above every
+        // stored one: pushes here move the floor by one and write at most a few past it.
+        let (width, stride) = (self.state_width(), self.stride());
+        let mut rows = vec![0f32; keys.len() * width];
+        self.read_state_into(keys, &mut rows).expect("lengths are right");
+        let version = self.advance_version_floor(0) + (1 << 32);
+        for row in rows.chunks_exact_mut(width) {
+            row[stride + 1] = f32::from_bits(version as u32);
+            row[stride + 2] = f32::from_bits((version >> 32) as u32);
+        }
+        let (mut kb, mut vb) = (vec![0u8; 8 * keys.len()], vec![0u8; 4 * rows.len()]);
+        bex_ps_proto::wire::put_u64s(&mut kb, keys);
+        bex_ps_proto::wire::put_f32s(&mut vb, &rows);
+        let keys = LeU64s::new(&kb).expect("whole words");
+        let rows = LeF32s::new(&vb).expect("whole words");
+        let t = clock.now();
+        let n = self.apply_replica_state_le(keys, rows).expect("finite rows, right lengths");
+        let took = clock.now() - t;
+        assert!(n > 0, "no copy was newer than its row");
+        Some(took)
     }
 }
 
@@ -311,6 +349,7 @@ struct Measured {
     rss_bytes_per_row: f64,
     fetch: Option<LatencySummary>,
     push: Option<LatencySummary>,
+    copy: Option<LatencySummary>,
 }
 
 /// Measures one point in this process.
@@ -338,6 +377,10 @@ fn point(p: &PointArgs) -> PointReport {
             let mut baseline = Baseline { spec: spec.clone(), rows: HashMap::new() };
             (exercise(&mut baseline, &spec, p, p.rows, rss0), None)
         }
+        Store::Inline => {
+            let mut inline = inline::Inline::new(spec.clone(), p.rows);
+            (exercise(&mut inline, &spec, p, p.rows, rss0), None)
+        }
         Store::Floor => {
             let started = Clock.now();
             let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec));
@@ -358,6 +401,7 @@ fn point(p: &PointArgs) -> PointReport {
         insert_rows_per_s: m.pushed as f64 / m.insert_s,
         fetch: m.fetch,
         push: m.push,
+        copy: m.copy,
         batch: p.batch,
     }
 }
@@ -388,7 +432,8 @@ fn exercise(
     let rss_bytes_per_row = rss.saturating_sub(rss0) as f64 / p.rows as f64;
     let mut rng = p.rows ^ 0x5eed;
     let mut out = vec![0f32; batch * dim];
-    let mut measure = |op: &mut dyn FnMut(&[u64])| {
+    // `op` says how long it took, or None: the store has no such operation.
+    let mut measure = |op: &mut dyn FnMut(&[u64]) -> Option<Duration>| {
         let mut rec = LatencyRecorder::new();
         let until = clock.deadline(Duration::from_secs_f64(p.seconds));
         while !clock.expired(until) {
@@ -397,15 +442,19 @@ fn exercise(
                 rng = mix64(rng);
                 keys.push(key(pushed - p.rows + rng % p.rows));
             }
-            let t = clock.now();
-            op(&keys);
-            rec.record(clock.now() - t);
+            rec.record(op(&keys)?);
         }
         rec.summary()
     };
-    let fetch = measure(&mut |k| rows.fetch(k, &mut out));
-    let push = measure(&mut |k| rows.push(k, &grads));
-    Measured { insert_s, pushed, rss_bytes_per_row, fetch, push }
+    let timed = |op: &mut dyn FnMut()| {
+        let t = clock.now();
+        op();
+        Some(clock.now() - t)
+    };
+    let fetch = measure(&mut |k| timed(&mut || rows.fetch(k, &mut out)));
+    let push = measure(&mut |k| timed(&mut || rows.push(k, &grads)));
+    let copy = measure(&mut |k| rows.copy(k, &clock));
+    Measured { insert_s, pushed, rss_bytes_per_row, fetch, push, copy }
 }
 
 /// Bytes the system can give now (`MemAvailable`).
@@ -613,6 +662,8 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         "fetch p99 µs",
         "push p50 µs",
         "push p99 µs",
+        "copy p50 µs",
+        "copy p99 µs",
     ]
     .map(String::from)
     .to_vec();
@@ -635,6 +686,8 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
                     f(r.fetch.as_ref().map(|s| s.p99_us), 1),
                     f(r.push.as_ref().map(|s| s.p50_us), 1),
                     f(r.push.as_ref().map(|s| s.p99_us), 1),
+                    f(r.copy.as_ref().map(|s| s.p50_us), 1),
+                    f(r.copy.as_ref().map(|s| s.p99_us), 1),
                 ]),
             }
             row
@@ -643,7 +696,7 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
     let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
     let mut out = render(
         &format!(
-            "Table scale: Adagrad rows (values + one state slot), {batch}-key fetches and pushes of random existing keys; payload = 8 + 4 x stride bytes"
+            "Table scale: Adagrad rows (values + one state slot), {batch}-key fetches, pushes and whole-row copies (a replica's apply) of random existing keys; payload = 8 + 4 x stride bytes"
         ),
         &header,
         &rows,
@@ -712,6 +765,11 @@ fn figure(points: &[RunPoint]) -> String {
         chart("Fetch of 1000 keys, p99", "µs", series_of(&|r| r.fetch.as_ref().map(|s| s.p99_us))),
         chart("Push of 1000 keys, p50", "µs", series_of(&|r| r.push.as_ref().map(|s| s.p50_us))),
         chart("Push of 1000 keys, p99", "µs", series_of(&|r| r.push.as_ref().map(|s| s.p99_us))),
+        chart(
+            "Copy of 1000 rows (a replica's apply), p50",
+            "µs",
+            series_of(&|r| r.copy.as_ref().map(|s| s.p50_us)),
+        ),
         // The floor's "insert" is writing an array, off this chart's scale.
         chart(
             "Insert rate",
@@ -738,10 +796,12 @@ mod tests {
 
     #[test]
     fn a_small_point_measures_every_table_store_alike() {
-        for store in [Store::Bex, Store::BexBounded, Store::Hashmap] {
+        for store in [Store::Bex, Store::BexBounded, Store::Hashmap, Store::Inline] {
             let r = point(&PointArgs { rows: 20_000, dim: 8, store, batch: 100, seconds: 0.05 });
             assert_eq!((r.rows, r.stride), (20_000, 16));
             assert!(r.insert_rows_per_s > 0.0 && r.fetch.is_some() && r.push.is_some());
+            let replicates = matches!(store, Store::Bex | Store::BexBounded);
+            assert_eq!(r.copy.is_some(), replicates, "{store:?}: copies measured");
         }
         let r = point(&PointArgs {
             rows: 20_000,
@@ -751,6 +811,33 @@ mod tests {
             seconds: 0.05,
         });
         assert!(r.fetch.is_some() && r.push.is_none(), "the floor measures loads alone");
+    }
+
+    #[test]
+    fn the_inline_prototype_holds_the_rows_the_table_does() {
+        // Enough keys that buckets overflow into their neighbours; pushed twice, some in
+        // batches that repeat a key, then fetched with keys never pushed mixed in.
+        let spec = spec(8);
+        let mut table = Table::new(spec.clone()).expect("a valid spec");
+        let mut inline = inline::Inline::new(spec.clone(), 30_000);
+        let keys: Vec<u64> = (0..30_000).map(key).collect();
+        for round in 0..2u64 {
+            for (c, chunk) in keys.chunks(700).enumerate() {
+                let mut batch = chunk.to_vec();
+                batch.push(chunk[0]);
+                let grads: Vec<f32> = (0..batch.len() * 8)
+                    .map(|i| ((i as u64 * 31 + c as u64 + round) % 17) as f32 / 50.0 - 0.16)
+                    .collect();
+                Rows::push(&mut table, &batch, &grads);
+                inline.push(&batch, &grads);
+            }
+        }
+        let asked: Vec<u64> =
+            keys.iter().step_by(3).copied().chain((40_000..41_000).map(key)).collect();
+        let (mut a, mut b) = (vec![0f32; asked.len() * 8], vec![1f32; asked.len() * 8]);
+        Rows::fetch(&mut table, &asked, &mut a);
+        inline.fetch(&asked, &mut b);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 
     #[test]

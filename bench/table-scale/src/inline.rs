@@ -1,0 +1,152 @@
+//! A prototype layout, measured beside the table to learn what it would gain: rows inline in
+//! the index. Each bucket is one cache line of `WAYS` keys followed by those keys' rows, so
+//! a lookup's second load (the row) falls in the page of its first (the keys) and needs no
+//! second page walk; the table's index and slab are two arrays, so its lookups walk twice at
+//! sizes the TLB does not cover. Not a store to serve from: it is sized once for its rows
+//! (rows move if it grows, which snapshot cursors over row numbers cannot follow) and has
+//! no removal, versions or stripes.
+
+use bex_ps_proto::shard::mix64;
+use bex_ps_proto::TableSpec;
+
+use crate::Rows;
+
+/// Keys per bucket: 7 keys of two words fill a 64-byte line with one word to spare.
+const WAYS: usize = 7;
+/// Words of a bucket's key line: 14 key words, then the overflow mark and one spare.
+const KEY_LINE: usize = 16;
+/// Where the overflow mark is in the key line.
+const OVERFLOWED: usize = 14;
+/// Buckets are sized for this load (keys / slots), close to the table's memory per row.
+const LOAD: f64 = 0.85;
+
+pub(crate) struct Inline {
+    spec: TableSpec,
+    /// f32 words per row (values, then state).
+    stride: usize,
+    /// Words per bucket, whole cache lines.
+    bucket_words: usize,
+    buckets: usize,
+    /// Where bucket 0 starts in `words` (a 64-byte boundary).
+    base: usize,
+    words: Vec<f32>,
+}
+
+/// The two words of a key (0 marks an empty way; SplitMix64 keys of 1..2^64 are not 0).
+fn halves(key: u64) -> (u32, u32) {
+    (key as u32, (key >> 32) as u32)
+}
+
+impl Inline {
+    pub(crate) fn new(spec: TableSpec, rows: u64) -> Inline {
+        let stride = spec.stride();
+        let bucket_words = (KEY_LINE + WAYS * stride).div_ceil(16) * 16;
+        let buckets = ((rows as f64 / (WAYS as f64 * LOAD)).ceil() as usize).max(1);
+        let words = vec![0f32; buckets * bucket_words + 16];
+        let base = (64 - words.as_ptr() as usize % 64) % 64 / 4;
+        Inline { spec, stride, bucket_words, buckets, base, words }
+    }
+
+    fn home(&self, key: u64) -> usize {
+        ((u128::from(mix64(key ^ 0x9e37_79b9_7f4a_7c15)) * self.buckets as u128) >> 64) as usize
+    }
+
+    fn at(&self, bucket: usize) -> usize {
+        self.base + bucket * self.bucket_words
+    }
+
+    /// The way of `key` in bucket `b`, if there.
+    fn way(&self, b: usize, key: u64) -> Option<usize> {
+        let (lo, hi) = halves(key);
+        let line = &self.words[self.at(b)..self.at(b) + KEY_LINE];
+        (0..WAYS).find(|&i| line[2 * i].to_bits() == lo && line[2 * i + 1].to_bits() == hi)
+    }
+
+    /// Where `key`'s row starts in `words`, if it has one.
+    fn find(&self, key: u64) -> Option<usize> {
+        let mut b = self.home(key);
+        for _ in 0..self.buckets {
+            if let Some(i) = self.way(b, key) {
+                return Some(self.at(b) + KEY_LINE + i * self.stride);
+            }
+            if self.words[self.at(b) + OVERFLOWED].to_bits() == 0 {
+                return None;
+            }
+            b = (b + 1) % self.buckets;
+        }
+        None
+    }
+
+    /// Places `key` in the first bucket from its home with an empty way (marking the full
+    /// ones passed) and initializes its row; where the row starts.
+    fn insert(&mut self, key: u64) -> usize {
+        let mut b = self.home(key);
+        let free = loop {
+            if let Some(i) = self.way(b, 0) {
+                break i;
+            }
+            let at = self.at(b) + OVERFLOWED;
+            self.words[at] = f32::from_bits(1);
+            b = (b + 1) % self.buckets;
+        };
+        let (lo, hi) = halves(key);
+        let at = self.at(b);
+        self.words[at + 2 * free] = f32::from_bits(lo);
+        self.words[at + 2 * free + 1] = f32::from_bits(hi);
+        let row = at + KEY_LINE + free * self.stride;
+        let dim = self.spec.dim as usize;
+        let (w, s) = self.words[row..row + self.stride].split_at_mut(dim);
+        self.spec.init.fill(self.spec.seed, key, w);
+        self.spec.optimizer.init_state(s);
+        row
+    }
+
+    /// Loads the home key lines of `keys`, then the rows found there, before any key is
+    /// served (as the table's `warm` does), in chunks of 32 keys.
+    fn warm(&self, keys: &[u64], row_words: usize) {
+        let mut loaded = 0u32;
+        let mut homes = [0usize; 32];
+        for chunk in keys.chunks(32) {
+            for (h, &k) in homes.iter_mut().zip(chunk) {
+                *h = self.home(k);
+                loaded ^= self.words[self.at(*h)].to_bits();
+            }
+            for (&h, &k) in homes.iter().zip(chunk) {
+                if let Some(i) = self.way(h, k) {
+                    let row = self.at(h) + KEY_LINE + i * self.stride;
+                    for w in (row..row + row_words).step_by(16) {
+                        loaded ^= self.words[w].to_bits();
+                    }
+                    loaded ^= self.words[row + row_words - 1].to_bits();
+                }
+            }
+        }
+        std::hint::black_box(loaded);
+    }
+}
+
+impl Rows for Inline {
+    fn push(&mut self, keys: &[u64], grads: &[f32]) {
+        self.warm(keys, self.stride);
+        let dim = self.spec.dim as usize;
+        for (&k, g) in keys.iter().zip(grads.chunks_exact(dim)) {
+            let row = match self.find(k) {
+                Some(row) => row,
+                None => self.insert(k),
+            };
+            let (w, s) = self.words[row..row + self.stride].split_at_mut(dim);
+            self.spec.optimizer.apply(w, s, &mut 0, g);
+        }
+    }
+
+    fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
+        let dim = self.spec.dim as usize;
+        self.warm(keys, dim);
+        for (&k, o) in keys.iter().zip(out.chunks_exact_mut(dim)) {
+            match self.find(k) {
+                Some(row) => o.copy_from_slice(&self.words[row..row + dim]),
+                None => self.spec.init.fill(self.spec.seed, k, o),
+            }
+        }
+    }
+}
