@@ -315,16 +315,25 @@ impl Stripe {
             for &p in &probes[..n] {
                 loaded ^= self.index.touch(p);
             }
-            for &p in &probes[..n] {
-                if let Some(r) = self.index.candidate(p) {
-                    let at = r as usize * self.slot;
-                    for w in (at..at + words.min(self.slot)).step_by(16) {
-                        loaded ^= self.data.get(w).map_or(0, |v| v.to_bits() as u8);
-                    }
-                    if bookkeeping {
-                        loaded ^= self.versions.get(r as usize).map_or(0, |&v| v as u8);
-                        loaded ^= self.steps.get(r as usize).map_or(0, |&v| v as u8);
-                    }
+            // The rows first, then their loads in a loop of their own. A key's candidate
+            // takes tens of instructions (the tag match, its branches); interleaved with the
+            // row loads, they left only a few rows' misses inside the CPU's reorder window
+            // (a profile at 1M rows put two thirds of a fetch on the row load's retirement).
+            let mut rows = [0u32; CHUNK];
+            let found = probes[..n].iter().filter_map(|&p| self.index.candidate(p));
+            let m = found.zip(rows.iter_mut()).fold(0, |m, (r, slot)| {
+                *slot = r;
+                m + 1
+            });
+            let lines = words.min(self.slot).div_ceil(16);
+            for &r in &rows[..m] {
+                let at = r as usize * self.slot;
+                for line in 0..lines {
+                    loaded ^= self.data.get(at + 16 * line).map_or(0, |v| v.to_bits() as u8);
+                }
+                if bookkeeping {
+                    loaded ^= self.versions.get(r as usize).map_or(0, |&v| v as u8);
+                    loaded ^= self.steps.get(r as usize).map_or(0, |&v| v as u8);
                 }
             }
         }
