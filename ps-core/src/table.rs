@@ -293,9 +293,9 @@ impl Stripe {
     /// this one's rows do (equal at 1M and 10M rows, fetch p50 1.07-1.36x at 100M;
     /// `results/table-scale/runs/two-stage-warm-2026-12-04.txt`).
     ///
-    /// A push (`bookkeeping`) also reads and writes the row's version and step count, which
-    /// live in arrays of their own: their loads go in the second pass too (left to the
-    /// serving loop, each was one more miss a key waited out in turn).
+    /// A push or a whole-row copy (`bookkeeping`) also reads and writes the row's version and
+    /// step count, which live in arrays of their own: their loads go in the second pass too
+    /// (left to the serving loop, each was one more miss a key waited out in turn).
     fn warm(&self, keys: impl Iterator<Item = u64>, words: usize, bookkeeping: bool) {
         // A slab this small stays in the caches: warming would only cost its own work.
         if self.data.len() * 4 < WARM_ABOVE_BYTES {
@@ -544,7 +544,6 @@ impl Stripe {
         self.data.reserve_exact(more * self.slot);
     }
 
-    /// Appends row `r`'s record (see [`Table::record_len`]).
     /// Stores a whole row copy (values and state, steps, version) of `key` unless the stored
     /// row is at least as new (a missing row is created).
     fn put_if_newer(
@@ -579,6 +578,7 @@ impl Stripe {
         outcome
     }
 
+    /// Appends row `r`'s record (see [`Table::record_len`]).
     fn put_record(&self, r: usize, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.key(r).to_le_bytes());
         out.extend_from_slice(&self.versions[r].to_le_bytes());
@@ -1191,9 +1191,9 @@ impl Table {
     /// Stores whole row copies, copy `i` (`copy(i)`: version, steps, values and state) for
     /// `keys[i]`, each unless the stored row is at least as new (see
     /// [`put_if_newer`](Stripe::put_if_newer)); `stored(i, written)` is told each outcome,
-    /// in stripe order. Grouped by stripe, each write-locked once and warmed as a push is:
-    /// copy by copy, a lock each and a row's four loads (bucket, row, version, steps) one
-    /// after another, a replica at 100M rows waited out every miss of every copy in turn.
+    /// in stripe order, after that stripe's lock is released (a caller may lock stripes).
+    /// Grouped by stripe, each write-locked once and warmed as a push is, rather than a lock
+    /// and a lookup per copy, whose loads (bucket, row, version, steps) nothing started early.
     fn put_copies_if_newer<'a>(
         &self,
         keys: &[u64],
@@ -1201,7 +1201,9 @@ impl Table {
         mut stored: impl FnMut(usize, bool),
     ) {
         let by_stripe = self.by_stripe(keys);
+        let mut written = Vec::new();
         for group in by_stripe.chunk_by(|a, b| a.0 == b.0) {
+            written.clear();
             let mut s = self.stripes[usize::from(group[0].0)].write();
             s.warm(group.iter().map(|&(_, i)| keys[i as usize]), s.slot, true);
             for &(_, i) in group {
@@ -1211,7 +1213,11 @@ impl Table {
                 if let CopyOutcome::Created { displaced } = outcome {
                     self.count_insert(displaced);
                 }
-                stored(i, outcome != CopyOutcome::Ignored);
+                written.push(outcome != CopyOutcome::Ignored);
+            }
+            drop(s);
+            for (&(_, i), &w) in group.iter().zip(&written) {
+                stored(i as usize, w);
             }
         }
     }
@@ -1614,6 +1620,19 @@ mod tests {
         };
         assert_eq!((apply(&first), apply(&second)), (2, 1));
         assert_eq!((dst.rows(), state_copy(&dst, &[1, 2])), (2, second.clone()));
+        // Key 1 twice in one batch: applied in batch order, so older-then-newer writes both
+        // and newer-then-older only the first; the newer copy stays either way.
+        let row_bytes = 4 * src.state_width();
+        let (old1, new1) = (&first.1[..row_bytes], &second.1[..row_bytes]);
+        for (rows, written) in [([old1, new1], 2), ([new1, old1], 1)] {
+            let dst = Table::new(spec("t", 2, opt)).unwrap();
+            let keys = [first.0[..8].to_vec(), first.0[..8].to_vec()].concat();
+            let rows = rows.concat();
+            let n = dst
+                .apply_replica_state_le(LeU64s::new(&keys).unwrap(), LeF32s::new(&rows).unwrap());
+            assert_eq!(n.unwrap(), written);
+            assert_eq!((dst.rows(), state_copy(&dst, &[1]).1), (1, new1.to_vec()));
+        }
         // Versions: one per push of the row, never below the floor.
         let version = |t: &Table, key: u64| {
             let mut v = None;

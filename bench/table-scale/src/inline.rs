@@ -78,13 +78,17 @@ impl Inline {
     }
 
     /// Places `key` in the first bucket from its home with an empty way (marking the full
-    /// ones passed) and initializes its row; where the row starts.
+    /// ones passed) and initializes its row; where the row starts. Panics when every way
+    /// is taken: the prototype is sized once, for the rows it is given.
     fn insert(&mut self, key: u64) -> usize {
         let mut b = self.home(key);
+        let mut passed = 0;
         let free = loop {
             if let Some(i) = self.way(b, 0) {
                 break i;
             }
+            assert!(passed < self.buckets, "the inline prototype is full");
+            passed += 1;
             let at = self.at(b) + OVERFLOWED;
             self.words[at] = f32::from_bits(1);
             b = (b + 1) % self.buckets;
@@ -102,23 +106,29 @@ impl Inline {
     }
 
     /// Loads the home key lines of `keys`, then the rows found there, before any key is
-    /// served (as the table's `warm` does), in chunks of 32 keys.
+    /// served, in chunks of 32 keys, as the table's `warm` does: the rows found first, then
+    /// their loads in a loop of their own.
     fn warm(&self, keys: &[u64], row_words: usize) {
         let mut loaded = 0u32;
         let mut homes = [0usize; 32];
+        let mut rows = [0usize; 32];
         for chunk in keys.chunks(32) {
             for (h, &k) in homes.iter_mut().zip(chunk) {
                 *h = self.home(k);
                 loaded ^= self.words[self.at(*h)].to_bits();
             }
-            for (&h, &k) in homes.iter().zip(chunk) {
-                if let Some(i) = self.way(h, k) {
-                    let row = self.at(h) + KEY_LINE + i * self.stride;
-                    for w in (row..row + row_words).step_by(16) {
-                        loaded ^= self.words[w].to_bits();
-                    }
-                    loaded ^= self.words[row + row_words - 1].to_bits();
+            let found = homes.iter().zip(chunk).filter_map(|(&h, &k)| {
+                self.way(h, k).map(|i| self.at(h) + KEY_LINE + i * self.stride)
+            });
+            let m = found.zip(rows.iter_mut()).fold(0, |m, (row, slot)| {
+                *slot = row;
+                m + 1
+            });
+            for &row in &rows[..m] {
+                for w in (row..row + row_words).step_by(16) {
+                    loaded ^= self.words[w].to_bits();
                 }
+                loaded ^= self.words[row + row_words - 1].to_bits();
             }
         }
         std::hint::black_box(loaded);

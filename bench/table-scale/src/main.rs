@@ -1,11 +1,14 @@
 //! `table-scale`: how one shard's table behaves as it grows (issue 18, item 4). For each row
 //! count and dimension it fills a table through `Table::push` (Adagrad, so rows carry one
 //! state slot) and measures resident memory per row, the insert rate, and the latency of
-//! 1000-key fetches and pushes of random existing keys, and of applying 1000 newer whole-row
-//! copies as a replica does; beside it, in the same run, the same rows in a plain `HashMap<u64, Box<[f32]>>` with the same initializer and optimizer. Every
-//! point runs in a child process of its own, so its resident memory is its rows' alone and
-//! is returned to the system before the next point; a point that would not fit in the
-//! memory available now is reported as skipped, not attempted.
+//! 1000-key fetches and pushes of random existing keys, and of applying 1000 newer
+//! whole-row copies as a replica does. Beside it, in the same run: the same rows in a plain
+//! `HashMap<u64, Box<[f32]>>` with the same initializer and optimizer; `floor`, random loads
+//! over an array of the rows' size (what memory alone costs); and `inline`, a prototype of
+//! rows inline in the index. Every point runs in a child process of its own, so its
+//! resident memory is its rows' alone and is returned to the system before the next point;
+//! a point that would not fit in the memory available now is reported as skipped, not
+//! attempted.
 
 use std::collections::HashMap;
 use std::process::{Command, ExitCode, Stdio};
@@ -259,16 +262,17 @@ impl Rows for Table {
         self.read_into(keys, out).expect("lengths are right");
     }
     fn copy(&mut self, keys: &[u64], clock: &Clock) -> Option<Duration> {
-        // The copies as the training pod reads them, each given a version above every
-        // stored one: pushes here move the floor by one and write at most a few past it.
-        let (width, stride) = (self.state_width(), self.stride());
-        let mut rows = vec![0f32; keys.len() * width];
-        self.read_state_into(keys, &mut rows).expect("lengths are right");
+        // Copies built without reading the table (reading the rows first would leave them
+        // in the caches for the timed apply), each with a version above every stored one:
+        // pushes here move the floor by one and write at most a few past it.
+        let (width, dim, stride) = (self.state_width(), self.dim(), self.stride());
         let version = self.advance_version_floor(0) + (1 << 32);
-        for row in rows.chunks_exact_mut(width) {
-            row[stride + 1] = f32::from_bits(version as u32);
-            row[stride + 2] = f32::from_bits((version >> 32) as u32);
-        }
+        let mut row = vec![0.1f32; width];
+        row[..dim].fill(0.01);
+        row[stride] = f32::from_bits(1);
+        row[stride + 1] = f32::from_bits(version as u32);
+        row[stride + 2] = f32::from_bits((version >> 32) as u32);
+        let rows = row.repeat(keys.len());
         let (mut kb, mut vb) = (vec![0u8; 8 * keys.len()], vec![0u8; 4 * rows.len()]);
         bex_ps_proto::wire::put_u64s(&mut kb, keys);
         bex_ps_proto::wire::put_f32s(&mut vb, &rows);
@@ -406,8 +410,9 @@ fn point(p: &PointArgs) -> PointReport {
     }
 }
 
-/// Inserts `pushed` keys by pushes, then times fetches and pushes of random keys among the
-/// last `p.rows` of them; memory is per `p.rows`.
+/// Inserts `pushed` keys by pushes, then times fetches, pushes and (where the store has
+/// them) whole-row copies of random keys among the last `p.rows` of them; memory is per
+/// `p.rows`.
 fn exercise(
     rows: &mut impl Rows,
     spec: &TableSpec,
