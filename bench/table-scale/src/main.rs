@@ -59,8 +59,9 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     dims: Vec<u32>,
     /// Stores to measure: bex (the PS table), bex-bounded (the same table bounded at the
-    /// rows and full: evicting as it goes), hashmap (the baseline) and floor (random loads
-    /// over an array of the rows' size: how memory alone slows as it grows).
+    /// rows and full: evicting as it goes), hashmap (the baseline), floor (random loads
+    /// over an array of the rows' size: how memory alone slows as it grows) and inline (a
+    /// prototype of rows inline in the index; not in the default set).
     #[arg(long, value_delimiter = ',', default_value = "bex,bex-bounded,hashmap,floor")]
     stores: Vec<Store>,
     /// Keys per fetch and push.
