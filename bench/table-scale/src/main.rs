@@ -70,6 +70,12 @@ struct RunArgs {
     /// Seconds of fetches, and of pushes, measured per point.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Rounds of every point, interleaved (round 1 of each point, then round 2, ...): this
+    /// machine's speed drifts between minutes and a table's speed depends on where its
+    /// memory lands, so a ratio of single points is not to be read closely. Targets are
+    /// judged on medians over the rounds (of the ratios within each round, for growth).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    rounds: u32,
     /// A small run for CI: 100K and 1M rows of dim 16, 0.3 s of each operation.
     #[arg(long)]
     quick: bool,
@@ -158,6 +164,8 @@ struct RunPoint {
     store: Store,
     dim: u32,
     rows: u64,
+    /// Which round of `--rounds` (from 1).
+    round: u32,
     #[serde(flatten)]
     report: Option<PointReport>,
     /// Not attempted: why (it would not fit in memory).
@@ -478,39 +486,42 @@ fn run(a: RunArgs) -> Result<ExitCode, bex_bench::Error> {
     };
     let exe = std::env::current_exe().map_err(bex_bench::error::io("locating table-scale"))?;
     let mut points = Vec::new();
-    for &dim in &dims {
-        for &n in &rows {
-            for &store in &a.stores {
-                // Payload plus an allowance for indexes and allocator slack (measured: about
-                // 50 bytes a row for every store; a bounded table's order about 1).
-                let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80);
-                let skipped = match available_bytes() {
-                    Some(avail) if need > avail => Some(format!(
-                        "needs about {:.1} GiB, {:.1} GiB available",
-                        need as f64 / (1u64 << 30) as f64,
-                        avail as f64 / (1u64 << 30) as f64
-                    )),
-                    _ => None,
-                };
-                if !a.output.quiet {
-                    eprintln!(
-                        "{TOOL}: {store:?} dim {dim}, {n} rows{}",
-                        match &skipped {
-                            Some(why) => format!(": skipped ({why})"),
-                            None => String::new(),
-                        }
-                    );
+    for round in 1..=a.rounds {
+        for &dim in &dims {
+            for &n in &rows {
+                for &store in &a.stores {
+                    // Payload plus an allowance for indexes and allocator slack (measured: about
+                    // 50 bytes a row for every store; a bounded table's order about 1).
+                    let need = n.saturating_mul(payload_bytes(&spec(dim)) as u64 + 80);
+                    let skipped = match available_bytes() {
+                        Some(avail) if need > avail => Some(format!(
+                            "needs about {:.1} GiB, {:.1} GiB available",
+                            need as f64 / (1u64 << 30) as f64,
+                            avail as f64 / (1u64 << 30) as f64
+                        )),
+                        _ => None,
+                    };
+                    if !a.output.quiet {
+                        eprintln!(
+                            "{TOOL}: round {round} of {}: {store:?} dim {dim}, {n} rows{}",
+                            a.rounds,
+                            match &skipped {
+                                Some(why) => format!(": skipped ({why})"),
+                                None => String::new(),
+                            }
+                        );
+                    }
+                    let (report, failed) = match skipped {
+                        Some(_) => (None, None),
+                        // A point that fails (the OOM killer, say) is reported, the run goes on,
+                        // and its exit status is 1.
+                        None => match spawn_point(&exe, store, dim, n, a.batch, seconds) {
+                            Ok(r) => (Some(r), None),
+                            Err(e) => (None, Some(e.to_string())),
+                        },
+                    };
+                    points.push(RunPoint { store, dim, rows: n, round, report, skipped, failed });
                 }
-                let (report, failed) = match skipped {
-                    Some(_) => (None, None),
-                    // A point that fails (the OOM killer, say) is reported, the run goes on,
-                    // and its exit status is 1.
-                    None => match spawn_point(&exe, store, dim, n, a.batch, seconds) {
-                        Ok(r) => (Some(r), None),
-                        Err(e) => (None, Some(e.to_string())),
-                    },
-                };
-                points.push(RunPoint { store, dim, rows: n, report, skipped, failed });
             }
         }
     }
@@ -556,15 +567,98 @@ fn spawn_point(
         .map_err(|e| bex_bench::Error::Protocol(format!("a point's report: {e}")))
 }
 
-fn measured(points: &[RunPoint], store: Store, dim: u32) -> Vec<&PointReport> {
-    points
+/// The reports of `store` at `dim` in `round`, fewest rows first.
+fn measured(points: &[RunPoint], store: Store, dim: u32, round: u32) -> Vec<&PointReport> {
+    let mut out: Vec<&PointReport> = points
         .iter()
-        .filter(|p| p.store == store && p.dim == dim)
+        .filter(|p| p.store == store && p.dim == dim && p.round == round)
         .filter_map(|p| p.report.as_ref())
+        .collect();
+    out.sort_by_key(|r| r.rows);
+    out
+}
+
+/// The values, each once, ascending.
+fn distinct<T: Ord>(values: impl Iterator<Item = T>) -> Vec<T> {
+    let mut out: Vec<T> = values.collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The rounds of the run, ascending.
+fn rounds(points: &[RunPoint]) -> Vec<u32> {
+    distinct(points.iter().map(|p| p.round))
+}
+
+/// The row counts `store` was measured at in `dim`, ascending.
+fn row_counts(points: &[RunPoint], store: Store, dim: u32) -> Vec<u64> {
+    distinct(
+        points
+            .iter()
+            .filter(|p| p.store == store && p.dim == dim && p.report.is_some())
+            .map(|p| p.rows),
+    )
+}
+
+/// The median (of an even count, the mean of the middle two); None for none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        n if n % 2 == 1 => Some(values[n / 2]),
+        n => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// The median over the rounds of `metric` at (`store`, `dim`, `rows`).
+fn median_over_rounds(
+    points: &[RunPoint],
+    (store, dim, rows): (Store, u32, u64),
+    metric: &dyn Fn(&PointReport) -> Option<f64>,
+) -> Option<f64> {
+    median(
+        points
+            .iter()
+            .filter(|p| p.store == store && p.dim == dim && p.rows == rows)
+            .filter_map(|p| p.report.as_ref().and_then(metric))
+            .collect(),
+    )
+}
+
+/// Per round, `metric` at `store`'s most rows over its fewest (rounds that measured both).
+fn growth_by_round(
+    points: &[RunPoint],
+    store: Store,
+    dim: u32,
+    metric: &dyn Fn(&PointReport) -> Option<f64>,
+) -> Vec<f64> {
+    let rows = row_counts(points, store, dim);
+    let (Some(&fewest), Some(&most)) = (rows.first(), rows.last()) else { return Vec::new() };
+    if most == fewest {
+        return Vec::new();
+    }
+    rounds(points)
+        .into_iter()
+        .filter_map(|round| {
+            let at = measured(points, store, dim, round);
+            let of = |n: u64| at.iter().find(|r| r.rows == n).and_then(|r| metric(r));
+            Some(of(most)? / of(fewest)?)
+        })
         .collect()
 }
 
-/// The targets over the bex points.
+fn fetch_p50(p: &PointReport) -> Option<f64> {
+    p.fetch.as_ref().map(|s| s.p50_us)
+}
+
+/// `values` as `a, b, c` (two places), for the text.
+fn listed(values: &[f64]) -> String {
+    values.iter().map(|v| format!("{v:.2}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The targets over the bex points: medians over the rounds.
 fn targets(points: &[RunPoint]) -> Vec<Target> {
     let mut out = Vec::new();
     let judge = |what: String, value: Option<f64>, limit: f64| Target {
@@ -573,34 +667,41 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
         value,
         limit,
     };
+    let n = rounds(points).len();
+    let of_rounds = if n > 1 { format!(" (median of {n} rounds)") } else { String::new() };
     for dim in dims(points) {
-        let bex = measured(points, Store::Bex, dim);
         for store in [Store::Bex, Store::BexBounded] {
-            for p in measured(points, store, dim) {
+            for rows in row_counts(points, store, dim) {
                 let table = if store == Store::Bex { "" } else { ", bounded table" };
                 out.push(judge(
                     format!(
-                        "dim {dim}, {} rows{table}: memory per row / (key + values + state)",
-                        count(p.rows)
+                        "dim {dim}, {} rows{table}: memory per row / (key + values + state){of_rounds}",
+                        count(rows)
                     ),
-                    Some(p.rss_bytes_per_row / p.payload_bytes_per_row),
+                    median_over_rounds(points, (store, dim, rows), &|p| {
+                        Some(p.rss_bytes_per_row / p.payload_bytes_per_row)
+                    }),
                     1.2,
                 ));
             }
         }
-        if let (Some(first), Some(last)) = (bex.first(), bex.last()) {
-            if last.rows > first.rows {
-                let p50 = |p: &PointReport| p.fetch.as_ref().map(|s| s.p50_us);
-                out.push(judge(
-                    format!(
-                        "dim {dim}: fetch p50 at {} rows / at {} rows",
-                        count(last.rows),
-                        count(first.rows)
-                    ),
-                    p50(last).zip(p50(first)).map(|(a, b)| a / b),
-                    1.5,
-                ));
-            }
+        let rows = row_counts(points, Store::Bex, dim);
+        let growth = growth_by_round(points, Store::Bex, dim, &fetch_p50);
+        if let (Some(first), Some(last), false) = (rows.first(), rows.last(), growth.is_empty()) {
+            let each = if growth.len() > 1 {
+                format!(" (median of the rounds' {})", listed(&growth))
+            } else {
+                String::new()
+            };
+            out.push(judge(
+                format!(
+                    "dim {dim}: fetch p50 at {} rows / at {} rows{each}",
+                    count(*last),
+                    count(*first)
+                ),
+                median(growth),
+                1.5,
+            ));
         }
     }
     out
@@ -608,38 +709,53 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
 
 /// The dimensions measured, ascending.
 fn dims(points: &[RunPoint]) -> Vec<u32> {
-    let mut dims: Vec<u32> = points.iter().map(|p| p.dim).collect();
-    dims.sort_unstable();
-    dims.dedup();
-    dims
+    distinct(points.iter().map(|p| p.dim))
 }
 
 /// How much the memory floor itself slows between the smallest and largest row count of
 /// each dimension: the growth no table can avoid on this machine (text, not a target).
 fn floor_growth(points: &[RunPoint]) -> Vec<String> {
-    let p50 = |p: &PointReport| p.fetch.as_ref().map(|s| s.p50_us);
     let mut out = Vec::new();
+    let n = rounds(points).len();
+    let of_rounds = if n > 1 { format!(", median of {n} rounds") } else { String::new() };
     for dim in dims(points) {
-        let floor = measured(points, Store::Floor, dim);
-        let bex = measured(points, Store::Bex, dim);
-        if let (Some(first), Some(last)) = (floor.first(), floor.last()) {
-            if let Some((a, b)) = p50(last).zip(p50(first)).filter(|_| last.rows > first.rows) {
-                out.push(format!(
-                    "dim {dim}: random loads alone, p50 at {} rows / at {} rows: {:.2} ({a:.1} / {b:.1} µs per {} loads)",
-                    count(last.rows),
-                    count(first.rows),
-                    a / b,
-                    first.batch
-                ));
-            }
+        let rows = row_counts(points, Store::Floor, dim);
+        let growth = growth_by_round(points, Store::Floor, dim, &fetch_p50);
+        if let (Some(&first), Some(&last), Some(g)) =
+            (rows.first(), rows.last(), median(growth.clone()))
+        {
+            let p50 = |rows| median_over_rounds(points, (Store::Floor, dim, rows), &fetch_p50);
+            let each = if growth.len() > 1 {
+                format!("; rounds {}", listed(&growth))
+            } else {
+                String::new()
+            };
+            let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
+            out.push(format!(
+                "dim {dim}: random loads alone, p50 at {} rows / at {} rows: {g:.2} ({:.1} / {:.1} µs per {batch} loads{of_rounds}{each})",
+                count(last),
+                count(first),
+                p50(last).unwrap_or(f64::NAN),
+                p50(first).unwrap_or(f64::NAN),
+            ));
         }
-        for b in &bex {
-            let f = floor.iter().find(|f| f.rows == b.rows);
-            if let Some((tb, tf)) = p50(b).zip(f.and_then(|f| p50(f))) {
+        for rows in row_counts(points, Store::Bex, dim) {
+            let ratios: Vec<f64> = rounds(points)
+                .into_iter()
+                .filter_map(|round| {
+                    let at = |store| {
+                        measured(points, store, dim, round)
+                            .into_iter()
+                            .find(|r| r.rows == rows)
+                            .and_then(fetch_p50)
+                    };
+                    Some(at(Store::Bex)? / at(Store::Floor)?)
+                })
+                .collect();
+            if let Some(r) = median(ratios) {
                 out.push(format!(
-                    "dim {dim}, {} rows: bex fetch p50 / floor p50: {:.2}",
-                    count(b.rows),
-                    tb / tf
+                    "dim {dim}, {} rows: bex fetch p50 / floor p50: {r:.2}{of_rounds}",
+                    count(rows)
                 ));
             }
         }
@@ -657,6 +773,7 @@ fn count(n: u64) -> String {
 
 fn text(points: &[RunPoint], targets: &[Target]) -> String {
     let header: Vec<String> = [
+        "round",
         "store",
         "dim",
         "rows",
@@ -678,7 +795,8 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         .iter()
         .map(|p| {
             let r = p.report.as_ref();
-            let mut row = vec![p.store.name(), p.dim.to_string(), count(p.rows)];
+            let mut row =
+                vec![p.round.to_string(), p.store.name(), p.dim.to_string(), count(p.rows)];
             match (r, &p.skipped, &p.failed) {
                 (_, Some(_), _) => row.push("skipped (below)".into()),
                 (_, _, Some(_)) => row.push("FAILED (below)".into()),
@@ -708,7 +826,8 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         &rows,
     );
     for p in points {
-        let what = format!("{} dim {} {} rows", p.store.name(), p.dim, count(p.rows));
+        let what =
+            format!("round {}: {} dim {} {} rows", p.round, p.store.name(), p.dim, count(p.rows));
         if let Some(why) = &p.skipped {
             out.push_str(&format!("  {what}: skipped: {why}\n"));
         }
@@ -744,13 +863,16 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
 fn figure(points: &[RunPoint]) -> String {
     let series_of = |metric: &dyn Fn(&PointReport) -> Option<f64>| {
         let mut out = Vec::new();
-        let mut keys: Vec<(u32, Store)> = points.iter().map(|p| (p.dim, p.store)).collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = distinct(points.iter().map(|p| (p.dim, p.store)));
         for (i, (dim, store)) in keys.into_iter().enumerate() {
-            let pts: Vec<(f64, f64)> = measured(points, store, dim)
-                .iter()
-                .filter_map(|r| Some(((r.rows as f64).log10(), metric(r)?)))
+            let pts: Vec<(f64, f64)> = row_counts(points, store, dim)
+                .into_iter()
+                .filter_map(|rows| {
+                    Some((
+                        (rows as f64).log10(),
+                        median_over_rounds(points, (store, dim, rows), metric)?,
+                    ))
+                })
                 .collect();
             let name = format!("{} dim {dim}", store.name());
             let s = Series::new(name, COLORS[i % COLORS.len()], pts);
@@ -758,9 +880,7 @@ fn figure(points: &[RunPoint]) -> String {
         }
         out
     };
-    let mut rows: Vec<u64> = points.iter().map(|p| p.rows).collect();
-    rows.sort_unstable();
-    rows.dedup();
+    let rows = distinct(points.iter().map(|p| p.rows));
     let ticks: Vec<(f64, String)> = rows.iter().map(|&r| ((r as f64).log10(), count(r))).collect();
     let chart = |title: &str, y: &str, s: Vec<Series>| {
         Chart::new(title, "rows per shard", y, s).with_x_ticks(ticks.clone())
@@ -844,6 +964,56 @@ mod tests {
         Rows::fetch(&mut table, &asked, &mut a);
         inline.fetch(&asked, &mut b);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    /// A bex or floor point of round `round` at `rows` whose fetch p50 is `p50`.
+    fn synthetic(store: Store, rows: u64, round: u32, p50: f64, rss: f64) -> RunPoint {
+        let fetch = LatencySummary { count: 1, p50_us: p50, ..Default::default() };
+        let report = PointReport {
+            store,
+            dim: 16,
+            rows,
+            stride: 32,
+            payload_bytes_per_row: 136.0,
+            rss_bytes_per_row: rss,
+            counted_bytes_per_row: None,
+            insert_s: 1.0,
+            insert_rows_per_s: rows as f64,
+            fetch: Some(fetch),
+            push: None,
+            copy: None,
+            batch: 1000,
+        };
+        RunPoint { store, dim: 16, rows, round, report: Some(report), skipped: None, failed: None }
+    }
+
+    #[test]
+    fn targets_take_the_median_of_the_rounds_ratios() {
+        // Round 1's 100M point is slow, round 3's 1M point: ratios 3.0, 1.2 and 1.4 (median
+        // 1.4, met), where the ratio of the medians (130 / 100) would be 1.3 and a single
+        // first round 3.0.
+        let mut points = Vec::new();
+        for (round, small, large) in [(1, 100.0, 300.0), (2, 100.0, 120.0), (3, 130.0, 182.0)] {
+            points.push(synthetic(Store::Bex, 1_000_000, round, small, 136.0 * 1.1));
+            points.push(synthetic(
+                Store::Bex,
+                100_000_000,
+                round,
+                large,
+                136.0 * (1.1 + 0.1 * round as f64),
+            ));
+        }
+        let t = targets(&points);
+        let growth = t.iter().find(|t| t.what.contains("fetch p50")).expect("a growth target");
+        assert!((growth.value.unwrap() - 1.4).abs() < 1e-9, "{:?}", growth.value);
+        assert_eq!(growth.met, Some(true));
+        assert!(growth.what.contains("3.00, 1.20, 1.40"), "{}", growth.what);
+        // Memory at 100M: 1.2, 1.3, 1.4 over the rounds, median 1.3: not met.
+        let memory = t.iter().find(|t| t.what.contains("100M rows: memory")).expect("memory");
+        assert!((memory.value.unwrap() - 1.3).abs() < 1e-9);
+        assert_eq!(memory.met, Some(false));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
     }
 
     #[test]
