@@ -482,7 +482,8 @@ fn run(a: RunArgs) -> Result<ExitCode, bex_bench::Error> {
     let (rows, dims, seconds) = if a.quick {
         (vec![100_000, 1_000_000], vec![16], 0.3)
     } else {
-        (a.rows.clone(), a.dims.clone(), a.seconds)
+        // Each once, fewest first (a count given twice would weigh twice in the medians).
+        (distinct(a.rows.iter().copied()), distinct(a.dims.iter().copied()), a.seconds)
     };
     let exe = std::env::current_exe().map_err(bex_bench::error::io("locating table-scale"))?;
     let mut points = Vec::new();
@@ -612,19 +613,31 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     }
 }
 
-/// The median over the rounds of `metric` at (`store`, `dim`, `rows`).
-fn median_over_rounds(
+/// `metric` at (`store`, `dim`, `rows`) in each round that measured it, in round order.
+fn over_rounds(
     points: &[RunPoint],
     (store, dim, rows): (Store, u32, u64),
     metric: &dyn Fn(&PointReport) -> Option<f64>,
-) -> Option<f64> {
-    median(
-        points
-            .iter()
-            .filter(|p| p.store == store && p.dim == dim && p.rows == rows)
-            .filter_map(|p| p.report.as_ref().and_then(metric))
-            .collect(),
-    )
+) -> Vec<f64> {
+    let mut at: Vec<(u32, f64)> = points
+        .iter()
+        .filter(|p| p.store == store && p.dim == dim && p.rows == rows)
+        .filter_map(|p| Some((p.round, p.report.as_ref().and_then(metric)?)))
+        .collect();
+    at.sort_by_key(|&(round, _)| round);
+    at.into_iter().map(|(_, v)| v).collect()
+}
+
+/// What a median of `values` over a run of `rounds` rounds rests on, for the text: nothing
+/// for a single round; else how many rounds measured it, and each round's value.
+fn rests_on(values: &[f64], rounds: usize) -> String {
+    match values.len() {
+        _ if rounds <= 1 => String::new(),
+        k if k == rounds => format!(" (median of {rounds} rounds: {})", listed(values)),
+        k => {
+            format!(" (median of the {k} of {rounds} rounds that measured it: {})", listed(values))
+        }
+    }
 }
 
 /// Per round, `metric` at `store`'s most rows over its fewest (rounds that measured both).
@@ -668,36 +681,34 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
         limit,
     };
     let n = rounds(points).len();
-    let of_rounds = if n > 1 { format!(" (median of {n} rounds)") } else { String::new() };
     for dim in dims(points) {
         for store in [Store::Bex, Store::BexBounded] {
             for rows in row_counts(points, store, dim) {
                 let table = if store == Store::Bex { "" } else { ", bounded table" };
+                let ratios = over_rounds(points, (store, dim, rows), &|p| {
+                    Some(p.rss_bytes_per_row / p.payload_bytes_per_row)
+                });
                 out.push(judge(
                     format!(
-                        "dim {dim}, {} rows{table}: memory per row / (key + values + state){of_rounds}",
-                        count(rows)
+                        "dim {dim}, {} rows{table}: memory per row / (key + values + state){}",
+                        count(rows),
+                        rests_on(&ratios, n)
                     ),
-                    median_over_rounds(points, (store, dim, rows), &|p| {
-                        Some(p.rss_bytes_per_row / p.payload_bytes_per_row)
-                    }),
+                    median(ratios),
                     1.2,
                 ));
             }
         }
+        // Judged wherever two sizes were measured, "not measured" when no round has both.
         let rows = row_counts(points, Store::Bex, dim);
-        let growth = growth_by_round(points, Store::Bex, dim, &fetch_p50);
-        if let (Some(first), Some(last), false) = (rows.first(), rows.last(), growth.is_empty()) {
-            let each = if growth.len() > 1 {
-                format!(" (median of the rounds' {})", listed(&growth))
-            } else {
-                String::new()
-            };
+        if let (Some(first), Some(last)) = (rows.first(), rows.last().filter(|&&l| l > rows[0])) {
+            let growth = growth_by_round(points, Store::Bex, dim, &fetch_p50);
             out.push(judge(
                 format!(
-                    "dim {dim}: fetch p50 at {} rows / at {} rows{each}",
+                    "dim {dim}: fetch p50 at {} rows / at {} rows{}",
                     count(*last),
-                    count(*first)
+                    count(*first),
+                    rests_on(&growth, n)
                 ),
                 median(growth),
                 1.5,
@@ -717,26 +728,28 @@ fn dims(points: &[RunPoint]) -> Vec<u32> {
 fn floor_growth(points: &[RunPoint]) -> Vec<String> {
     let mut out = Vec::new();
     let n = rounds(points).len();
-    let of_rounds = if n > 1 { format!(", median of {n} rounds") } else { String::new() };
+    let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
     for dim in dims(points) {
         let rows = row_counts(points, Store::Floor, dim);
         let growth = growth_by_round(points, Store::Floor, dim, &fetch_p50);
         if let (Some(&first), Some(&last), Some(g)) =
             (rows.first(), rows.last(), median(growth.clone()))
         {
-            let p50 = |rows| median_over_rounds(points, (Store::Floor, dim, rows), &fetch_p50);
-            let each = if growth.len() > 1 {
-                format!("; rounds {}", listed(&growth))
-            } else {
-                String::new()
+            // Of one round, the two p50s; of several, each round's ratio (medians of the two
+            // p50s would not divide to the median ratio).
+            let p50 = |rows| median(over_rounds(points, (Store::Floor, dim, rows), &fetch_p50));
+            let detail = match n {
+                1 => format!(
+                    " ({:.1} / {:.1} µs per {batch} loads)",
+                    p50(last).unwrap_or(f64::NAN),
+                    p50(first).unwrap_or(f64::NAN)
+                ),
+                _ => rests_on(&growth, n),
             };
-            let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
             out.push(format!(
-                "dim {dim}: random loads alone, p50 at {} rows / at {} rows: {g:.2} ({:.1} / {:.1} µs per {batch} loads{of_rounds}{each})",
+                "dim {dim}: random loads alone, p50 at {} rows / at {} rows: {g:.2}{detail}",
                 count(last),
                 count(first),
-                p50(last).unwrap_or(f64::NAN),
-                p50(first).unwrap_or(f64::NAN),
             ));
         }
         for rows in row_counts(points, Store::Bex, dim) {
@@ -752,10 +765,11 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
                     Some(at(Store::Bex)? / at(Store::Floor)?)
                 })
                 .collect();
-            if let Some(r) = median(ratios) {
+            if let Some(r) = median(ratios.clone()) {
                 out.push(format!(
-                    "dim {dim}, {} rows: bex fetch p50 / floor p50: {r:.2}{of_rounds}",
-                    count(rows)
+                    "dim {dim}, {} rows: bex fetch p50 / floor p50: {r:.2}{}",
+                    count(rows),
+                    rests_on(&ratios, n)
                 ));
             }
         }
@@ -870,7 +884,7 @@ fn figure(points: &[RunPoint]) -> String {
                 .filter_map(|rows| {
                     Some((
                         (rows as f64).log10(),
-                        median_over_rounds(points, (store, dim, rows), metric)?,
+                        median(over_rounds(points, (store, dim, rows), metric))?,
                     ))
                 })
                 .collect();
@@ -990,8 +1004,8 @@ mod tests {
     #[test]
     fn targets_take_the_median_of_the_rounds_ratios() {
         // Round 1's 100M point is slow, round 3's 1M point: ratios 3.0, 1.2 and 1.4 (median
-        // 1.4, met), where the ratio of the medians (130 / 100) would be 1.3 and a single
-        // first round 3.0.
+        // 1.4, met), where the ratio of the medians (182 / 100) would be 1.82, their mean 1.87
+        // and a single first round 3.0.
         let mut points = Vec::new();
         for (round, small, large) in [(1, 100.0, 300.0), (2, 100.0, 120.0), (3, 130.0, 182.0)] {
             points.push(synthetic(Store::Bex, 1_000_000, round, small, 136.0 * 1.1));
@@ -1007,13 +1021,34 @@ mod tests {
         let growth = t.iter().find(|t| t.what.contains("fetch p50")).expect("a growth target");
         assert!((growth.value.unwrap() - 1.4).abs() < 1e-9, "{:?}", growth.value);
         assert_eq!(growth.met, Some(true));
-        assert!(growth.what.contains("3.00, 1.20, 1.40"), "{}", growth.what);
+        assert!(growth.what.contains("median of 3 rounds: 3.00, 1.20, 1.40"), "{}", growth.what);
         // Memory at 100M: 1.2, 1.3, 1.4 over the rounds, median 1.3: not met.
         let memory = t.iter().find(|t| t.what.contains("100M rows: memory")).expect("memory");
         assert!((memory.value.unwrap() - 1.3).abs() < 1e-9);
         assert_eq!(memory.met, Some(false));
         assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(median(Vec::new()), None);
+
+        // 100M failed in rounds 2 and 3: the verdicts rest on round 1 alone, and say so.
+        for p in points.iter_mut().filter(|p| p.rows == 100_000_000 && p.round > 1) {
+            (p.report, p.failed) = (None, Some("killed".into()));
+        }
+        let t = targets(&points);
+        let growth = t.iter().find(|t| t.what.contains("fetch p50")).expect("a growth target");
+        assert_eq!(growth.value, Some(3.0));
+        assert!(
+            growth.what.contains("the 1 of 3 rounds that measured it: 3.00"),
+            "{}",
+            growth.what
+        );
+        let memory = t.iter().find(|t| t.what.contains("100M rows: memory")).expect("memory");
+        assert!(memory.what.contains("1 of 3 rounds"), "{}", memory.what);
+        // And 1M failed in round 1: no round measured both sizes, so growth is not measured
+        // (a target still listed, not dropped).
+        points[0].report = None;
+        let t = targets(&points);
+        let growth = t.iter().find(|t| t.what.contains("fetch p50")).expect("still listed");
+        assert_eq!((growth.value, growth.met), (None, None));
     }
 
     #[test]
