@@ -1465,6 +1465,89 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_sends_every_row_alive_throughout_while_indexes_grow_and_rows_are_displaced() {
+        // The cursor's contract, whatever the layout: a row that lives from the first chunk to
+        // the last reaches the replica, though between chunks the index it sits in is rebuilt
+        // larger and other rows are displaced (today slots never move; a layout whose rows
+        // move when its index grows would lose rows from a cursor by position).
+        let mut s = specs();
+        s[1].capacity.max_rows = 64 * 32;
+        let src = TableSet::new(s.clone()).unwrap();
+        let (grow, bound) = (src.get(0).unwrap(), src.get(1).unwrap());
+        // About 8 kept keys a stripe, well under the bounded stripes' quota of 32.
+        let kept: Vec<u64> = (0..500u64).map(|k| k * 7919 + 1).collect();
+        let push = |t: &crate::Table, keys: &[u64]| {
+            t.advance_version_floor(0);
+            t.push(keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
+        };
+        push(grow, &kept);
+        push(bound, &kept);
+        let (rows_before, evicted_before) = (grow.rows(), bound.evicted());
+        let dst = TableSet::new(s).unwrap();
+        let (mut cursor, mut chunks, mut fresh) = (SnapshotCursor::START, 0u64, 1u64 << 40);
+        loop {
+            let mut buf = Vec::new();
+            snapshot_chunk(&src, cursor, 1024, Vec::new, &mut buf).unwrap();
+            chunks += 1;
+            // Between chunks: in the first 40, 300 new rows in the unbounded table (its
+            // stripes' indexes are rebuilt larger again and again; for ever, its snapshot would
+            // not end); in every one, 60 in the bounded table, which displace its least
+            // recently pushed, then the kept keys pushed again so they stay the newest.
+            let new: Vec<u64> = (fresh..fresh + 300).collect();
+            fresh += 300;
+            if chunks <= 40 {
+                push(grow, &new);
+            }
+            push(bound, &new[..60]);
+            push(bound, &kept);
+            match apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}).unwrap().next {
+                Some(c) => cursor = c,
+                None => break,
+            }
+        }
+        assert!(chunks > 20, "{chunks} chunks: the snapshot spanned the changes");
+        assert!(grow.rows() > 8 * rows_before, "{} rows: the indexes grew", grow.rows());
+        assert!(bound.evicted() > evicted_before + 1000, "rows were displaced");
+        for id in [0, 1] {
+            let mut recs = Vec::new();
+            let d = dst.get(id).unwrap();
+            for stripe in 0..STRIPES {
+                d.export_records(ExportRows::Live, stripe, 0, usize::MAX, &mut recs);
+            }
+            let got: std::collections::HashSet<u64> =
+                recs.chunks_exact(d.record_len()).map(|r| rd_u64(r, 0)).collect();
+            let lost: Vec<u64> = kept.iter().copied().filter(|k| !got.contains(k)).collect();
+            assert!(
+                lost.is_empty(),
+                "table {id}: {} rows alive throughout never arrived",
+                lost.len()
+            );
+        }
+    }
+
+    #[test]
+    fn keys_at_the_ends_of_the_range_are_rows_like_any_other() {
+        // 0 and u64::MAX are keys a client may send; no layout may take either for "empty".
+        let src = TableSet::new(specs()).unwrap();
+        let t = src.get(0).unwrap();
+        let keys = [0, 1, u64::MAX - 1, u64::MAX];
+        t.push(&keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
+        assert_eq!(t.rows(), 4);
+        let dst = TableSet::new(specs()).unwrap();
+        assert_eq!(bootstrap(&src, &dst, 4096).1, 4);
+        assert_eq!(dump(&dst), dump(&src));
+        let dir = Scratch::unique("ps-core");
+        let path = dir.join("ends.ckpt");
+        write_checkpoint(&path, &src, &[], &CheckpointMeta::default()).unwrap();
+        let (back, _, _) = read_checkpoint(&path, &specs()).unwrap();
+        assert_eq!(dump(&back), dump(&src));
+        let (mut a, mut b) = (vec![0f32; 4 * t.dim()], vec![0f32; 4 * t.dim()]);
+        t.read_into(&keys, &mut a).unwrap();
+        back.get(0).unwrap().read_into(&keys, &mut b).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
     fn snapshot_during_pushes_then_replication_catch_up_converges() {
         // The documented protocol: buffer replication from before the first chunk, apply
         // chunks, then the buffer; the replica equals the source in values.
