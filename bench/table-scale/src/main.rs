@@ -17,7 +17,7 @@ use std::time::Duration;
 use bex_bench::cli::Output;
 use bex_bench::clock::Clock;
 use bex_bench::report::{render, Envelope};
-use bex_bench::stats::{LatencyRecorder, LatencySummary};
+use bex_bench::stats::{median, LatencyRecorder, LatencySummary};
 use bex_plot::{Chart, Series, COLORS};
 use bex_process::child::Guard;
 use bex_ps_core::Table;
@@ -602,17 +602,6 @@ fn row_counts(points: &[RunPoint], store: Store, dim: u32) -> Vec<u64> {
     )
 }
 
-/// The median (of an even count, the mean of the middle two); None for none.
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        n if n % 2 == 1 => Some(values[n / 2]),
-        n => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
 /// `metric` at (`store`, `dim`, `rows`) in each round that measured it, in round order.
 fn over_rounds(
     points: &[RunPoint],
@@ -694,7 +683,7 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
                         count(rows),
                         rests_on(&ratios, n)
                     ),
-                    median(ratios),
+                    median(&ratios),
                     1.2,
                 ));
             }
@@ -710,7 +699,7 @@ fn targets(points: &[RunPoint]) -> Vec<Target> {
                     count(*first),
                     rests_on(&growth, n)
                 ),
-                median(growth),
+                median(&growth),
                 1.5,
             ));
         }
@@ -732,12 +721,10 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
     for dim in dims(points) {
         let rows = row_counts(points, Store::Floor, dim);
         let growth = growth_by_round(points, Store::Floor, dim, &fetch_p50);
-        if let (Some(&first), Some(&last), Some(g)) =
-            (rows.first(), rows.last(), median(growth.clone()))
-        {
+        if let (Some(&first), Some(&last), Some(g)) = (rows.first(), rows.last(), median(&growth)) {
             // Of one round, the two p50s; of several, each round's ratio (medians of the two
             // p50s would not divide to the median ratio).
-            let p50 = |rows| median(over_rounds(points, (Store::Floor, dim, rows), &fetch_p50));
+            let p50 = |rows| median(&over_rounds(points, (Store::Floor, dim, rows), &fetch_p50));
             let detail = match n {
                 1 => format!(
                     " ({:.1} / {:.1} µs per {batch} loads)",
@@ -765,7 +752,7 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
                     Some(at(Store::Bex)? / at(Store::Floor)?)
                 })
                 .collect();
-            if let Some(r) = median(ratios.clone()) {
+            if let Some(r) = median(&ratios) {
                 out.push(format!(
                     "dim {dim}, {} rows: bex fetch p50 / floor p50: {r:.2}{}",
                     count(rows),
@@ -884,7 +871,7 @@ fn figure(points: &[RunPoint]) -> String {
                 .filter_map(|rows| {
                     Some((
                         (rows as f64).log10(),
-                        median(over_rounds(points, (store, dim, rows), metric))?,
+                        median(&over_rounds(points, (store, dim, rows), metric))?,
                     ))
                 })
                 .collect();
@@ -1026,8 +1013,6 @@ mod tests {
         let memory = t.iter().find(|t| t.what.contains("100M rows: memory")).expect("memory");
         assert!((memory.value.unwrap() - 1.3).abs() < 1e-9);
         assert_eq!(memory.met, Some(false));
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(Vec::new()), None);
 
         // 100M failed in rounds 2 and 3: the verdicts rest on round 1 alone, and say so.
         for p in points.iter_mut().filter(|p| p.rows == 100_000_000 && p.round > 1) {
