@@ -1526,6 +1526,90 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_written_while_rows_are_displaced_holds_every_row_alive_throughout() {
+        // The writer counts each stripe's rows, then exports them, without stopping pushes: a
+        // bounded stripe's count must still be there to export though rows were displaced
+        // meanwhile, and a row alive throughout must be written (a layout that moved rows on
+        // displacement would fail "stripe shrank" or skip one). With 4 MiB batches each stripe
+        // is one export here, so pushes interleave between counts and exports and stripes.
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let quota = 64 * 32;
+        let mut s = specs();
+        s[1].capacity.max_rows = quota;
+        let set = TableSet::new(s.clone()).unwrap();
+        let (grow, bound) = (set.get(0).unwrap(), set.get(1).unwrap());
+        let kept: Vec<u64> = (0..500u64).map(|k| k * 7919 + 1).collect();
+        let push = |t: &crate::Table, keys: &[u64]| {
+            t.advance_version_floor(0);
+            t.push(keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
+        };
+        const FRESH: u64 = 1 << 40;
+        let filler: Vec<u64> = (FRESH..FRESH + 3000).collect();
+        push(bound, &filler);
+        push(grow, &kept);
+        push(bound, &kept);
+        assert_eq!(bound.rows(), quota);
+        let evicted_before = bound.evicted();
+        let (stop, rounds) = (AtomicBool::new(false), AtomicU64::new(0));
+        let dir = Scratch::unique("ps-core");
+        let path = dir.join("displaced.ckpt");
+        let (mut writes, mut overlapped) = (0, 0);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut fresh = FRESH + 3000;
+                while !stop.load(Ordering::Relaxed) {
+                    let new: Vec<u64> = (fresh..fresh + 60).collect();
+                    fresh += 60;
+                    push(bound, &new);
+                    push(bound, &kept);
+                    if grow.rows() < 100_000 {
+                        push(grow, &new);
+                    }
+                    rounds.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            // Stops the pusher however this thread leaves the scope (a failed assertion too:
+            // the scope would otherwise wait for the pusher for ever).
+            struct StopOnDrop<'a>(&'a AtomicBool);
+            impl Drop for StopOnDrop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Relaxed);
+                }
+            }
+            let _stop = StopOnDrop(&stop);
+            while overlapped < 5 && writes < 500 {
+                let before = rounds.load(Ordering::Relaxed);
+                let info = write_checkpoint(&path, &set, &[], &CheckpointMeta::default())
+                    .unwrap_or_else(|e| panic!("write {writes}: {e}"));
+                writes += 1;
+                overlapped += usize::from(rounds.load(Ordering::Relaxed) > before);
+                let (back, _, _) = read_checkpoint(&path, &s).unwrap();
+                let b = back.get(1).unwrap();
+                assert_eq!(b.rows(), quota, "write {writes}: the bounded table is full");
+                assert_eq!(info.rows, back.get(0).unwrap().rows() + quota);
+                for id in [0, 1] {
+                    let t = back.get(id).unwrap();
+                    let mut recs = Vec::new();
+                    for stripe in 0..STRIPES {
+                        t.export_records(ExportRows::Live, stripe, 0, usize::MAX, &mut recs);
+                    }
+                    let keys: std::collections::HashSet<u64> =
+                        recs.chunks_exact(t.record_len()).map(|r| rd_u64(r, 0)).collect();
+                    assert_eq!(keys.len() as u64, t.rows(), "write {writes}: no key twice");
+                    let lost = kept.iter().filter(|k| !keys.contains(k)).count();
+                    assert_eq!(lost, 0, "write {writes}, table {id}: rows alive throughout");
+                    assert!(
+                        keys.iter().all(|k| *k >= FRESH || kept.contains(k)),
+                        "write {writes}, table {id}: a key never pushed"
+                    );
+                }
+            }
+        });
+        assert!(overlapped >= 5, "{overlapped} of {writes} writes overlapped pushes");
+        assert!(bound.evicted() > evicted_before + 1000, "rows were displaced");
+    }
+
+    #[test]
     fn keys_at_the_ends_of_the_range_are_rows_like_any_other() {
         // 0 and u64::MAX are keys a client may send; no layout may take either for "empty".
         let src = TableSet::new(specs()).unwrap();
