@@ -1464,22 +1464,34 @@ mod tests {
         ));
     }
 
+    /// Table 0 unbounded, table 1 bounded at 32 rows a stripe.
+    fn growing_and_bounded() -> Vec<TableSpec> {
+        let mut s = specs();
+        s[1].capacity.max_rows = 64 * 32;
+        s
+    }
+
+    /// About 8 keys a stripe, well under the bounded stripes' quota of 32.
+    fn kept_keys() -> Vec<u64> {
+        (0..500u64).map(|k| k * 7919 + 1).collect()
+    }
+
+    /// Pushes `keys` at a new version, so they become the stripe's most recently pushed.
+    fn push(t: &crate::Table, keys: &[u64]) {
+        t.advance_version_floor(0);
+        t.push(keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
+    }
+
     #[test]
     fn a_snapshot_sends_every_row_alive_throughout_while_indexes_grow_and_rows_are_displaced() {
         // The cursor's contract, whatever the layout: a row that lives from the first chunk to
         // the last reaches the replica, though between chunks the index it sits in is rebuilt
         // larger and other rows are displaced (today slots never move; a layout whose rows
         // move when its index grows would lose rows from a cursor by position).
-        let mut s = specs();
-        s[1].capacity.max_rows = 64 * 32;
+        let s = growing_and_bounded();
         let src = TableSet::new(s.clone()).unwrap();
         let (grow, bound) = (src.get(0).unwrap(), src.get(1).unwrap());
-        // About 8 kept keys a stripe, well under the bounded stripes' quota of 32.
-        let kept: Vec<u64> = (0..500u64).map(|k| k * 7919 + 1).collect();
-        let push = |t: &crate::Table, keys: &[u64]| {
-            t.advance_version_floor(0);
-            t.push(keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
-        };
+        let kept = kept_keys();
         push(grow, &kept);
         push(bound, &kept);
         let (rows_before, evicted_before) = (grow.rows(), bound.evicted());
@@ -1533,16 +1545,11 @@ mod tests {
         // displacement would fail "stripe shrank" or skip one). With 4 MiB batches each stripe
         // is one export here, so pushes interleave between counts and exports and stripes.
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-        let quota = 64 * 32;
-        let mut s = specs();
-        s[1].capacity.max_rows = quota;
+        let s = growing_and_bounded();
+        let quota = s[1].capacity.max_rows;
         let set = TableSet::new(s.clone()).unwrap();
         let (grow, bound) = (set.get(0).unwrap(), set.get(1).unwrap());
-        let kept: Vec<u64> = (0..500u64).map(|k| k * 7919 + 1).collect();
-        let push = |t: &crate::Table, keys: &[u64]| {
-            t.advance_version_floor(0);
-            t.push(keys, &vec![0.5; keys.len() * t.dim()], None).unwrap();
-        };
+        let kept = kept_keys();
         const FRESH: u64 = 1 << 40;
         let filler: Vec<u64> = (FRESH..FRESH + 3000).collect();
         push(bound, &filler);
