@@ -147,57 +147,74 @@ impl TrainerReport {
 
     /// A few readable lines.
     pub fn summary(&self) -> String {
+        let latency = |l: &LatencySummary| {
+            format!("p50 {:.0} us p99 {:.0} us mean {:.0} us", l.p50_us, l.p99_us, l.mean_us)
+        };
+        let size = |s: &SizeSummary| format!("{:.0} B mean / {} B p99", s.mean, s.p99);
         let m = &self.message_bytes;
-        let (f, p) = (&self.fetch_latency, &self.push_latency);
-        format!(
-            "trainer {id} over {t}: {steps} steps, {samples} samples in {el:.1} s \
-             ({sps:.0} samples/s), {err} failed steps, {retried} push retries{int}\n\
-             held-out AUC {a0:.4} -> {a1:.4}, log-loss {l0:.4} -> {l1:.4}\n\
-             fetch p50 {fp50:.0} us p99 {fp99:.0} us mean {fm:.0} us; \
-             push p50 {pp50:.0} us p99 {pp99:.0} us mean {pm:.0} us\n\
-             per-shard fetch response {fr:.0} B mean / {fr99} B p99; push request {pr:.0} B mean / {pr99} B p99\n\
-             rpc: {calls} calls, {retries} retries, {timeouts} timeouts, {fb} fallbacks, {q} quarantines; \
-             rnic: {rnr} rnr naks, {seq} seq naks, {rt} retransmits; cpu user {cu:.2} s sys {cs:.2} s",
-            id = self.id,
-            t = self.transport,
-            steps = self.steps,
-            samples = self.samples,
-            el = self.elapsed_s,
-            sps = self.samples_per_s,
-            err = self.errors,
-            retried = self.push_retries,
-            int = if self.interrupted { " (interrupted)" } else { "" },
-            a0 = self.auc_initial,
-            a1 = self.auc_final,
-            l0 = self.log_loss_initial,
-            l1 = self.log_loss_final,
-            fp50 = f.p50_us,
-            fp99 = f.p99_us,
-            fm = f.mean_us,
-            pp50 = p.p50_us,
-            pp99 = p.p99_us,
-            pm = p.mean_us,
-            fr = m.fetch_response.mean,
-            fr99 = m.fetch_response.p99,
-            pr = m.push_request.mean,
-            pr99 = m.push_request.p99,
-            calls = self.rpc("calls"),
-            retries = self.rpc("retries"),
-            timeouts = self.rpc("timeouts"),
-            fb = self.rpc("fallbacks"),
-            q = self.rpc("quarantines"),
-            rnr = self.rnic("rnr_naks_received"),
-            seq = self.rnic("seq_naks_received"),
-            rt = self.rnic("retransmitted_packets"),
-            cu = self.cpu.user_s,
-            cs = self.cpu.sys_s,
-        )
+        let interrupted = if self.interrupted { " (interrupted)" } else { "" };
+        [
+            format!(
+                "trainer {} over {}: {} steps, {} samples in {:.1} s ({:.0} samples/s), \
+                 {} failed steps, {} push retries{interrupted}",
+                self.id,
+                self.transport,
+                self.steps,
+                self.samples,
+                self.elapsed_s,
+                self.samples_per_s,
+                self.errors,
+                self.push_retries,
+            ),
+            format!(
+                "held-out AUC {:.4} -> {:.4}, log-loss {:.4} -> {:.4}",
+                self.auc_initial, self.auc_final, self.log_loss_initial, self.log_loss_final,
+            ),
+            format!(
+                "fetch {}; push {}",
+                latency(&self.fetch_latency),
+                latency(&self.push_latency)
+            ),
+            format!(
+                "per-shard fetch response {}; push request {}",
+                size(&m.fetch_response),
+                size(&m.push_request)
+            ),
+            format!(
+                "rpc: {} calls, {} retries, {} timeouts, {} fallbacks, {} quarantines; \
+                 rnic: {} rnr naks, {} seq naks, {} retransmits; cpu user {:.2} s sys {:.2} s",
+                self.rpc("calls"),
+                self.rpc("retries"),
+                self.rpc("timeouts"),
+                self.rpc("fallbacks"),
+                self.rpc("quarantines"),
+                self.rnic("rnr_naks_received"),
+                self.rnic("seq_naks_received"),
+                self.rnic("retransmitted_packets"),
+                self.cpu.user_s,
+                self.cpu.sys_s,
+            ),
+        ]
+        .join("\n")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_summary_has_a_line_for_each_part_of_the_run() {
+        let mut r = TrainerReport { steps: 7, interrupted: true, ..Default::default() };
+        r.push_latency.p99_us = 250.0;
+        r.message_bytes.push_request.p99 = 4096;
+        let text = r.summary();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(lines[0].contains(": 7 steps,") && lines[0].ends_with("(interrupted)"), "{text}");
+        assert!(lines[2].ends_with("; push p50 0 us p99 250 us mean 0 us"), "{text}");
+        assert!(lines[3].ends_with("push request 0 B mean / 4096 B p99"), "{text}");
+    }
 
     #[test]
     fn a_diverged_run_reads_back_with_its_nans() {
