@@ -1,20 +1,11 @@
 //! Medians and ratios: machines are noisy, so experiments repeat runs and report medians.
 
-/// The median of `v` (mean of the middle two for an even count); `None` when empty or when a
-/// value is not a number.
-pub fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() || v.iter().any(|x| x.is_nan()) {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    Some(if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 })
-}
+pub use bex_bench::stats::median;
 
-/// `a / b`, `None` when `b` is not positive.
+/// `a / b`, `None` when `b` is not a positive finite number or `a` is not finite (the
+/// harness's ratio, for values that are always measured).
 pub fn ratio(a: f64, b: f64) -> Option<f64> {
-    (b > 0.0 && a.is_finite()).then(|| a / b)
+    bex_bench::stats::ratio(Some(a), Some(b))
 }
 
 /// A ratio as `0.62×`, or `n/a`.
@@ -25,15 +16,6 @@ pub fn fmt_ratio(r: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0]), Some(3.0));
-        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(&[1.0, f64::NAN]), None);
-    }
 
     #[test]
     fn ratios() {

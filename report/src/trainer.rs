@@ -170,11 +170,7 @@ impl TrainerReport {
                 "held-out AUC {:.4} -> {:.4}, log-loss {:.4} -> {:.4}",
                 self.auc_initial, self.auc_final, self.log_loss_initial, self.log_loss_final,
             ),
-            format!(
-                "fetch {}; push {}",
-                latency(&self.fetch_latency),
-                latency(&self.push_latency)
-            ),
+            format!("fetch {}; push {}", latency(&self.fetch_latency), latency(&self.push_latency)),
             format!(
                 "per-shard fetch response {}; push request {}",
                 size(&m.fetch_response),
