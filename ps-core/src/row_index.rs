@@ -28,6 +28,11 @@ const MAX_LOAD_DEN: usize = 5;
 /// The tag of an empty entry.
 const EMPTY: u8 = 0;
 
+/// A position is a hash's top 64 - 6 bits (see [`RowIndex::position`]).
+const POSITION_SHIFT: u32 = 6;
+/// The last position.
+pub(crate) const MAX_POSITION: u64 = u64::MAX >> POSITION_SHIFT;
+
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(64))]
 struct Bucket {
@@ -225,6 +230,125 @@ impl RowIndex {
         self.marks_after_rebuild = self.overflowed;
     }
 
+    /// Where `key` stands in the index's order: the top 58 bits of its hash (six bits are
+    /// left for a stripe number, so a stripe and a position fit a snapshot cursor's 64).
+    /// Rows are homed in position order, and a rebuild (any size) keeps the order: a
+    /// position, unlike a row number, names the same place in the index before and after
+    /// it grows, or after the rows move. ([`rows_in_order`](Self::rows_in_order) computes it
+    /// inline: this is for tests.)
+    #[cfg(test)]
+    pub(crate) fn position(&self, key: u64) -> u64 {
+        self.hasher.hash_one(key) >> POSITION_SHIFT
+    }
+
+    /// The rows `keep` accepts whose positions are `from` or after, in position order, as
+    /// many as `room` (more only where more than `room` share one position), and the
+    /// position the next call starts from (`None`: no row after these). Every accepted row
+    /// at a position in `from..next` is among them: a row is stored in its home bucket or,
+    /// overflowing, later (wrapping past the last bucket to the first), and a bucket without
+    /// the overflow mark has no row homed at or before it stored after it.
+    pub(crate) fn rows_in_order(
+        &self,
+        from: u64,
+        room: usize,
+        key_of: impl Fn(u32) -> u64,
+        keep: impl Fn(u32) -> bool,
+    ) -> (Vec<u32>, Option<u64>) {
+        let n = self.buckets.len();
+        let room = room.max(1);
+        let home_of = |hash: u64| ((u128::from(hash) * n as u128) >> 64) as usize;
+        // The least position homed in bucket b (the least hash whose home is b, cut to 58
+        // bits: rows at that position may be homed in b - 1 too).
+        let first_of = |b: usize| -> u64 {
+            let hash = ((b as u128) << 64).div_ceil(n as u128);
+            u64::try_from(hash >> POSITION_SHIFT).unwrap_or(MAX_POSITION)
+        };
+        let mut found: Vec<(u64, u32)> = Vec::new();
+        let collect = |b: usize, wrapped: bool, found: &mut Vec<(u64, u32)>| {
+            let bucket = &self.buckets[b];
+            for (&tag, &r) in bucket.tags.iter().zip(&bucket.rows) {
+                if tag == EMPTY {
+                    continue;
+                }
+                let hash = self.hasher.hash_one(key_of(r));
+                let pos = hash >> POSITION_SHIFT;
+                // A row homed after the bucket it sits in wrapped past the last bucket: it
+                // is collected with the end of the order, not here.
+                if pos >= from && (home_of(hash) > b) == wrapped && keep(r) {
+                    found.push((pos, r));
+                }
+            }
+        };
+        // The keys of the next few buckets' rows loaded ahead, independent of one another, so
+        // their misses (the rows are scattered over the slab) are in flight together: a
+        // 4M-row snapshot took 1.28 s without this and the row loads ahead in the caller,
+        // 0.71-0.74 s with (by slot, before: 0.18 s; in a layout with rows in the index,
+        // position order is memory order again).
+        const AHEAD: usize = 8;
+        let touch = |buckets: &[Bucket]| {
+            let mut loaded = 0u8;
+            for bucket in buckets {
+                for (&tag, &r) in bucket.tags.iter().zip(&bucket.rows) {
+                    if tag != EMPTY {
+                        loaded ^= key_of(r) as u8;
+                    }
+                }
+            }
+            std::hint::black_box(loaded);
+        };
+        let mut next = None;
+        let first = if n == 0 || from > MAX_POSITION { n } else { home_of(from << POSITION_SHIFT) };
+        let mut b = first;
+        while b < n {
+            if (b - first) % AHEAD == 0 {
+                touch(&self.buckets[b..n.min(b + AHEAD)]);
+            }
+            collect(b, false, &mut found);
+            // Every row homed at or before an unmarked bucket has been seen: the rows before
+            // the next bucket's first position are complete. Stop once they fill the room
+            // (counted below that position, so each call moves on by at least one row).
+            if self.buckets[b].overflowed == 0 && found.len() >= room && b + 1 < n {
+                let end = first_of(b + 1);
+                if found.iter().filter(|&&(pos, _)| pos < end).count() >= room {
+                    next = Some(end);
+                    break;
+                }
+            }
+            b += 1;
+        }
+        if b == n && n > 0 && self.buckets[n - 1].overflowed != 0 {
+            // The rows that wrapped: in the first buckets, while the chain of marks goes on.
+            for w in 0..n {
+                collect(w, true, &mut found);
+                if self.buckets[w].overflowed == 0 {
+                    break;
+                }
+            }
+        }
+        if let Some(end) = next {
+            // Rows at the boundary position homed in the last bucket scanned: the next call
+            // sends them, with the rest of their position.
+            found.retain(|&(pos, _)| pos < end);
+        }
+        found.sort_unstable();
+        if found.len() > room {
+            // Cut between two positions, never within one (the next call starts at a
+            // position: one split would send its first part twice).
+            let mut cut = room;
+            while cut > 0 && found[cut - 1].0 == found[cut].0 {
+                cut -= 1;
+            }
+            if cut == 0 {
+                cut = found.partition_point(|&(pos, _)| pos == found[0].0);
+            }
+            next = found.get(cut).map(|&(pos, _)| pos);
+            found.truncate(cut);
+        }
+        debug_assert!(found.windows(2).all(|w| w[0].0 <= w[1].0), "rows out of order");
+        debug_assert!(next.is_none_or(|end| found.iter().all(|&(pos, _)| pos < end)));
+        (found.into_iter().map(|(_, r)| r).collect(), next)
+    }
+
     /// Removes `key` if present (its slot still holds it); whether it was.
     pub(crate) fn remove(&mut self, key: u64, key_of: impl Fn(u32) -> u64) -> bool {
         match self.find(key, &key_of) {
@@ -321,6 +445,97 @@ mod tests {
         // most, plus one insert's probe.
         let worst = peaks.iter().max().copied().unwrap_or(0);
         assert!(worst < 72, "up to {worst}% of buckets marked: {peaks:?}");
+    }
+
+    /// Paging through the index by position (as a snapshot does) sends every row alive
+    /// throughout exactly once, in position order, within the room, while rows come and go
+    /// and the index is rebuilt larger between pages; rows that wrapped past the last bucket
+    /// too.
+    #[test]
+    fn pages_by_position_send_each_row_alive_throughout_once() {
+        let mut wrapped = 0;
+        for seed in 0..96u64 {
+            let mut ix = RowIndex {
+                hasher: ahash::RandomState::with_seeds(seed, !seed, seed << 1, seed >> 1),
+                ..RowIndex::default()
+            };
+            // The slab: row r holds keys[r]; a removed row keeps its key, out of the index.
+            let mut keys: Vec<u64> = Vec::new();
+            let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut fresh = || {
+                x = bex_ps_proto::shard::mix64(x);
+                x
+            };
+            let add = |ix: &mut RowIndex, keys: &mut Vec<u64>, k: u64| {
+                keys.push(k);
+                ix.insert(k, keys.len() as u32 - 1, key_of(keys));
+            };
+            for _ in 0..20 + seed * 5 {
+                add(&mut ix, &mut keys, fresh());
+            }
+            // Rows stored before their home bucket: they overflowed past the last one.
+            let n = ix.buckets.len() as u128;
+            wrapped += ix
+                .buckets
+                .iter()
+                .enumerate()
+                .flat_map(|(b, bucket)| bucket.tags.iter().zip(&bucket.rows).map(move |t| (b, t)))
+                .filter(|&(b, (&tag, &r))| {
+                    let hash = ix.hasher.hash_one(keys[r as usize]);
+                    tag != EMPTY && ((u128::from(hash) * n) >> 64) as usize > b
+                })
+                .count();
+            let at_start = keys.len();
+            let mut removed = std::collections::HashSet::new();
+            // Every third seed sends only even rows (a snapshot leaves out rows never pushed).
+            let keep = |r: u32| seed % 3 != 0 || r % 2 == 0;
+            // A room for every row now and then: the whole index in one page.
+            let room = if seed % 4 == 2 { 10_000 } else { 1 + (seed % 7) as usize };
+            let (mut from, mut sent) = (0u64, HashMap::<u32, usize>::new());
+            let (mut last, mut pages) = (0u64, 0);
+            loop {
+                let (rows, next) = ix.rows_in_order(from, room, key_of(&keys), keep);
+                let positions: Vec<u64> =
+                    rows.iter().map(|&r| ix.position(keys[r as usize])).collect();
+                assert!(
+                    rows.len() <= room || positions.iter().all(|&p| p == positions[0]),
+                    "seed {seed}: {} rows for room {room}",
+                    rows.len()
+                );
+                for (&r, &pos) in rows.iter().zip(&positions) {
+                    assert!(keep(r), "seed {seed}: row {r} is not wanted");
+                    assert!(pos >= from && pos >= last, "seed {seed}: out of order");
+                    assert!(next.is_none_or(|n| pos < n), "seed {seed}: at or after next");
+                    last = pos;
+                    *sent.entry(r).or_default() += 1;
+                }
+                pages += 1;
+                let Some(n) = next else { break };
+                assert!(n > from, "seed {seed}: no progress from {from}");
+                from = n;
+                // Between pages, for odd seeds: three new rows (the index grows), and one row
+                // removed. (Even seeds change nothing, so rows wrapped at the start are still
+                // wrapped when the pages reach them: growth re-places them.)
+                if seed % 2 == 0 {
+                    continue;
+                }
+                for _ in 0..3 {
+                    add(&mut ix, &mut keys, fresh());
+                }
+                let victim = (fresh() % keys.len() as u64) as u32;
+                if ix.remove(keys[victim as usize], key_of(&keys)) {
+                    removed.insert(victim);
+                }
+            }
+            assert!(pages > 1 || at_start <= room, "seed {seed}: one page");
+            for (r, times) in &sent {
+                assert_eq!(*times, 1, "seed {seed}: row {r} sent {times} times");
+            }
+            for r in (0..at_start as u32).filter(|&r| keep(r) && !removed.contains(&r)) {
+                assert!(sent.contains_key(&r), "seed {seed}: row {r}, alive throughout, not sent");
+            }
+        }
+        assert!(wrapped > 0, "no row wrapped past the last bucket: they were not tested");
     }
 
     /// One churn run; returns the most buckets marked at once, in percent.
