@@ -884,8 +884,8 @@ const _: () = assert!(STRIPES <= 1 << 6 && MAX_POSITION == u64::MAX >> 6);
 /// Where a rows cursor stands in its table: a stripe, and a position in that stripe's index
 /// ([`Table::export_records_in_order`]). The cursor carries them as one number (the stripe
 /// in the top six bits), its `stripe` field the high half and its `row` field the low half,
-/// so cursors compare in snapshot order field by field. A stripe past the last (a cursor
-/// this process did not make) reads as the table's end.
+/// so cursors compare in snapshot order field by field. Any two fields are a place: the
+/// greatest, `u32::MAX` twice, is the last stripe's last position.
 fn place_in_table(cursor: SnapshotCursor) -> (usize, u64) {
     let packed = (u64::from(cursor.stripe) << 32) | u64::from(cursor.row);
     ((packed >> 58) as usize, packed & MAX_POSITION)
@@ -1533,6 +1533,7 @@ mod tests {
         loop {
             let mut buf = Vec::new();
             snapshot_chunk(&src, cursor, 1024, Vec::new, &mut buf).unwrap();
+            assert!(buf.len() <= 1024, "a chunk of {} bytes", buf.len());
             chunks += 1;
             // Between chunks: in the first 40, 300 new rows in the unbounded table (its
             // stripes' indexes are rebuilt larger again and again; for ever, its snapshot would
@@ -1549,6 +1550,12 @@ mod tests {
                 *sent.entry((table, row.key)).or_insert(0) += 1;
             };
             match apply_snapshot_chunk(&dst, &buf, &mut count).unwrap().next {
+                // Each cursor after the last, as the copier checks (the windows follow).
+                Some(c) if (c.table as usize) < src.len() => {
+                    let place = |c: SnapshotCursor| (c.table, c.stripe, c.row);
+                    assert!(place(c) > place(cursor), "{c:?} after {cursor:?}");
+                    cursor = c;
+                }
                 Some(c) => cursor = c,
                 None => break,
             }
@@ -1676,15 +1683,17 @@ mod tests {
             cursor_at(9, 2, STRIPES, 5),
             SnapshotCursor { epoch: 9, table: 3, stripe: 0, row: 0 }
         );
-        // Any cursor a peer sends is a place: the last one sends the last stripe's last rows.
+        // Any cursor a peer sends is a place: the greatest is the last stripe's last position,
+        // where no row is, so the chunk holds the next table's first rows.
         let set = filled();
         let last = SnapshotCursor { epoch: set.epoch(), table: 0, stripe: u32::MAX, row: u32::MAX };
         assert_eq!(place_in_table(last), (63, MAX_POSITION));
         let mut buf = Vec::new();
-        snapshot_chunk(&set, last, 1 << 16, Vec::new, &mut buf).unwrap();
+        assert!(snapshot_chunk(&set, last, 1 << 16, Vec::new, &mut buf).unwrap() > 0);
         let dst = TableSet::new(specs()).unwrap();
-        let next = apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}).unwrap().next.unwrap();
-        assert!(next.table >= 1, "moved on to the next table: {next:?}");
+        let info = apply_snapshot_chunk(&dst, &buf, &mut |_, _| {}).unwrap();
+        assert_eq!(info.table, 1, "table 0 sent nothing more");
+        assert_eq!(dst.get(0).unwrap().rows(), 0);
     }
 
     #[test]

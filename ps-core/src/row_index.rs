@@ -254,6 +254,18 @@ impl RowIndex {
         key_of: impl Fn(u32) -> u64,
         keep: impl Fn(u32) -> bool,
     ) -> (Vec<u32>, Option<u64>) {
+        self.rows_in_order_by(from, room, |r| self.hasher.hash_one(key_of(r)), keep)
+    }
+
+    /// [`rows_in_order`](Self::rows_in_order) with each row's hash from `hash_of` (tests
+    /// place rows at chosen hashes: a bucket's boundary, one position shared).
+    fn rows_in_order_by(
+        &self,
+        from: u64,
+        room: usize,
+        hash_of: impl Fn(u32) -> u64,
+        keep: impl Fn(u32) -> bool,
+    ) -> (Vec<u32>, Option<u64>) {
         let n = self.buckets.len();
         let room = room.max(1);
         let home_of = |hash: u64| ((u128::from(hash) * n as u128) >> 64) as usize;
@@ -263,77 +275,76 @@ impl RowIndex {
             let hash = ((b as u128) << 64).div_ceil(n as u128);
             u64::try_from(hash >> POSITION_SHIFT).unwrap_or(MAX_POSITION)
         };
-        let mut found: Vec<(u64, u32)> = Vec::new();
-        let collect = |b: usize, wrapped: bool, found: &mut Vec<(u64, u32)>| {
-            let bucket = &self.buckets[b];
-            for (&tag, &r) in bucket.tags.iter().zip(&bucket.rows) {
-                if tag == EMPTY {
-                    continue;
-                }
-                let hash = self.hasher.hash_one(key_of(r));
-                let pos = hash >> POSITION_SHIFT;
-                // A row homed after the bucket it sits in wrapped past the last bucket: it
-                // is collected with the end of the order, not here.
-                if pos >= from && (home_of(hash) > b) == wrapped && keep(r) {
-                    found.push((pos, r));
-                }
-            }
-        };
-        // The keys of the next few buckets' rows loaded ahead, independent of one another, so
-        // their misses (the rows are scattered over the slab) are in flight together: a
-        // 4M-row snapshot took 1.28 s without this and the row loads ahead in the caller,
-        // 0.71-0.74 s with (by slot, before: 0.18 s; in a layout with rows in the index,
-        // position order is memory order again).
+        // The hashes of a few buckets' rows at a time, in a loop of their own: each reads a
+        // key from the slab, where the rows are scattered, and these loads, independent of
+        // one another, keep their misses in flight together. A 4M-row dim-16 snapshot: 1.28 s
+        // with each row's hash and record read in turn; 0.61-0.94 s with keys and records
+        // loaded ahead, against 0.13-0.24 s by slot before (three binaries interleaved, nine
+        // runs each; splitting this loop in two measured the same). With rows in the index,
+        // position order would be memory order again.
         const AHEAD: usize = 8;
-        let touch = |buckets: &[Bucket]| {
-            let mut loaded = 0u8;
-            for bucket in buckets {
+        let hash_into = |buckets: std::ops::Range<usize>, out: &mut Vec<(usize, u64, u32)>| {
+            out.clear();
+            for b in buckets {
+                let bucket = &self.buckets[b];
                 for (&tag, &r) in bucket.tags.iter().zip(&bucket.rows) {
                     if tag != EMPTY {
-                        loaded ^= key_of(r) as u8;
+                        out.push((b, hash_of(r), r));
                     }
                 }
             }
-            std::hint::black_box(loaded);
         };
-        let mut next = None;
-        let first = if n == 0 || from > MAX_POSITION { n } else { home_of(from << POSITION_SHIFT) };
-        let mut b = first;
-        while b < n {
-            if (b - first) % AHEAD == 0 {
-                touch(&self.buckets[b..n.min(b + AHEAD)]);
+        // A row homed after the bucket it sits in wrapped past the last bucket: it is taken
+        // with the end of the order (`wrapped`), not where it sits.
+        let take = |(b, hash, r): (usize, u64, u32), wrapped: bool, found: &mut Vec<(u64, u32)>| {
+            let pos = hash >> POSITION_SHIFT;
+            if pos >= from && (home_of(hash) > b) == wrapped && keep(r) {
+                found.push((pos, r));
             }
-            collect(b, false, &mut found);
-            // Every row homed at or before an unmarked bucket has been seen: the rows before
-            // the next bucket's first position are complete. Stop once they fill the room
-            // (counted below that position, so each call moves on by at least one row).
-            if self.buckets[b].overflowed == 0 && found.len() >= room && b + 1 < n {
-                let end = first_of(b + 1);
-                if found.iter().filter(|&&(pos, _)| pos < end).count() >= room {
-                    next = Some(end);
-                    break;
+        };
+        let mut hashed = Vec::with_capacity(AHEAD * WAYS);
+        let mut found: Vec<(u64, u32)> = Vec::new();
+        let mut next = None;
+        let mut b = if n == 0 || from > MAX_POSITION { n } else { home_of(from << POSITION_SHIFT) };
+        'scan: while b < n {
+            let batch_end = n.min(b + AHEAD);
+            hash_into(b..batch_end, &mut hashed);
+            let mut rows = hashed.iter().copied().peekable();
+            for at in b..batch_end {
+                while let Some(row) = rows.next_if(|&(bucket, _, _)| bucket == at) {
+                    take(row, false, &mut found);
+                }
+                // Every row homed at or before an unmarked bucket has been seen: the rows
+                // before the next bucket's first position are complete. Stop once they fill
+                // the room (counted below that position, so each call moves on by a row).
+                if self.buckets[at].overflowed == 0 && at + 1 < n && found.len() >= room {
+                    let end = first_of(at + 1);
+                    if found.iter().filter(|&&(pos, _)| pos < end).count() >= room {
+                        next = Some(end);
+                        break 'scan;
+                    }
                 }
             }
-            b += 1;
+            b = batch_end;
         }
-        if b == n && n > 0 && self.buckets[n - 1].overflowed != 0 {
+        if next.is_none() && n > 0 && self.buckets[n - 1].overflowed != 0 {
             // The rows that wrapped: in the first buckets, while the chain of marks goes on.
             for w in 0..n {
-                collect(w, true, &mut found);
+                hash_into(w..w + 1, &mut hashed);
+                for &row in &hashed {
+                    take(row, true, &mut found);
+                }
                 if self.buckets[w].overflowed == 0 {
                     break;
                 }
             }
         }
-        if let Some(end) = next {
-            // Rows at the boundary position homed in the last bucket scanned: the next call
-            // sends them, with the rest of their position.
-            found.retain(|&(pos, _)| pos < end);
-        }
         found.sort_unstable();
         if found.len() > room {
             // Cut between two positions, never within one (the next call starts at a
-            // position: one split would send its first part twice).
+            // position: one split would send its first part twice). After a stop, rows at or
+            // past its boundary (its position's rows homed in the last bucket scanned) sort
+            // after the room's worth below it, so the cut leaves them to the next call.
             let mut cut = room;
             while cut > 0 && found[cut - 1].0 == found[cut].0 {
                 cut -= 1;
@@ -341,11 +352,16 @@ impl RowIndex {
             if cut == 0 {
                 cut = found.partition_point(|&(pos, _)| pos == found[0].0);
             }
-            next = found.get(cut).map(|&(pos, _)| pos);
+            // Where rows remain past the cut the next call starts at them; where none do,
+            // at the stop's boundary, or nowhere at the stripe's end.
+            if let Some(&(pos, _)) = found.get(cut) {
+                next = Some(pos);
+            }
             found.truncate(cut);
         }
         debug_assert!(found.windows(2).all(|w| w[0].0 <= w[1].0), "rows out of order");
         debug_assert!(next.is_none_or(|end| found.iter().all(|&(pos, _)| pos < end)));
+        debug_assert!(next.is_none_or(|end| end > from || from > MAX_POSITION), "no progress");
         (found.into_iter().map(|(_, r)| r).collect(), next)
     }
 
@@ -453,7 +469,7 @@ mod tests {
     /// too.
     #[test]
     fn pages_by_position_send_each_row_alive_throughout_once() {
-        let mut wrapped = 0;
+        let (mut wrapped, mut grew) = (0, 0);
         for seed in 0..96u64 {
             let mut ix = RowIndex {
                 hasher: ahash::RandomState::with_seeds(seed, !seed, seed << 1, seed >> 1),
@@ -475,6 +491,7 @@ mod tests {
             }
             // Rows stored before their home bucket: they overflowed past the last one.
             let n = ix.buckets.len() as u128;
+            let buckets_at_start = ix.buckets.len();
             wrapped += ix
                 .buckets
                 .iter()
@@ -528,6 +545,7 @@ mod tests {
                 }
             }
             assert!(pages > 1 || at_start <= room, "seed {seed}: one page");
+            grew += usize::from(ix.buckets.len() > buckets_at_start);
             for (r, times) in &sent {
                 assert_eq!(*times, 1, "seed {seed}: row {r} sent {times} times");
             }
@@ -536,6 +554,87 @@ mod tests {
             }
         }
         assert!(wrapped > 0, "no row wrapped past the last bucket: they were not tested");
+        assert!(grew > 10, "{grew} indexes grew while paged");
+    }
+
+    /// An index of `n` buckets holding rows where the test puts them: `(bucket, row)`, and
+    /// the overflow marks of `marked`; its rows' hashes are the test's too (`pages`).
+    fn placed(n: usize, rows: &[(usize, u32)], marked: &[usize]) -> RowIndex {
+        let mut ix = RowIndex { buckets: vec![Bucket::default(); n], ..RowIndex::default() };
+        for &(b, r) in rows {
+            let bucket = &mut ix.buckets[b];
+            let i = bucket.tags.iter().position(|&t| t == EMPTY).expect("room in the bucket");
+            bucket.tags[i] = 1;
+            bucket.rows[i] = r;
+        }
+        for &b in marked {
+            ix.buckets[b].overflowed = 1;
+        }
+        ix.len = rows.len();
+        ix
+    }
+
+    /// Pages through `ix` from position 0 with `room`, row r's hash `hashes[r]`: the pages,
+    /// each checked to move on and to keep within the room but for a shared position.
+    fn pages(ix: &RowIndex, hashes: &[u64], room: usize) -> Vec<Vec<u32>> {
+        let (mut from, mut out) = (0, Vec::new());
+        loop {
+            let (rows, next) = ix.rows_in_order_by(from, room, |r| hashes[r as usize], |_| true);
+            let pos: Vec<u64> =
+                rows.iter().map(|&r| hashes[r as usize] >> POSITION_SHIFT).collect();
+            assert!(
+                rows.len() <= room || pos.iter().all(|&p| p == pos[0]),
+                "room {room}: {rows:?}"
+            );
+            out.push(rows);
+            match next {
+                Some(n) => {
+                    assert!(n > from, "room {room}: no progress from {from}");
+                    from = n;
+                }
+                None => return out,
+            }
+        }
+    }
+
+    /// Rows sharing a position are sent in one page whatever the room; a position that
+    /// straddles a bucket boundary (rows of it homed on both sides) is sent once, whole;
+    /// rows that wrapped past the last bucket come last; with 1, 2 and 3 buckets.
+    #[test]
+    fn shared_positions_boundaries_and_wrapped_rows_page_exactly() {
+        let boundary = |n: u128, b: u128| ((b << 64).div_ceil(n)) as u64;
+        // n = 3: bucket 1 starts at a hash that is not a multiple of 64, so the position
+        // holding it has rows homed in bucket 0 (x) and in bucket 1 (y).
+        let b1 = boundary(3, 1);
+        assert_ne!(b1 % 64, 0);
+        let hashes = [100, b1 - 1, b1, boundary(3, 2) + 5, 7 << 6, (7 << 6) + 1];
+        let (x, y) = (1, 2);
+        let three = placed(3, &[(0, 0), (0, x), (1, y), (2, 3), (0, 4), (0, 5)], &[]);
+        // n = 2: rows 0 and 1 share the first position; row 3, homed in bucket 1, wrapped
+        // into bucket 0.
+        let h2 = [64 * 7, 64 * 7 + 1, boundary(2, 1) + 64, u64::MAX - 3];
+        let two = placed(2, &[(0, 0), (0, 1), (1, 2), (0, 3)], &[1]);
+        // n = 1, its bucket marked (a key once passed it: it wraps onto itself).
+        let h1 = [5 << 6, 1 << 63, u64::MAX];
+        let one = placed(1, &[(0, 0), (0, 1), (0, 2)], &[0]);
+        for room in [1, 2, 3, 10] {
+            let p = pages(&three, &hashes, room);
+            let sent: Vec<u32> = p.concat();
+            let mut sorted = sent.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, [0, 1, 2, 3, 4, 5], "room {room}: each row once: {p:?}");
+            assert!(
+                p.iter().any(|page| page.contains(&x) && page.contains(&y)),
+                "room {room}: the straddling position in one page: {p:?}"
+            );
+            assert!(p.iter().any(|page| page.contains(&4) && page.contains(&5)), "{p:?}");
+            let p = pages(&two, &h2, room);
+            assert_eq!(p.concat(), [0, 1, 2, 3], "room {room}: in order, wrapped last: {p:?}");
+            assert_eq!(p[0][..2], [0, 1], "room {room}: the shared position whole: {p:?}");
+            assert_eq!(pages(&one, &h1, room).concat(), [0, 1, 2], "room {room}");
+        }
+        let empty = placed(0, &[], &[]);
+        assert_eq!(empty.rows_in_order_by(0, 5, |_| 0, |_| true), (vec![], None));
     }
 
     /// One churn run; returns the most buckets marked at once, in percent.

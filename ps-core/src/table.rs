@@ -1321,12 +1321,13 @@ impl Table {
     }
 
     /// Appends the records of `which` rows of `stripe` at index positions `from..` to `out`,
-    /// in position order, as many as `max_rows` (more only where rows share a position: odds
-    /// of 2·10^-6 in a stripe of 10^6 rows); returns the records written and the position to go
-    /// on from (`None`: the stripe's end). Unlike a slot, a position names the same place
-    /// however the stripe's index grows or its rows move, so a cursor of positions sends every
-    /// row alive from the first call to the last exactly once (a row created meanwhile is sent
-    /// if the cursor has not passed its position). The stripe is read-locked while copying.
+    /// in position order, as many as `max_rows` (more only if the first position holds more
+    /// rows than that: a 58-bit hash collision, odds of 2·10^-6 in a stripe of 10^6 rows, at
+    /// the start of a call); returns the records written and the position to go on from
+    /// (`None`: the stripe's end). Unlike a slot, a position names the same place however the
+    /// stripe's index grows or its rows move, so a cursor of positions sends every row alive
+    /// from the first call to the last exactly once (a row created meanwhile is sent if the
+    /// cursor has not passed its position). The stripe is read-locked while copying.
     pub fn export_records_in_order(
         &self,
         which: ExportRows,

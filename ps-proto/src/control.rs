@@ -166,9 +166,10 @@ pub struct SnapshotCursor {
     pub epoch: u64,
     /// Table id.
     pub table: u32,
-    /// High half of the place in the table (the server's: a stripe and a position in it).
+    /// High half of the place in the table (the server's: a stripe and a position in it);
+    /// past the last table, of the client id the dedupe windows go on from.
     pub stripe: u32,
-    /// Low half of the place.
+    /// Low half of the place (or of the client id).
     pub row: u32,
 }
 
