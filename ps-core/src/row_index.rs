@@ -102,7 +102,7 @@ impl RowIndex {
 
     /// The home bucket and tag of `key` (valid until the index changes).
     pub(crate) fn probe(&self, key: u64) -> Probe {
-        let h = self.hasher.hash_one(key);
+        let h = self.hash(key);
         let home = ((u128::from(h) * self.buckets.len() as u128) >> 64) as usize;
         Probe { home, tag: (h as u8).max(1) }
     }
@@ -230,36 +230,23 @@ impl RowIndex {
         self.marks_after_rebuild = self.overflowed;
     }
 
-    /// Where `key` stands in the index's order: the top 58 bits of its hash (six bits are
-    /// left for a stripe number, so a stripe and a position fit a snapshot cursor's 64).
-    /// Rows are homed in position order, and a rebuild (any size) keeps the order: a
-    /// position, unlike a row number, names the same place in the index before and after
-    /// it grows, or after the rows move. ([`rows_in_order`](Self::rows_in_order) computes it
-    /// inline: this is for tests.)
-    #[cfg(test)]
-    pub(crate) fn position(&self, key: u64) -> u64 {
-        self.hasher.hash_one(key) >> POSITION_SHIFT
+    /// The hash that places `key` (per process: seeded at random). Its top 58 bits are the
+    /// key's position in the index's order (six bits are left for a stripe number, so a
+    /// stripe and a position fit a snapshot cursor's 64). Rows are homed in position order,
+    /// and a rebuild (any size) keeps the order: a position, unlike a row number, names the
+    /// same place in the index before and after it grows, or after the rows move.
+    pub(crate) fn hash(&self, key: u64) -> u64 {
+        self.hasher.hash_one(key)
     }
 
     /// The rows `keep` accepts whose positions are `from` or after, in position order, as
     /// many as `room` (more only where more than `room` share one position), and the
-    /// position the next call starts from (`None`: no row after these). Every accepted row
-    /// at a position in `from..next` is among them: a row is stored in its home bucket or,
+    /// position the next call starts from (`None`: no row after these); `hash_of(r)` is row
+    /// r's [`hash`](Self::hash) (tests place rows at chosen hashes). Every accepted row at a
+    /// position in `from..next` is among them: a row is stored in its home bucket or,
     /// overflowing, later (wrapping past the last bucket to the first), and a bucket without
     /// the overflow mark has no row homed at or before it stored after it.
     pub(crate) fn rows_in_order(
-        &self,
-        from: u64,
-        room: usize,
-        key_of: impl Fn(u32) -> u64,
-        keep: impl Fn(u32) -> bool,
-    ) -> (Vec<u32>, Option<u64>) {
-        self.rows_in_order_by(from, room, |r| self.hasher.hash_one(key_of(r)), keep)
-    }
-
-    /// [`rows_in_order`](Self::rows_in_order) with each row's hash from `hash_of` (tests
-    /// place rows at chosen hashes: a bucket's boundary, one position shared).
-    fn rows_in_order_by(
         &self,
         from: u64,
         room: usize,
@@ -498,7 +485,7 @@ mod tests {
                 .enumerate()
                 .flat_map(|(b, bucket)| bucket.tags.iter().zip(&bucket.rows).map(move |t| (b, t)))
                 .filter(|&(b, (&tag, &r))| {
-                    let hash = ix.hasher.hash_one(keys[r as usize]);
+                    let hash = ix.hash(keys[r as usize]);
                     tag != EMPTY && ((u128::from(hash) * n) >> 64) as usize > b
                 })
                 .count();
@@ -511,9 +498,10 @@ mod tests {
             let (mut from, mut sent) = (0u64, HashMap::<u32, usize>::new());
             let (mut last, mut pages) = (0u64, 0);
             loop {
-                let (rows, next) = ix.rows_in_order(from, room, key_of(&keys), keep);
+                let (rows, next) =
+                    ix.rows_in_order(from, room, |r| ix.hash(keys[r as usize]), keep);
                 let positions: Vec<u64> =
-                    rows.iter().map(|&r| ix.position(keys[r as usize])).collect();
+                    rows.iter().map(|&r| ix.hash(keys[r as usize]) >> POSITION_SHIFT).collect();
                 assert!(
                     rows.len() <= room || positions.iter().all(|&p| p == positions[0]),
                     "seed {seed}: {} rows for room {room}",
@@ -579,7 +567,7 @@ mod tests {
     fn pages(ix: &RowIndex, hashes: &[u64], room: usize) -> Vec<Vec<u32>> {
         let (mut from, mut out) = (0, Vec::new());
         loop {
-            let (rows, next) = ix.rows_in_order_by(from, room, |r| hashes[r as usize], |_| true);
+            let (rows, next) = ix.rows_in_order(from, room, |r| hashes[r as usize], |_| true);
             let pos: Vec<u64> =
                 rows.iter().map(|&r| hashes[r as usize] >> POSITION_SHIFT).collect();
             assert!(
@@ -634,7 +622,7 @@ mod tests {
             assert_eq!(pages(&one, &h1, room).concat(), [0, 1, 2], "room {room}");
         }
         let empty = placed(0, &[], &[]);
-        assert_eq!(empty.rows_in_order_by(0, 5, |_| 0, |_| true), (vec![], None));
+        assert_eq!(empty.rows_in_order(0, 5, |_| 0, |_| true), (vec![], None));
     }
 
     /// One churn run; returns the most buckets marked at once, in percent.

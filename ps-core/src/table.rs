@@ -1342,7 +1342,7 @@ impl Table {
         let (rows, next) = s.index.rows_in_order(
             from,
             max_rows,
-            |r| key_at(data, slot, r),
+            |r| s.index.hash(key_at(data, slot, r)),
             |r| which.takes(s.versions[r as usize]),
         );
         out.reserve(rows.len() * self.record_len());
