@@ -17,8 +17,24 @@ const WAYS: usize = 7;
 const KEY_LINE: usize = 16;
 /// Where the overflow mark is in the key line.
 const OVERFLOWED: usize = 14;
-/// Buckets are sized for this load (keys / slots), close to the table's memory per row.
-const LOAD: f64 = 0.85;
+/// How a prototype is laid out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    /// Buckets are sized for this load (keys / slots).
+    pub(crate) load: f64,
+    /// A second line a bucket after the key line: its rows' versions (u64 each, written by
+    /// every push), which a table's rows must carry (eviction order, copies over older rows).
+    pub(crate) versions: bool,
+}
+
+impl Shape {
+    /// Close to the table's memory per row, without versions.
+    pub(crate) const BARE: Shape = Shape { load: 0.85, versions: false };
+    /// With versions, at a load where memory per row at dim 16 (Adagrad: 128 B of values
+    /// and state, 136 B with the key) keeps within the 1.2x (163.2 B): a bucket of
+    /// 2 lines and 7 rows is 1024 B, / (7 x 0.9) = 162.5 B a row; at 0.85 it was 172.1 B.
+    pub(crate) const VERSIONED: Shape = Shape { load: 0.9, versions: true };
+}
 
 pub(crate) struct Inline {
     spec: TableSpec,
@@ -26,10 +42,14 @@ pub(crate) struct Inline {
     stride: usize,
     /// Words per bucket, whole cache lines.
     bucket_words: usize,
+    /// Words before the first row of a bucket: the key line, and the version line if any.
+    head_words: usize,
     buckets: usize,
     /// Where bucket 0 starts in `words` (a 64-byte boundary).
     base: usize,
     words: Vec<f32>,
+    /// Pushes so far: the versions a versioned shape stamps.
+    pushes: u64,
 }
 
 /// The two words of a key (0 marks an empty way; SplitMix64 keys of 1..2^64 are not 0).
@@ -38,13 +58,28 @@ fn halves(key: u64) -> (u32, u32) {
 }
 
 impl Inline {
-    pub(crate) fn new(spec: TableSpec, rows: u64) -> Inline {
+    pub(crate) fn new(spec: TableSpec, rows: u64, shape: Shape) -> Inline {
         let stride = spec.stride();
-        let bucket_words = (KEY_LINE + WAYS * stride).div_ceil(16) * 16;
-        let buckets = ((rows as f64 / (WAYS as f64 * LOAD)).ceil() as usize).max(1);
+        let head_words = if shape.versions { 2 * KEY_LINE } else { KEY_LINE };
+        let bucket_words = (head_words + WAYS * stride).div_ceil(16) * 16;
+        let buckets = ((rows as f64 / (WAYS as f64 * shape.load)).ceil() as usize).max(1);
         let words = vec![0f32; buckets * bucket_words + 16];
         let base = (64 - words.as_ptr() as usize % 64) % 64 / 4;
-        Inline { spec, stride, bucket_words, buckets, base, words }
+        Inline { spec, stride, bucket_words, head_words, buckets, base, words, pushes: 0 }
+    }
+
+    /// Stamps the row starting at `row` with the next version, if versions are kept.
+    fn stamp(&mut self, row: usize) {
+        if self.head_words == KEY_LINE {
+            return;
+        }
+        self.pushes += 1;
+        let rel = row - self.base;
+        let (b, way) =
+            (rel / self.bucket_words, (rel % self.bucket_words - self.head_words) / self.stride);
+        let at = self.at(b) + KEY_LINE + 2 * way;
+        self.words[at] = f32::from_bits(self.pushes as u32);
+        self.words[at + 1] = f32::from_bits((self.pushes >> 32) as u32);
     }
 
     fn home(&self, key: u64) -> usize {
@@ -67,7 +102,7 @@ impl Inline {
         let mut b = self.home(key);
         for _ in 0..self.buckets {
             if let Some(i) = self.way(b, key) {
-                return Some(self.at(b) + KEY_LINE + i * self.stride);
+                return Some(self.at(b) + self.head_words + i * self.stride);
             }
             if self.words[self.at(b) + OVERFLOWED].to_bits() == 0 {
                 return None;
@@ -97,7 +132,7 @@ impl Inline {
         let at = self.at(b);
         self.words[at + 2 * free] = f32::from_bits(lo);
         self.words[at + 2 * free + 1] = f32::from_bits(hi);
-        let row = at + KEY_LINE + free * self.stride;
+        let row = at + self.head_words + free * self.stride;
         let dim = self.spec.dim as usize;
         let (w, s) = self.words[row..row + self.stride].split_at_mut(dim);
         self.spec.init.fill(self.spec.seed, key, w);
@@ -118,7 +153,7 @@ impl Inline {
                 loaded ^= self.words[self.at(*h)].to_bits();
             }
             let found = homes.iter().zip(chunk).filter_map(|(&h, &k)| {
-                self.way(h, k).map(|i| self.at(h) + KEY_LINE + i * self.stride)
+                self.way(h, k).map(|i| self.at(h) + self.head_words + i * self.stride)
             });
             let m = found.zip(rows.iter_mut()).fold(0, |m, (row, slot)| {
                 *slot = row;
@@ -146,6 +181,7 @@ impl Rows for Inline {
             };
             let (w, s) = self.words[row..row + self.stride].split_at_mut(dim);
             self.spec.optimizer.apply(w, s, &mut 0, g);
+            self.stamp(row);
         }
     }
 

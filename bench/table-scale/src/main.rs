@@ -118,6 +118,9 @@ enum Store {
     /// A prototype, not a table: rows inline in the index's buckets (`inline.rs`), to
     /// measure what one page walk per lookup instead of two would gain.
     Inline,
+    /// The prototype with what a table's rows must carry, a version each (a line of them a
+    /// bucket), at load 0.9, where its memory per row keeps within 1.2x at dim 16.
+    InlineVersioned,
     /// No table: an array of the rows' payload bytes, and per "fetch" one random 8-byte
     /// load per key — what the memory system alone costs at this size, the floor under
     /// any table's growth (no push).
@@ -390,8 +393,12 @@ fn point(p: &PointArgs) -> PointReport {
             let mut baseline = Baseline { spec: spec.clone(), rows: HashMap::new() };
             (exercise(&mut baseline, &spec, p, p.rows, rss0), None)
         }
-        Store::Inline => {
-            let mut inline = inline::Inline::new(spec.clone(), p.rows);
+        Store::Inline | Store::InlineVersioned => {
+            let shape = match p.store {
+                Store::Inline => inline::Shape::BARE,
+                _ => inline::Shape::VERSIONED,
+            };
+            let mut inline = inline::Inline::new(spec.clone(), p.rows, shape);
             (exercise(&mut inline, &spec, p, p.rows, rss0), None)
         }
         Store::Floor => {
@@ -923,7 +930,9 @@ mod tests {
 
     #[test]
     fn a_small_point_measures_every_table_store_alike() {
-        for store in [Store::Bex, Store::BexBounded, Store::Hashmap, Store::Inline] {
+        for store in
+            [Store::Bex, Store::BexBounded, Store::Hashmap, Store::Inline, Store::InlineVersioned]
+        {
             let r = point(&PointArgs { rows: 20_000, dim: 8, store, batch: 100, seconds: 0.05 });
             assert_eq!((r.rows, r.stride), (20_000, 16));
             assert!(r.insert_rows_per_s > 0.0 && r.fetch.is_some() && r.push.is_some());
@@ -943,28 +952,31 @@ mod tests {
     #[test]
     fn the_inline_prototype_holds_the_rows_the_table_does() {
         // Enough keys that buckets overflow into their neighbours; pushed twice, some in
-        // batches that repeat a key, then fetched with keys never pushed mixed in.
-        let spec = spec(8);
-        let mut table = Table::new(spec.clone()).expect("a valid spec");
-        let mut inline = inline::Inline::new(spec.clone(), 30_000);
-        let keys: Vec<u64> = (0..30_000).map(key).collect();
-        for round in 0..2u64 {
-            for (c, chunk) in keys.chunks(700).enumerate() {
-                let mut batch = chunk.to_vec();
-                batch.push(chunk[0]);
-                let grads: Vec<f32> = (0..batch.len() * 8)
-                    .map(|i| ((i as u64 * 31 + c as u64 + round) % 17) as f32 / 50.0 - 0.16)
-                    .collect();
-                Rows::push(&mut table, &batch, &grads);
-                inline.push(&batch, &grads);
+        // batches that repeat a key, then fetched with keys never pushed mixed in; in both
+        // shapes (the versioned one at load 0.9 overflows more).
+        for shape in [inline::Shape::BARE, inline::Shape::VERSIONED] {
+            let spec = spec(8);
+            let mut table = Table::new(spec.clone()).expect("a valid spec");
+            let mut inline = inline::Inline::new(spec.clone(), 30_000, shape);
+            let keys: Vec<u64> = (0..30_000).map(key).collect();
+            for round in 0..2u64 {
+                for (c, chunk) in keys.chunks(700).enumerate() {
+                    let mut batch = chunk.to_vec();
+                    batch.push(chunk[0]);
+                    let grads: Vec<f32> = (0..batch.len() * 8)
+                        .map(|i| ((i as u64 * 31 + c as u64 + round) % 17) as f32 / 50.0 - 0.16)
+                        .collect();
+                    Rows::push(&mut table, &batch, &grads);
+                    inline.push(&batch, &grads);
+                }
             }
+            let asked: Vec<u64> =
+                keys.iter().step_by(3).copied().chain((40_000..41_000).map(key)).collect();
+            let (mut a, mut b) = (vec![0f32; asked.len() * 8], vec![1f32; asked.len() * 8]);
+            Rows::fetch(&mut table, &asked, &mut a);
+            inline.fetch(&asked, &mut b);
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{shape:?}");
         }
-        let asked: Vec<u64> =
-            keys.iter().step_by(3).copied().chain((40_000..41_000).map(key)).collect();
-        let (mut a, mut b) = (vec![0f32; asked.len() * 8], vec![1f32; asked.len() * 8]);
-        Rows::fetch(&mut table, &asked, &mut a);
-        inline.fetch(&asked, &mut b);
-        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 
     /// A bex or floor point of round `round` at `rows` whose fetch p50 is `p50`.
