@@ -232,7 +232,7 @@ impl RowIndex {
 
     /// The hash that places `key` (per process: seeded at random). Its top 58 bits are the
     /// key's position in the index's order (six bits are left for a stripe number, so a
-    /// stripe and a position fit a snapshot cursor's 64). Rows are homed in position order,
+    /// stripe and a position would fit a snapshot cursor's 64). Rows are homed in position order,
     /// and a rebuild (any size) keeps the order: a position, unlike a row number, names the
     /// same place in the index before and after it grows, or after the rows move.
     pub(crate) fn hash(&self, key: u64) -> u64 {
@@ -264,11 +264,10 @@ impl RowIndex {
         };
         // The hashes of a few buckets' rows at a time, in a loop of their own: each reads a
         // key from the slab, where the rows are scattered, and these loads, independent of
-        // one another, keep their misses in flight together. A 4M-row dim-16 snapshot: 1.28 s
-        // with each row's hash and record read in turn; 0.61-0.94 s with keys and records
-        // loaded ahead, against 0.13-0.24 s by slot before (three binaries interleaved, nine
-        // runs each; splitting this loop in two measured the same). With rows in the index,
-        // position order would be memory order again.
+        // one another, keep their misses in flight together (a 4M-row export took 1.28 s
+        // with each row's hash and record read in turn, 0.61-0.94 s with both loaded ahead;
+        // splitting this loop in two measured the same). `table-scale` measures it beside
+        // the slot order snapshots use; with rows in the index, the orders would be one.
         const AHEAD: usize = 8;
         let hash_into = |buckets: std::ops::Range<usize>, out: &mut Vec<(usize, u64, u32)>| {
             out.clear();
@@ -450,7 +449,7 @@ mod tests {
         assert!(worst < 72, "up to {worst}% of buckets marked: {peaks:?}");
     }
 
-    /// Paging through the index by position (as a snapshot does) sends every row alive
+    /// Paging through the index by position (as a snapshot would) sends every row alive
     /// throughout exactly once, in position order, within the room, while rows come and go
     /// and the index is rebuilt larger between pages; rows that wrapped past the last bucket
     /// too.

@@ -156,9 +156,8 @@ pub struct AdminResponse {
     pub message: String,
 }
 
-/// Where a streaming snapshot continues: in table `table`, from the place `stripe` and `row`
-/// name together (opaque to the receiver, and compared field by field: each chunk's cursor
-/// comes after the last), in the table layout of the process whose `epoch` it names.
+/// Where a streaming snapshot continues: rows `row..` of stripe `stripe` of table `table`,
+/// in the table layout of the process whose `epoch` it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SnapshotCursor {
     /// The serving process's table-set epoch (0 at [`START`](Self::START)); a cursor from
@@ -166,10 +165,9 @@ pub struct SnapshotCursor {
     pub epoch: u64,
     /// Table id.
     pub table: u32,
-    /// High half of the place in the table (the server's: a stripe and a position in it);
-    /// past the last table, of the client id the dedupe windows go on from.
+    /// Stripe of the table.
     pub stripe: u32,
-    /// Low half of the place (or of the client id).
+    /// Row within the stripe.
     pub row: u32,
 }
 
