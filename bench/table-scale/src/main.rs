@@ -4,7 +4,8 @@
 //! 1000-key fetches and pushes of random existing keys, and of applying 1000 newer
 //! whole-row copies as a replica does. Beside it, in the same run: the same rows in a plain
 //! `HashMap<u64, Box<[f32]>>` with the same initializer and optimizer; `floor`, random loads
-//! over an array of the rows' size (what memory alone costs); and `inline`, a prototype of
+//! over an array of the rows' size (what memory alone costs; with two loads a key, in two
+//! pages or in one, it tells cache misses from page walks); and `inline`, a prototype of
 //! rows inline in the index. Every point runs in a child process of its own, so its
 //! resident memory is its rows' alone and is returned to the system before the next point;
 //! a point that would not fit in the memory available now is reported as skipped, not
@@ -61,8 +62,9 @@ struct RunArgs {
     dims: Vec<u32>,
     /// Stores to measure: bex (the PS table), bex-bounded (the same table bounded at the
     /// rows and full: evicting as it goes), hashmap (the baseline), floor (random loads
-    /// over an array of the rows' size: how memory alone slows as it grows) and inline (a
-    /// prototype of rows inline in the index; not in the default set).
+    /// over an array of the rows' size: how memory alone slows as it grows); not in the
+    /// default set: floor-two-pages and floor-one-page (two loads a key, in two pages or in
+    /// one), inline and inline-versioned (prototypes of rows inline in the index).
     #[arg(long, value_delimiter = ',', default_value = "bex,bex-bounded,hashmap,floor")]
     stores: Vec<Store>,
     /// Keys per fetch and push.
@@ -126,12 +128,25 @@ enum Store {
     /// load per key — what the memory system alone costs at this size, the floor under
     /// any table's growth (no push).
     Floor,
+    /// The floor with two random loads a key, in two pages (as a table's index bucket and
+    /// its row are): what a lookup of two independent misses costs.
+    FloorTwoPages,
+    /// The floor with two loads a key in one page, 2 KiB apart (as a row inline in its
+    /// bucket is): with `floor-two-pages`, it tells misses of the data from page walks.
+    FloorOnePage,
 }
 
 impl Store {
     /// Its name on the command line and in the tables (`bex-bounded`).
     fn name(self) -> String {
         self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+    }
+
+    /// The floor stores: loads of an array, no table.
+    const FLOORS: [Store; 3] = [Store::Floor, Store::FloorTwoPages, Store::FloorOnePage];
+
+    fn is_floor(self) -> bool {
+        Store::FLOORS.contains(&self)
     }
 }
 
@@ -345,27 +360,64 @@ impl Rows for Baseline {
     }
 }
 
-/// The memory floor: words to load at random.
-struct Floor(Vec<u64>);
+/// The memory floor: words to load at random, `loads` of them a key.
+struct Floor {
+    words: Vec<u64>,
+    loads: FloorLoads,
+}
+
+/// What a floor's "fetch" loads for each key.
+#[derive(Clone, Copy, Debug)]
+enum FloorLoads {
+    /// One word anywhere.
+    One,
+    /// Two words anywhere: almost always in two pages.
+    TwoPages,
+    /// Two words of one 4 KiB page, 2 KiB apart (further than the adjacent-line
+    /// prefetcher reaches, so both are misses of their own).
+    OnePage,
+}
+
+/// 8-byte words in a 4 KiB page.
+const PAGE_WORDS: u64 = 512;
 
 impl Floor {
-    /// An array of `bytes`, every page written (resident, as rows would be).
-    fn new(bytes: usize) -> Floor {
-        let mut words = vec![0u64; bytes.div_ceil(8).max(1)];
-        for (i, w) in words.iter_mut().enumerate().step_by(512) {
+    /// An array of `bytes` (at least a page), every page written (resident, as rows would be).
+    fn new(bytes: usize, loads: FloorLoads) -> Floor {
+        let mut words = vec![0u64; bytes.div_ceil(8).max(PAGE_WORDS as usize)];
+        for (i, w) in words.iter_mut().enumerate().step_by(PAGE_WORDS as usize) {
             *w = i as u64;
         }
-        Floor(words)
+        Floor { words, loads }
+    }
+
+    /// The words key `k` loads. Keys are SplitMix64 outputs, so each part of one is uniform.
+    fn at(&self, k: u64) -> [usize; 2] {
+        let n = self.words.len() as u64;
+        match self.loads {
+            FloorLoads::One => [(k % n) as usize; 2],
+            FloorLoads::TwoPages => [(k % n) as usize, (k.rotate_left(32) % n) as usize],
+            FloorLoads::OnePage => {
+                let page = (k % (n / PAGE_WORDS)) * PAGE_WORDS;
+                let line = (k >> 40) % 32 * 8;
+                [(page + line) as usize, (page + line + PAGE_WORDS / 2) as usize]
+            }
+        }
     }
 }
 
 impl Rows for Floor {
     fn push(&mut self, _: &[u64], _: &[f32]) {}
     fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
-        // Keys are SplitMix64 outputs, so `k % len` is uniform; the loads are independent,
-        // as a warmed batch's are.
-        let n = self.0.len() as u64;
-        let sum = keys.iter().fold(0u64, |s, &k| s.wrapping_add(self.0[(k % n) as usize]));
+        // The loads are independent, as a warmed batch's are.
+        let sum = keys.iter().fold(0u64, |s, &k| {
+            let [a, b] = self.at(k);
+            let s = s.wrapping_add(self.words[a]);
+            match self.loads {
+                FloorLoads::One => s,
+                FloorLoads::TwoPages | FloorLoads::OnePage => s.wrapping_add(self.words[b]),
+            }
+        });
         if let Some(o) = out.first_mut() {
             *o = sum as f32;
         }
@@ -418,9 +470,14 @@ fn point(p: &PointArgs) -> PointReport {
             let mut inline = inline::Inline::new(spec.clone(), p.rows, shape);
             (exercise(&mut inline, &spec, p, p.rows, rss0), None)
         }
-        Store::Floor => {
+        Store::Floor | Store::FloorTwoPages | Store::FloorOnePage => {
+            let loads = match p.store {
+                Store::Floor => FloorLoads::One,
+                Store::FloorTwoPages => FloorLoads::TwoPages,
+                _ => FloorLoads::OnePage,
+            };
             let started = Clock.now();
-            let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec));
+            let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec), loads);
             let filled = (Clock.now() - started).as_secs_f64();
             let m = exercise(&mut floor, &spec, p, p.rows, rss0);
             (Measured { insert_s: filled, push: None, ..m }, None)
@@ -793,22 +850,30 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
     let n = rounds(points).len();
     let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
     for dim in dims(points) {
-        let rows = row_counts(points, Store::Floor, dim);
-        let growth = growth_by_round(points, Store::Floor, dim, &fetch_p50);
-        if let (Some(&first), Some(&last), Some(g)) = (rows.first(), rows.last(), median(&growth)) {
+        for (store, loads) in [
+            (Store::Floor, "random loads alone"),
+            (Store::FloorTwoPages, "two random loads a key, two pages"),
+            (Store::FloorOnePage, "two random loads a key, one page"),
+        ] {
+            let rows = row_counts(points, store, dim);
+            let growth = growth_by_round(points, store, dim, &fetch_p50);
+            let (Some(&first), Some(&last), Some(g)) = (rows.first(), rows.last(), median(&growth))
+            else {
+                continue;
+            };
             // Of one round, the two p50s; of several, each round's ratio (medians of the two
             // p50s would not divide to the median ratio).
-            let p50 = |rows| median(&over_rounds(points, (Store::Floor, dim, rows), &fetch_p50));
+            let p50 = |rows| median(&over_rounds(points, (store, dim, rows), &fetch_p50));
             let detail = match n {
                 1 => format!(
-                    " ({:.1} / {:.1} µs per {batch} loads)",
+                    " ({:.1} / {:.1} µs per {batch} keys)",
                     p50(last).unwrap_or(f64::NAN),
                     p50(first).unwrap_or(f64::NAN)
                 ),
                 _ => rests_on(&growth, n),
             };
             out.push(format!(
-                "dim {dim}: random loads alone, p50 at {} rows / at {} rows: {g:.2}{detail}",
+                "dim {dim}: {loads}, p50 at {} rows / at {} rows: {g:.2}{detail}",
                 count(last),
                 count(first),
             ));
@@ -979,7 +1044,7 @@ fn figure(points: &[RunPoint]) -> String {
         chart(
             "Insert rate",
             "M rows/s",
-            series_of(&|r| (r.store != Store::Floor).then_some(r.insert_rows_per_s / 1e6)),
+            series_of(&|r| (!r.store.is_floor()).then_some(r.insert_rows_per_s / 1e6)),
         ),
     ];
     bex_plot::grid(&charts, 2, 560.0, 340.0)
@@ -1013,14 +1078,30 @@ mod tests {
             let exported = r.export.is_some_and(|e| e.by_position_ns > 0.0 && e.by_slot_ns > 0.0);
             assert_eq!(exported, store == Store::Bex, "{store:?}: exports measured");
         }
-        let r = point(&PointArgs {
-            rows: 20_000,
-            dim: 8,
-            store: Store::Floor,
-            batch: 100,
-            seconds: 0.05,
-        });
-        assert!(r.fetch.is_some() && r.push.is_none(), "the floor measures loads alone");
+        for store in Store::FLOORS {
+            let r = point(&PointArgs { rows: 20_000, dim: 8, store, batch: 100, seconds: 0.05 });
+            assert!(r.fetch.is_some() && r.push.is_none(), "{store:?} measures loads alone");
+        }
+    }
+
+    #[test]
+    fn floor_loads_fall_in_one_page_or_in_two() {
+        let bytes = 64 << 20;
+        let one = Floor::new(bytes, FloorLoads::OnePage);
+        let two = Floor::new(bytes, FloorLoads::TwoPages);
+        let page = |w: usize| w / PAGE_WORDS as usize;
+        let (mut pages, mut shared) = (std::collections::HashSet::new(), 0);
+        for k in (0..10_000).map(key) {
+            let [a, b] = one.at(k);
+            assert_eq!((page(a), b - a), (page(b), PAGE_WORDS as usize / 2), "key {k}");
+            assert!(b < bytes / 8);
+            pages.insert(page(a));
+            let [a, b] = two.at(k);
+            shared += usize::from(page(a) == page(b));
+        }
+        // Spread over the array, not a corner of it; two pages alike about 1 key in 16384.
+        assert!(pages.len() > 7_000, "{} pages", pages.len());
+        assert!(shared < 5, "{shared} keys loaded one page twice");
     }
 
     #[test]
