@@ -899,6 +899,45 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
                 ));
             }
         }
+        out.extend(growth_at_floor_cost(points, dim));
+    }
+    out
+}
+
+/// The fetch growth bex would have if the memory it adds between its fewest and most rows
+/// were a floor store's: per round, (bex p50 at the fewest rows + that floor's p50 at the
+/// most − at the fewest) / bex p50 at the fewest. With `floor-one-page`, what a layout that
+/// reads one page a key (rows inline in the index) could reach at best, keeping the table's
+/// per-key work; with `floor-two-pages`, what today's (index bucket, then row) costs.
+fn growth_at_floor_cost(points: &[RunPoint], dim: u32) -> Vec<String> {
+    let rows = row_counts(points, Store::Bex, dim);
+    let (Some(&fewest), Some(&most)) = (rows.first(), rows.last()) else { return Vec::new() };
+    let n = rounds(points).len();
+    let mut out = Vec::new();
+    for (floor, pages) in [(Store::FloorOnePage, "one page"), (Store::FloorTwoPages, "two pages")] {
+        let bounds: Vec<f64> = rounds(points)
+            .into_iter()
+            .filter_map(|round| {
+                let at = |store, rows| {
+                    measured(points, store, dim, round)
+                        .into_iter()
+                        .find(|r| r.rows == rows)
+                        .and_then(fetch_p50)
+                };
+                let base = at(Store::Bex, fewest)?;
+                Some((base + at(floor, most)? - at(floor, fewest)?) / base)
+            })
+            .collect();
+        if let (Some(b), true) = (median(&bounds), most > fewest) {
+            out.push(format!(
+                "dim {dim}: bex fetch growth if its memory cost {pages} a key ({}), {} / {} \
+                 rows: {b:.2}{}",
+                floor.name(),
+                count(most),
+                count(fewest),
+                rests_on(&bounds, n)
+            ));
+        }
     }
     out
 }
@@ -1154,6 +1193,33 @@ mod tests {
             batch: 1000,
         };
         RunPoint { store, dim: 16, rows, round, report: Some(report), skipped: None, failed: None }
+    }
+
+    #[test]
+    fn the_floors_price_the_growth_of_one_page_and_of_two_pages_a_key() {
+        let mut points = Vec::new();
+        // Two rounds; the one-page floor adds 56 and 40 µs, the two-page floor 80 and 100.
+        for (round, bex, one, two) in [
+            (1, (80.0, 160.0), (20.0, 76.0), (30.0, 110.0)),
+            (2, (100.0, 190.0), (20.0, 60.0), (30.0, 130.0)),
+        ] {
+            for (store, (small, large)) in
+                [(Store::Bex, bex), (Store::FloorOnePage, one), (Store::FloorTwoPages, two)]
+            {
+                points.push(synthetic(store, 1_000_000, round, small, 150.0));
+                points.push(synthetic(store, 100_000_000, round, large, 150.0));
+            }
+        }
+        let lines = growth_at_floor_cost(&points, 16);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        // One page: (80 + 56) / 80 = 1.70 and (100 + 40) / 100 = 1.40, median 1.55.
+        assert!(lines[0].contains("one page a key (floor-one-page)"), "{}", lines[0]);
+        assert!(lines[0].contains(": 1.55 (median of 2 rounds: 1.70, 1.40)"), "{}", lines[0]);
+        // Two pages: (80 + 80) / 80 = 2.00 and (100 + 100) / 100 = 2.00.
+        assert!(lines[1].contains(": 2.00 (median of 2 rounds: 2.00, 2.00)"), "{}", lines[1]);
+        // Without the floors, nothing to say.
+        points.retain(|p| p.store == Store::Bex);
+        assert!(growth_at_floor_cost(&points, 16).is_empty());
     }
 
     #[test]
