@@ -364,6 +364,8 @@ impl Rows for Baseline {
 struct Floor {
     words: Vec<u64>,
     loads: FloorLoads,
+    /// The index of the first word that starts a page (the allocation need not).
+    first_page: u64,
 }
 
 /// What a floor's "fetch" loads for each key.
@@ -382,13 +384,16 @@ enum FloorLoads {
 const PAGE_WORDS: u64 = 512;
 
 impl Floor {
-    /// An array of `bytes` (at least a page), every page written (resident, as rows would be).
+    /// An array of `bytes` and a page, every page written (resident, as rows would be).
     fn new(bytes: usize, loads: FloorLoads) -> Floor {
-        let mut words = vec![0u64; bytes.div_ceil(8).max(PAGE_WORDS as usize)];
+        let mut words = vec![0u64; bytes.div_ceil(8) + PAGE_WORDS as usize];
         for (i, w) in words.iter_mut().enumerate().step_by(PAGE_WORDS as usize) {
             *w = i as u64;
         }
-        Floor { words, loads }
+        let page_bytes = PAGE_WORDS as usize * 8;
+        let first_page =
+            ((page_bytes - words.as_ptr().addr() % page_bytes) % page_bytes / 8) as u64;
+        Floor { words, loads, first_page }
     }
 
     /// The words key `k` loads. Keys are SplitMix64 outputs, so each part of one is uniform.
@@ -398,7 +403,7 @@ impl Floor {
             FloorLoads::One => [(k % n) as usize; 2],
             FloorLoads::TwoPages => [(k % n) as usize, (k.rotate_left(32) % n) as usize],
             FloorLoads::OnePage => {
-                let page = (k % (n / PAGE_WORDS)) * PAGE_WORDS;
+                let page = self.first_page + k % ((n - self.first_page) / PAGE_WORDS) * PAGE_WORDS;
                 let line = (k >> 40) % 32 * 8;
                 [(page + line) as usize, (page + line + PAGE_WORDS / 2) as usize]
             }
@@ -1128,14 +1133,16 @@ mod tests {
         let bytes = 64 << 20;
         let one = Floor::new(bytes, FloorLoads::OnePage);
         let two = Floor::new(bytes, FloorLoads::TwoPages);
-        let page = |w: usize| w / PAGE_WORDS as usize;
+        // Pages of memory, wherever the array starts.
+        let page = |w: usize| one.words[w..].as_ptr().addr() / 4096;
         let (mut pages, mut shared) = (std::collections::HashSet::new(), 0);
         for k in (0..10_000).map(key) {
             let [a, b] = one.at(k);
             assert_eq!((page(a), b - a), (page(b), PAGE_WORDS as usize / 2), "key {k}");
-            assert!(b < bytes / 8);
+            assert!(b < one.words.len());
             pages.insert(page(a));
             let [a, b] = two.at(k);
+            let page = |w: usize| two.words[w..].as_ptr().addr() / 4096;
             shared += usize::from(page(a) == page(b));
         }
         // Spread over the array, not a corner of it; two pages alike about 1 key in 16384.
