@@ -1320,56 +1320,6 @@ impl Table {
         (r.saturating_sub(from), written)
     }
 
-    /// Appends the records of `which` rows of `stripe` at index positions `from..` to `out`,
-    /// in position order, as many as `max_rows` (more only if the first position holds more
-    /// rows than that: a 58-bit hash collision, odds of 2·10^-6 in a stripe of 10^6 rows, at
-    /// the start of a call); returns the records written and the position to go on from
-    /// (`None`: the stripe's end). Unlike a slot, a position names the same place however the
-    /// stripe's index grows or its rows move, so a cursor of positions sends every row alive
-    /// from the first call to the last exactly once (a row created meanwhile is sent if the
-    /// cursor has not passed its position). The stripe is read-locked while copying.
-    ///
-    /// Built for a layout whose rows move (rows inline in the index), and not used by
-    /// snapshots while rows never move: in today's slab it reads the rows at random, at 100M
-    /// rows 517 ns a row against [`export_records`](Self::export_records)' 34 by slot
-    /// (`bench/table-scale`, which measures both).
-    pub fn export_records_in_order(
-        &self,
-        which: ExportRows,
-        stripe: usize,
-        from: u64,
-        max_rows: usize,
-        out: &mut Vec<u8>,
-    ) -> (usize, Option<u64>) {
-        let Some(s) = self.stripes.get(stripe) else { return (0, None) };
-        let s = s.read();
-        let (data, slot) = (&s.data, s.slot);
-        let (rows, next) = s.index.rows_in_order(
-            from,
-            max_rows,
-            |r| s.index.hash(key_at(data, slot, r)),
-            |r| which.takes(s.versions[r as usize]),
-        );
-        out.reserve(rows.len() * self.record_len());
-        // Rows in position order are scattered over the slab: each chunk's row loads first,
-        // independent of one another, so their misses are in flight together.
-        for part in rows.chunks(32) {
-            let mut loaded = 0u8;
-            for &r in part {
-                let at = r as usize * slot;
-                for line in (0..slot).step_by(16) {
-                    loaded ^= data.get(at + line).map_or(0, |v| v.to_bits() as u8);
-                }
-                loaded ^= s.steps.get(r as usize).map_or(0, |&v| v as u8);
-            }
-            std::hint::black_box(loaded);
-            for &r in part {
-                s.put_record(r as usize, out);
-            }
-        }
-        (rows.len(), next)
-    }
-
     /// Inserts whole rows (values, state, steps, version) from records as written by
     /// [`export_records`](Self::export_records) (or, `Unversioned`, by checkpoint versions
     /// 1 and 2: version 1), each only over an older stored row (see the module docs).

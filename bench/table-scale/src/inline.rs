@@ -3,8 +3,8 @@
 //! a lookup's second load (the row) falls in the page of its first (the keys) and needs no
 //! second page walk; the table's index and slab are two arrays, so its lookups walk twice at
 //! sizes the TLB does not cover. Not a store to serve from: it is sized once for its rows
-//! (rows move if it grows, which snapshot cursors over row numbers cannot follow; paging by
-//! index position, `Table::export_records_in_order`, could) and has no removal or stripes.
+//! (rows move if it grows, which snapshot cursors over row numbers cannot follow; a cursor
+//! by index position could) and has no removal or stripes.
 
 use bex_ps_proto::shard::mix64;
 use bex_ps_proto::TableSpec;

@@ -174,21 +174,11 @@ struct PointReport {
     /// stored rows, as a replica applies a Replicate (bex stores only).
     #[serde(default)]
     copy: Option<LatencySummary>,
-    /// Paging every row out as snapshot chunks do (bex only).
+    /// Time per row to page every row out in 4 MiB chunks, as snapshot chunks do (the
+    /// unbounded table only), ns: the lesser of two passes.
     #[serde(default)]
-    export: Option<ExportTimes>,
+    export_ns: Option<f64>,
     batch: u32,
-}
-
-/// Time per row to page a whole table out in 4 MiB chunks, each way once per pass, two
-/// passes interleaved, the lesser of each kept.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct ExportTimes {
-    /// By index position (`Table::export_records_in_order`), as snapshots of a layout whose
-    /// rows move would have to page.
-    by_position_ns: f64,
-    /// By slot, as snapshots and checkpoints page today: the baseline.
-    by_slot_ns: f64,
 }
 
 /// A point of the run: measured, or why not.
@@ -438,7 +428,7 @@ struct Measured {
     fetch: Option<LatencySummary>,
     push: Option<LatencySummary>,
     copy: Option<LatencySummary>,
-    export: Option<ExportTimes>,
+    export_ns: Option<f64>,
 }
 
 /// Measures one point in this process.
@@ -449,8 +439,8 @@ fn point(p: &PointArgs) -> PointReport {
         Store::Bex => {
             let mut table = Table::new(spec.clone()).expect("a valid spec");
             let m = exercise(&mut table, &spec, p, p.rows, rss0);
-            let export = Some(export_times(&table));
-            (Measured { export, ..m }, Some(table.bytes() as f64 / p.rows as f64))
+            let export_ns = Some(export_ns(&table));
+            (Measured { export_ns, ..m }, Some(table.bytes() as f64 / p.rows as f64))
         }
         Store::BexBounded => {
             let mut table = Table::new(bounded_spec(p.dim, Some(p.rows))).expect("a valid spec");
@@ -501,58 +491,37 @@ fn point(p: &PointArgs) -> PointReport {
         fetch: m.fetch,
         push: m.push,
         copy: m.copy,
-        export: m.export,
+        export_ns: m.export_ns,
         batch: p.batch,
     }
 }
 
-/// Pages every row of `table` out in 4 MiB chunks by index position and by slot (as
-/// snapshots do), alternately, twice each; the lesser time of each, per row.
-fn export_times(table: &Table) -> ExportTimes {
+/// Pages every row of `table` out in 4 MiB chunks, as snapshots do, twice; the lesser time,
+/// per row, in ns.
+fn export_ns(table: &Table) -> f64 {
     let room = (4 << 20) / table.record_len();
     let mut out = Vec::with_capacity(4 << 20);
     let clock = Clock;
-    let by_position = |out: &mut Vec<u8>| {
-        let mut rows = 0;
-        for stripe in 0..STRIPES {
-            let mut from = Some(0);
-            while let Some(at) = from {
-                out.clear();
-                let (n, next) =
-                    table.export_records_in_order(ExportRows::Pushed, stripe, at, room, out);
-                (rows, from) = (rows + n, next);
-            }
-        }
-        rows
-    };
-    let by_slot = |out: &mut Vec<u8>| {
+    let mut least = f64::MAX;
+    for _ in 0..2 {
+        let started = clock.now();
         let mut rows = 0;
         for stripe in 0..STRIPES {
             let mut slot = 0;
             loop {
                 out.clear();
                 let (scanned, n) =
-                    table.export_records(ExportRows::Pushed, stripe, slot, room, out);
+                    table.export_records(ExportRows::Pushed, stripe, slot, room, &mut out);
                 (rows, slot) = (rows + n, slot + scanned);
                 if n < room {
                     break;
                 }
             }
         }
-        rows
-    };
-    let (mut position_s, mut slot_s) = (f64::MAX, f64::MAX);
-    for _ in 0..2 {
-        let started = clock.now();
-        let sent = by_position(&mut out);
-        position_s = position_s.min((clock.now() - started).as_secs_f64());
-        let started = clock.now();
-        let copied = by_slot(&mut out);
-        slot_s = slot_s.min((clock.now() - started).as_secs_f64());
-        assert_eq!((sent as u64, copied as u64), (table.rows(), table.rows()), "every row once");
+        least = least.min((clock.now() - started).as_secs_f64());
+        assert_eq!(rows as u64, table.rows(), "every row once");
     }
-    let per_row = |s: f64| s * 1e9 / table.rows().max(1) as f64;
-    ExportTimes { by_position_ns: per_row(position_s), by_slot_ns: per_row(slot_s) }
+    least * 1e9 / table.rows().max(1) as f64
 }
 
 /// Inserts `pushed` keys by pushes, then times fetches, pushes and (where the store has
@@ -604,7 +573,7 @@ fn exercise(
     let fetch = measure(&mut |k| timed(&mut || rows.fetch(k, &mut out)));
     let push = measure(&mut |k| timed(&mut || rows.push(k, &grads)));
     let copy = measure(&mut |k| rows.copy(k, &clock));
-    Measured { insert_s, pushed, rss_bytes_per_row, fetch, push, copy, export: None }
+    Measured { insert_s, pushed, rss_bytes_per_row, fetch, push, copy, export_ns: None }
 }
 
 /// Bytes the system can give now (`MemAvailable`).
@@ -971,8 +940,7 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
         "push p99 µs",
         "copy p50 µs",
         "copy p99 µs",
-        "by position ns/row",
-        "by slot ns/row",
+        "export ns/row",
     ]
     .map(String::from)
     .to_vec();
@@ -998,8 +966,7 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
                     f(r.push.as_ref().map(|s| s.p99_us), 1),
                     f(r.copy.as_ref().map(|s| s.p50_us), 1),
                     f(r.copy.as_ref().map(|s| s.p99_us), 1),
-                    f(r.export.map(|e| e.by_position_ns), 0),
-                    f(r.export.map(|e| e.by_slot_ns), 0),
+                    f(r.export_ns, 0),
                 ]),
             }
             row
@@ -1008,7 +975,7 @@ fn text(points: &[RunPoint], targets: &[Target]) -> String {
     let batch = points.iter().find_map(|p| p.report.as_ref()).map_or(0, |r| r.batch);
     let mut out = render(
         &format!(
-            "Table scale: Adagrad rows (values + one state slot), {batch}-key fetches, pushes and whole-row copies (a replica's apply) of random existing keys; export: every row paged out in 4 MiB chunks by index position, and by slot as snapshots do; payload = 8 + 4 x stride bytes"
+            "Table scale: Adagrad rows (values + one state slot), {batch}-key fetches, pushes and whole-row copies (a replica's apply) of random existing keys; export: every row paged out in 4 MiB chunks as snapshots do; payload = 8 + 4 x stride bytes"
         ),
         &header,
         &rows,
@@ -1119,7 +1086,7 @@ mod tests {
             let replicates = matches!(store, Store::Bex | Store::BexBounded);
             assert_eq!(r.copy.is_some(), replicates, "{store:?}: copies measured");
             // The unbounded table only (its export paths are the bounded one's).
-            let exported = r.export.is_some_and(|e| e.by_position_ns > 0.0 && e.by_slot_ns > 0.0);
+            let exported = r.export_ns.is_some_and(|ns| ns > 0.0);
             assert_eq!(exported, store == Store::Bex, "{store:?}: exports measured");
         }
         for store in Store::FLOORS {
@@ -1196,7 +1163,7 @@ mod tests {
             fetch: Some(fetch),
             push: None,
             copy: None,
-            export: None,
+            export_ns: None,
             batch: 1000,
         };
         RunPoint { store, dim: 16, rows, round, report: Some(report), skipped: None, failed: None }
