@@ -17,6 +17,8 @@ const WAYS: usize = 7;
 const KEY_LINE: usize = 16;
 /// Where the overflow mark is in the key line.
 const OVERFLOWED: usize = 14;
+/// Keys warmed together, then served: as many misses as are in flight at once anyway.
+const WARM_CHUNK: usize = 32;
 /// How a prototype is laid out.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Shape {
@@ -45,7 +47,8 @@ pub(crate) struct Inline {
     /// Words before the first row of a bucket: the key line, and the version line if any.
     head_words: usize,
     buckets: usize,
-    /// Where bucket 0 starts in `words` (a 64-byte boundary).
+    /// Where bucket 0 starts in `words`: a page boundary, so a bucket of 1024 bytes (the
+    /// versioned shape at dim 16) never straddles two pages.
     base: usize,
     words: Vec<f32>,
     /// Pushes so far: the versions a versioned shape stamps.
@@ -63,8 +66,9 @@ impl Inline {
         let head_words = if shape.versions { 2 * KEY_LINE } else { KEY_LINE };
         let bucket_words = (head_words + WAYS * stride).div_ceil(16) * 16;
         let buckets = ((rows as f64 / (WAYS as f64 * shape.load)).ceil() as usize).max(1);
-        let words = vec![0f32; buckets * bucket_words + 16];
-        let base = (64 - words.as_ptr() as usize % 64) % 64 / 4;
+        const PAGE: usize = 4096;
+        let words = vec![0f32; buckets * bucket_words + PAGE / 4];
+        let base = (PAGE - words.as_ptr().addr() % PAGE) % PAGE / 4;
         Inline { spec, stride, bucket_words, head_words, buckets, base, words, pushes: 0 }
     }
 
@@ -141,13 +145,13 @@ impl Inline {
     }
 
     /// Loads the home key lines of `keys`, then the rows found there, before any key is
-    /// served, in chunks of 32 keys, as the table's `warm` does: the rows found first, then
-    /// their loads in a loop of their own.
+    /// served, in chunks of `WARM_CHUNK` keys, as the table's `warm` does: the rows found
+    /// first, then their loads in a loop of their own.
     fn warm(&self, keys: &[u64], row_words: usize) {
         let mut loaded = 0u32;
-        let mut homes = [0usize; 32];
-        let mut rows = [0usize; 32];
-        for chunk in keys.chunks(32) {
+        let mut homes = [0usize; WARM_CHUNK];
+        let mut rows = [0usize; WARM_CHUNK];
+        for chunk in keys.chunks(WARM_CHUNK) {
             for (h, &k) in homes.iter_mut().zip(chunk) {
                 *h = self.home(k);
                 loaded ^= self.words[self.at(*h)].to_bits();
@@ -171,27 +175,34 @@ impl Inline {
 }
 
 impl Rows for Inline {
+    // Each chunk is warmed, then served, before the next is warmed: a 1000-key batch
+    // warmed whole touched more pages than the TLB keeps, so serving walked each page again
+    // (run 13). The table serves a stripe's group, about 16 keys, right after warming it.
     fn push(&mut self, keys: &[u64], grads: &[f32]) {
-        self.warm(keys, self.stride);
         let dim = self.spec.dim as usize;
-        for (&k, g) in keys.iter().zip(grads.chunks_exact(dim)) {
-            let row = match self.find(k) {
-                Some(row) => row,
-                None => self.insert(k),
-            };
-            let (w, s) = self.words[row..row + self.stride].split_at_mut(dim);
-            self.spec.optimizer.apply(w, s, &mut 0, g);
-            self.stamp(row);
+        for (keys, grads) in keys.chunks(WARM_CHUNK).zip(grads.chunks(WARM_CHUNK * dim)) {
+            self.warm(keys, self.stride);
+            for (&k, g) in keys.iter().zip(grads.chunks_exact(dim)) {
+                let row = match self.find(k) {
+                    Some(row) => row,
+                    None => self.insert(k),
+                };
+                let (w, s) = self.words[row..row + self.stride].split_at_mut(dim);
+                self.spec.optimizer.apply(w, s, &mut 0, g);
+                self.stamp(row);
+            }
         }
     }
 
     fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
         let dim = self.spec.dim as usize;
-        self.warm(keys, dim);
-        for (&k, o) in keys.iter().zip(out.chunks_exact_mut(dim)) {
-            match self.find(k) {
-                Some(row) => o.copy_from_slice(&self.words[row..row + dim]),
-                None => self.spec.init.fill(self.spec.seed, k, o),
+        for (keys, out) in keys.chunks(WARM_CHUNK).zip(out.chunks_mut(WARM_CHUNK * dim)) {
+            self.warm(keys, dim);
+            for (&k, o) in keys.iter().zip(out.chunks_exact_mut(dim)) {
+                match self.find(k) {
+                    Some(row) => o.copy_from_slice(&self.words[row..row + dim]),
+                    None => self.spec.init.fill(self.spec.seed, k, o),
+                }
             }
         }
     }

@@ -64,7 +64,8 @@ struct RunArgs {
     /// rows and full: evicting as it goes), hashmap (the baseline), floor (random loads
     /// over an array of the rows' size: how memory alone slows as it grows); not in the
     /// default set: floor-two-pages and floor-one-page (two loads a key, in two pages or in
-    /// one), inline and inline-versioned (prototypes of rows inline in the index).
+    /// one), floor-one-page-dependent (two in one page, the second's address waiting for the
+    /// first's value), inline and inline-versioned (prototypes of rows inline in the index).
     #[arg(long, value_delimiter = ',', default_value = "bex,bex-bounded,hashmap,floor")]
     stores: Vec<Store>,
     /// Keys per fetch and push.
@@ -134,6 +135,10 @@ enum Store {
     /// The floor with two loads a key in one page, 2 KiB apart (as a row inline in its
     /// bucket is): with `floor-two-pages`, it tells misses of the data from page walks.
     FloorOnePage,
+    /// `floor-one-page` with the second load's address computed from the first load's
+    /// value (as a row inline in its bucket is found from the bucket's keys): what a lookup
+    /// of one page a key costs when its two misses cannot be issued together.
+    FloorOnePageDependent,
 }
 
 impl Store {
@@ -143,7 +148,8 @@ impl Store {
     }
 
     /// The floor stores: loads of an array, no table.
-    const FLOORS: [Store; 3] = [Store::Floor, Store::FloorTwoPages, Store::FloorOnePage];
+    const FLOORS: [Store; 4] =
+        [Store::Floor, Store::FloorTwoPages, Store::FloorOnePage, Store::FloorOnePageDependent];
 
     fn is_floor(self) -> bool {
         Store::FLOORS.contains(&self)
@@ -356,6 +362,9 @@ struct Floor {
     loads: FloorLoads,
     /// The index of the first word that starts a page (the allocation need not).
     first_page: u64,
+    /// 0, but not known to the compiler: `OnePageDependent` adds the first load's value
+    /// masked by it to the second load's address, so the second waits for the first.
+    dependence: u64,
 }
 
 /// What a floor's "fetch" loads for each key.
@@ -368,6 +377,8 @@ enum FloorLoads {
     /// Two words of one 4 KiB page, 2 KiB apart (further than the adjacent-line
     /// prefetcher reaches, so both are misses of their own).
     OnePage,
+    /// The words of `OnePage`, the second's address depending on the first's value.
+    OnePageDependent,
 }
 
 /// 8-byte words in a 4 KiB page.
@@ -383,7 +394,7 @@ impl Floor {
         let page_bytes = PAGE_WORDS as usize * 8;
         let first_page =
             ((page_bytes - words.as_ptr().addr() % page_bytes) % page_bytes / 8) as u64;
-        Floor { words, loads, first_page }
+        Floor { words, loads, first_page, dependence: std::hint::black_box(0) }
     }
 
     /// The words key `k` loads. Keys are SplitMix64 outputs, so each part of one is uniform.
@@ -392,7 +403,7 @@ impl Floor {
         match self.loads {
             FloorLoads::One => [(k % n) as usize; 2],
             FloorLoads::TwoPages => [(k % n) as usize, (k.rotate_left(32) % n) as usize],
-            FloorLoads::OnePage => {
+            FloorLoads::OnePage | FloorLoads::OnePageDependent => {
                 let page = self.first_page + k % ((n - self.first_page) / PAGE_WORDS) * PAGE_WORDS;
                 let line = (k >> 40) % 32 * 8;
                 [(page + line) as usize, (page + line + PAGE_WORDS / 2) as usize]
@@ -407,10 +418,14 @@ impl Rows for Floor {
         // The loads are independent, as a warmed batch's are.
         let sum = keys.iter().fold(0u64, |s, &k| {
             let [a, b] = self.at(k);
-            let s = s.wrapping_add(self.words[a]);
+            let first = self.words[a];
+            let s = s.wrapping_add(first);
             match self.loads {
                 FloorLoads::One => s,
                 FloorLoads::TwoPages | FloorLoads::OnePage => s.wrapping_add(self.words[b]),
+                FloorLoads::OnePageDependent => {
+                    s.wrapping_add(self.words[b + (first & self.dependence) as usize])
+                }
             }
         });
         if let Some(o) = out.first_mut() {
@@ -465,11 +480,15 @@ fn point(p: &PointArgs) -> PointReport {
             let mut inline = inline::Inline::new(spec.clone(), p.rows, shape);
             (exercise(&mut inline, &spec, p, p.rows, rss0), None)
         }
-        Store::Floor | Store::FloorTwoPages | Store::FloorOnePage => {
+        Store::Floor
+        | Store::FloorTwoPages
+        | Store::FloorOnePage
+        | Store::FloorOnePageDependent => {
             let loads = match p.store {
                 Store::Floor => FloorLoads::One,
                 Store::FloorTwoPages => FloorLoads::TwoPages,
-                _ => FloorLoads::OnePage,
+                Store::FloorOnePage => FloorLoads::OnePage,
+                _ => FloorLoads::OnePageDependent,
             };
             let started = Clock.now();
             let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec), loads);
@@ -828,6 +847,7 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
             (Store::Floor, "random loads alone"),
             (Store::FloorTwoPages, "two random loads a key, two pages"),
             (Store::FloorOnePage, "two random loads a key, one page"),
+            (Store::FloorOnePageDependent, "two loads a key, one page, the second waiting"),
         ] {
             let rows = row_counts(points, store, dim);
             let growth = growth_by_round(points, store, dim, &fetch_p50);
@@ -888,7 +908,11 @@ fn growth_at_floor_cost(points: &[RunPoint], dim: u32) -> Vec<String> {
     let (Some(&fewest), Some(&most)) = (rows.first(), rows.last()) else { return Vec::new() };
     let n = rounds(points).len();
     let mut out = Vec::new();
-    for (floor, pages) in [(Store::FloorOnePage, "one page"), (Store::FloorTwoPages, "two pages")] {
+    for (floor, pages) in [
+        (Store::FloorOnePage, "one page a key"),
+        (Store::FloorOnePageDependent, "one page a key, its two loads in turn"),
+        (Store::FloorTwoPages, "two pages a key"),
+    ] {
         let bounds: Vec<f64> = rounds(points)
             .into_iter()
             .filter_map(|round| {
@@ -904,7 +928,7 @@ fn growth_at_floor_cost(points: &[RunPoint], dim: u32) -> Vec<String> {
             .collect();
         if let (Some(b), true) = (median(&bounds), most > fewest) {
             out.push(format!(
-                "dim {dim}: bex fetch growth if its memory cost {pages} a key ({}), {} / {} \
+                "dim {dim}: bex fetch growth if its memory cost {pages} ({}), {} / {} \
                  rows: {b:.2}{}",
                 floor.name(),
                 count(most),
@@ -1115,6 +1139,18 @@ mod tests {
         // Spread over the array, not a corner of it; two pages alike about 1 key in 16384.
         assert!(pages.len() > 7_000, "{} pages", pages.len());
         assert!(shared < 5, "{shared} keys loaded one page twice");
+        // The dependent loads are the one-page loads: the same words, so the same sum (of
+        // small distinct values, exact in the f32 it is returned as).
+        let keys: Vec<u64> = (0..10_000).map(key).collect();
+        let mut one = one;
+        for (i, w) in one.words.iter_mut().enumerate() {
+            *w = i as u64 % 251;
+        }
+        let (mut independent, mut dependent) = ([0f32], [0f32]);
+        one.fetch(&keys, &mut independent);
+        one.loads = FloorLoads::OnePageDependent;
+        one.fetch(&keys, &mut dependent);
+        assert_eq!(independent, dependent);
     }
 
     #[test]
