@@ -144,31 +144,30 @@ impl Inline {
         row
     }
 
-    /// Loads the home key lines of `keys`, then the rows found there, before any key is
-    /// served, in chunks of `WARM_CHUNK` keys, as the table's `warm` does: the rows found
-    /// first, then their loads in a loop of their own.
+    /// Loads the home key lines of `keys` (at most `WARM_CHUNK`), then the rows found
+    /// there, before any key is served, as the table's `warm` does: the rows found first,
+    /// then their loads in a loop of their own.
     fn warm(&self, keys: &[u64], row_words: usize) {
+        debug_assert!(keys.len() <= WARM_CHUNK, "{} keys", keys.len());
         let mut loaded = 0u32;
         let mut homes = [0usize; WARM_CHUNK];
         let mut rows = [0usize; WARM_CHUNK];
-        for chunk in keys.chunks(WARM_CHUNK) {
-            for (h, &k) in homes.iter_mut().zip(chunk) {
-                *h = self.home(k);
-                loaded ^= self.words[self.at(*h)].to_bits();
+        for (h, &k) in homes.iter_mut().zip(keys) {
+            *h = self.home(k);
+            loaded ^= self.words[self.at(*h)].to_bits();
+        }
+        let found = homes.iter().zip(keys).filter_map(|(&h, &k)| {
+            self.way(h, k).map(|i| self.at(h) + self.head_words + i * self.stride)
+        });
+        let m = found.zip(rows.iter_mut()).fold(0, |m, (row, slot)| {
+            *slot = row;
+            m + 1
+        });
+        for &row in &rows[..m] {
+            for w in (row..row + row_words).step_by(16) {
+                loaded ^= self.words[w].to_bits();
             }
-            let found = homes.iter().zip(chunk).filter_map(|(&h, &k)| {
-                self.way(h, k).map(|i| self.at(h) + self.head_words + i * self.stride)
-            });
-            let m = found.zip(rows.iter_mut()).fold(0, |m, (row, slot)| {
-                *slot = row;
-                m + 1
-            });
-            for &row in &rows[..m] {
-                for w in (row..row + row_words).step_by(16) {
-                    loaded ^= self.words[w].to_bits();
-                }
-                loaded ^= self.words[row + row_words - 1].to_bits();
-            }
+            loaded ^= self.words[row + row_words - 1].to_bits();
         }
         std::hint::black_box(loaded);
     }

@@ -147,12 +147,24 @@ impl Store {
         self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
     }
 
-    /// The floor stores: loads of an array, no table.
-    const FLOORS: [Store; 4] =
-        [Store::Floor, Store::FloorTwoPages, Store::FloorOnePage, Store::FloorOnePageDependent];
+    /// What a floor store loads for each key; `None` for the stores that hold rows.
+    fn floor_loads(self) -> Option<FloorLoads> {
+        match self {
+            Store::Floor => Some(FloorLoads::One),
+            Store::FloorTwoPages => Some(FloorLoads::TwoPages),
+            Store::FloorOnePage => Some(FloorLoads::OnePage),
+            Store::FloorOnePageDependent => Some(FloorLoads::OnePageDependent),
+            Store::Bex
+            | Store::BexBounded
+            | Store::Hashmap
+            | Store::Inline
+            | Store::InlineVersioned => None,
+        }
+    }
 
+    /// The floor stores: loads of an array, no table.
     fn is_floor(self) -> bool {
-        Store::FLOORS.contains(&self)
+        self.floor_loads().is_some()
     }
 }
 
@@ -415,7 +427,8 @@ impl Floor {
 impl Rows for Floor {
     fn push(&mut self, _: &[u64], _: &[f32]) {}
     fn fetch(&mut self, keys: &[u64], out: &mut [f32]) {
-        // The loads are independent, as a warmed batch's are.
+        // Keys are independent, as a warmed batch's are; within a key, so are the two loads
+        // but for `OnePageDependent`'s.
         let sum = keys.iter().fold(0u64, |s, &k| {
             let [a, b] = self.at(k);
             let first = self.words[a];
@@ -484,12 +497,7 @@ fn point(p: &PointArgs) -> PointReport {
         | Store::FloorTwoPages
         | Store::FloorOnePage
         | Store::FloorOnePageDependent => {
-            let loads = match p.store {
-                Store::Floor => FloorLoads::One,
-                Store::FloorTwoPages => FloorLoads::TwoPages,
-                Store::FloorOnePage => FloorLoads::OnePage,
-                _ => FloorLoads::OnePageDependent,
-            };
+            let loads = p.store.floor_loads().expect("the stores of this arm are floors");
             let started = Clock.now();
             let mut floor = Floor::new(p.rows as usize * payload_bytes(&spec), loads);
             let filled = (Clock.now() - started).as_secs_f64();
@@ -1113,7 +1121,7 @@ mod tests {
             let exported = r.export_ns.is_some_and(|ns| ns > 0.0);
             assert_eq!(exported, store == Store::Bex, "{store:?}: exports measured");
         }
-        for store in Store::FLOORS {
+        for &store in Store::value_variants().iter().filter(|s| s.is_floor()) {
             let r = point(&PointArgs { rows: 20_000, dim: 8, store, batch: 100, seconds: 0.05 });
             assert!(r.fetch.is_some() && r.push.is_none(), "{store:?} measures loads alone");
         }
