@@ -1851,6 +1851,65 @@ mod tests {
         assert_eq!(all_records(&t).len(), 1024);
     }
 
+    // `capacity.max_bytes` bounds rows at `row_bytes` each, as `max_rows` would, and the
+    // table's own count of its memory stays within it.
+    #[test]
+    fn a_table_bounded_in_bytes_keeps_max_bytes_over_row_bytes_rows() {
+        let opt = Optimizer::Adagrad { lr: 0.1, initial_accumulator: 0.1, eps: 1e-8 };
+        let mut s = spec("t", 4, opt);
+        let rows = 64 * 32;
+        s.capacity.max_bytes = rows * s.row_bytes() + s.row_bytes() / 2;
+        let max_bytes = s.capacity.max_bytes;
+        let t = Table::new(s).unwrap();
+        for (i, chunk) in zipf_stream(3, 40_000, 3000).chunks(64).enumerate() {
+            t.version_floor.fetch_max(1 + i as u64, Ordering::AcqRel);
+            t.push(chunk, &vec![0.1; 4 * chunk.len()], None).unwrap();
+            assert!(t.rows() <= rows, "{} rows after batch {i}", t.rows());
+            assert!(t.bytes() <= max_bytes, "{} bytes held after batch {i}", t.bytes());
+        }
+        assert_eq!(t.rows(), rows, "full");
+        assert!(t.evicted() > 0);
+    }
+
+    // A training pod's fetch of a key whose row was evicted or expired: its initial row,
+    // counted as missing, and no row made again (a bounded table creates rows on push).
+    #[test]
+    fn fetching_an_evicted_or_expired_key_reads_its_initial_row_and_counts_it() {
+        let t = bounded(64, 10);
+        let keys: Vec<u64> = (0..1000).map(mix64).collect();
+        for (i, chunk) in keys.chunks(100).enumerate() {
+            t.version_floor.fetch_max(1_000_000 + i as u64, Ordering::AcqRel);
+            t.push(chunk, &vec![0.3; 4 * chunk.len()], None).unwrap();
+        }
+        assert_eq!(t.rows(), 64);
+        let mut out = vec![0f32; 4];
+        let (kept, evicted): (Vec<u64>, Vec<u64>) =
+            keys.iter().partition(|&&k| t.read_into(&[k], &mut out).unwrap().missing == 0);
+        assert_eq!((kept.len(), evicted.len() as u64), (64, t.evicted()));
+        let initial = |keys: &[u64]| {
+            let mut v = vec![0f32; 4 * keys.len()];
+            bounded(64, 10).read_into(keys, &mut v).unwrap();
+            v
+        };
+        let missing_before = t.fetch_missing();
+        let mut got = vec![0f32; 4 * evicted.len()];
+        let st = t.fetch_into(&evicted, &mut got).unwrap();
+        assert_eq!((st.missing, st.created), (evicted.len(), 0));
+        assert_eq!(got, initial(&evicted), "an evicted key reads as its initial row");
+        assert_eq!(t.fetch_missing() - missing_before, evicted.len() as u64);
+        assert_eq!(t.rows(), 64, "fetches made no row again");
+        // The kept rows were pushed: not their initial rows, and not missing.
+        let mut got = vec![0f32; 4 * kept.len()];
+        assert_eq!(t.fetch_into(&kept, &mut got).unwrap().missing, 0);
+        assert_ne!(got, initial(&kept));
+        // Expired: a cut-off past every push takes the kept rows too.
+        assert_eq!(t.expire(u64::MAX), 64);
+        let st = t.fetch_into(&kept, &mut got).unwrap();
+        assert_eq!((st.missing, st.created), (kept.len(), 0));
+        assert_eq!(got, initial(&kept), "an expired key reads as its initial row");
+        assert_eq!(t.fetch_missing() - missing_before, (evicted.len() + kept.len()) as u64);
+    }
+
     #[test]
     fn replicas_fed_the_same_copies_in_any_order_keep_the_same_rows() {
         use rand::seq::SliceRandom;

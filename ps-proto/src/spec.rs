@@ -263,4 +263,24 @@ mod tests {
         assert_eq!(d.layout.len(), 3, "count and both names: {:?}", d.layout);
         assert_eq!(d.layout[0], "2 tables here, 3 at the peer");
     }
+
+    #[test]
+    fn capacity_in_bytes_counts_row_bytes_a_row_and_the_smaller_bound_wins() {
+        let mut t = table("a");
+        // dim 8, Adagrad: 16 f32 of values and state, then key, steps, version and index.
+        assert_eq!(t.row_bytes(), 4 * 16 + 8 + 4 + 8 + 40);
+        assert_eq!(t.max_rows(), None);
+        t.capacity.max_bytes = 1000 * t.row_bytes() + t.row_bytes() - 1;
+        assert_eq!(t.max_rows(), Some(1000), "whole rows only");
+        t.capacity.max_rows = 500;
+        assert_eq!(t.max_rows(), Some(500));
+        t.capacity.max_rows = 5000;
+        assert_eq!(t.max_rows(), Some(1000));
+        assert!(t.check().is_empty(), "{:?}", t.check());
+        // Fewer bytes than a row per stripe is refused, naming the row's cost.
+        t.capacity = Capacity { max_bytes: 63 * t.row_bytes(), ..Capacity::default() };
+        let e = t.check();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].to_string().contains("max_bytes / 124 bytes a row"), "{}", e[0]);
+    }
 }

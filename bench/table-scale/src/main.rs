@@ -908,15 +908,18 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
 
 /// The fetch growth bex would have if the memory it adds between its fewest and most rows
 /// were a floor store's: per round, (bex p50 at the fewest rows + that floor's p50 at the
-/// most − at the fewest) / bex p50 at the fewest. With `floor-one-page`, what a layout that
-/// reads one page a key (rows inline in the index) could reach at best, keeping the table's
-/// per-key work; with `floor-two-pages`, what today's (index bucket, then row) costs.
+/// most − at the fewest) / bex p50 at the fewest. With `floor`, one random line a key, the
+/// least any lookup in a table larger than the caches can add, keeping the table's per-key
+/// work; with `floor-one-page`, what a layout that reads one page a key (rows inline in the
+/// index) could reach at best; with `floor-two-pages`, what today's (index bucket, then row)
+/// costs.
 fn growth_at_floor_cost(points: &[RunPoint], dim: u32) -> Vec<String> {
     let rows = row_counts(points, Store::Bex, dim);
     let (Some(&fewest), Some(&most)) = (rows.first(), rows.last()) else { return Vec::new() };
     let n = rounds(points).len();
     let mut out = Vec::new();
     for (floor, pages) in [
+        (Store::Floor, "one line a key"),
         (Store::FloorOnePage, "one page a key"),
         (Store::FloorOnePageDependent, "one page a key, its two loads in turn"),
         (Store::FloorTwoPages, "two pages a key"),
@@ -1214,27 +1217,34 @@ mod tests {
     }
 
     #[test]
-    fn the_floors_price_the_growth_of_one_page_and_of_two_pages_a_key() {
+    fn the_floors_price_the_growth_of_one_line_one_page_and_two_pages_a_key() {
         let mut points = Vec::new();
-        // Two rounds; the one-page floor adds 56 and 40 µs, the two-page floor 80 and 100.
-        for (round, bex, one, two) in [
-            (1, (80.0, 160.0), (20.0, 76.0), (30.0, 110.0)),
-            (2, (100.0, 190.0), (20.0, 60.0), (30.0, 130.0)),
+        // Two rounds; the one-line floor adds 40 and 30 µs, the one-page floor 56 and 40, the
+        // two-page floor 80 and 100.
+        for (round, bex, line, one, two) in [
+            (1, (80.0, 160.0), (10.0, 50.0), (20.0, 76.0), (30.0, 110.0)),
+            (2, (100.0, 190.0), (10.0, 40.0), (20.0, 60.0), (30.0, 130.0)),
         ] {
-            for (store, (small, large)) in
-                [(Store::Bex, bex), (Store::FloorOnePage, one), (Store::FloorTwoPages, two)]
-            {
+            for (store, (small, large)) in [
+                (Store::Bex, bex),
+                (Store::Floor, line),
+                (Store::FloorOnePage, one),
+                (Store::FloorTwoPages, two),
+            ] {
                 points.push(synthetic(store, 1_000_000, round, small, 150.0));
                 points.push(synthetic(store, 100_000_000, round, large, 150.0));
             }
         }
         let lines = growth_at_floor_cost(&points, 16);
-        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        // One line: (80 + 40) / 80 = 1.50 and (100 + 30) / 100 = 1.30, median 1.40.
+        assert!(lines[0].contains("one line a key (floor)"), "{}", lines[0]);
+        assert!(lines[0].contains(": 1.40 (median of 2 rounds: 1.50, 1.30)"), "{}", lines[0]);
         // One page: (80 + 56) / 80 = 1.70 and (100 + 40) / 100 = 1.40, median 1.55.
-        assert!(lines[0].contains("one page a key (floor-one-page)"), "{}", lines[0]);
-        assert!(lines[0].contains(": 1.55 (median of 2 rounds: 1.70, 1.40)"), "{}", lines[0]);
+        assert!(lines[1].contains("one page a key (floor-one-page)"), "{}", lines[1]);
+        assert!(lines[1].contains(": 1.55 (median of 2 rounds: 1.70, 1.40)"), "{}", lines[1]);
         // Two pages: (80 + 80) / 80 = 2.00 and (100 + 100) / 100 = 2.00.
-        assert!(lines[1].contains(": 2.00 (median of 2 rounds: 2.00, 2.00)"), "{}", lines[1]);
+        assert!(lines[2].contains(": 2.00 (median of 2 rounds: 2.00, 2.00)"), "{}", lines[2]);
         // Without the floors, nothing to say.
         points.retain(|p| p.store == Store::Bex);
         assert!(growth_at_floor_cost(&points, 16).is_empty());
