@@ -11,9 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use bex_process::child::Guard;
 use bex_process::{CpuTimes, SystemCpu};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -38,11 +39,12 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 /// then costs a hung server a moment instead of seconds per probe.
 const STOPPING_HTTP_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// A started process.
+/// A started process: its guard kills and reaps it should the executor's own teardown
+/// not have.
 #[derive(Debug)]
 struct Running {
     spec: ProcSpec,
-    child: Child,
+    child: Guard,
     pid: u32,
     status: Option<ExitStatus>,
 }
@@ -74,8 +76,7 @@ impl Running {
             wait_then_now(Duration::from_millis(5));
         }
         if self.status.is_none() {
-            self.signal(Signal::SIGKILL);
-            self.status = self.child.wait().ok();
+            self.status = self.child.kill().ok();
             return None;
         }
         self.status
@@ -112,8 +113,7 @@ fn stop_all(procs: &mut [Running], grace: Duration) {
     }
     for p in procs.iter_mut() {
         if p.poll().is_none() {
-            p.signal(Signal::SIGKILL);
-            if let Ok(s) = p.child.wait() {
+            if let Ok(s) = p.child.kill() {
                 p.status = Some(s);
             }
         }
@@ -289,6 +289,7 @@ impl Executor {
             .stderr(open(&err)?)
             .spawn()
             .map_err(|e| format!("starting {} ({}): {e}", spec.name, argv[0]))?;
+        let child = Guard::new(child, spec.name.clone());
         let pid = child.id();
         self.record.add(pid, &spec.name);
         Ok(Running { spec: spec.clone(), child, pid, status: None })
@@ -538,8 +539,7 @@ impl Executor {
         match action {
             ChaosAction::Kill { server } => {
                 let s = self.running_server(server.as_str())?;
-                s.signal(Signal::SIGKILL);
-                s.status = s.child.wait().ok();
+                s.status = s.child.kill().ok();
                 let pid = s.pid;
                 self.down.insert(server.into());
                 Ok(format!("SIGKILL pid {pid}"))

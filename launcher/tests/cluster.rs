@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use bex_process::child::Guard;
 use bex_testkit::Scratch;
 use serde_json::Value;
 
@@ -94,13 +95,11 @@ impl Run {
 
     /// A 1×2 cluster whose ranker hangs, started in the background: the launcher, its pid
     /// and the pids it recorded once the two servers and the ranker are up.
-    fn start_hanging_ranker(&self, salt: u16) -> (std::process::Child, u32, Vec<u64>) {
-        let child = self
-            .cmd(salt, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+    fn start_hanging_ranker(&self, salt: u16) -> (Guard, u32, Vec<u64>) {
+        let mut cmd =
+            self.cmd(salt, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"]);
+        let child =
+            Guard::spawn(cmd.stdout(Stdio::null()).stderr(Stdio::null()), "bex-cluster").unwrap();
         let launcher = child.id();
         let pids = wait_recorded(launcher, 3);
         assert_eq!(pids.len(), 3, "two servers and a ranker started");
@@ -133,6 +132,13 @@ fn wait_recorded(launcher: u32, n: usize) -> Vec<u64> {
         pause(50);
     }
     pids
+}
+
+/// The status of a child expected to exit (a minute at most: a hang fails the test, and the
+/// guard then kills it).
+fn exited(child: &mut Guard) -> std::process::ExitStatus {
+    let status = child.wait_within(Duration::from_secs(60)).unwrap();
+    status.unwrap_or_else(|| panic!("{} still runs after a minute", child.name()))
 }
 
 fn alive(pid: u64) -> bool {
@@ -293,13 +299,10 @@ fn recorded(launcher: u32) -> Vec<u64> {
 #[test]
 fn a_held_cluster_serves_until_sigterm_and_then_succeeds() {
     let r = setup("hold", 1, 2);
-    let mut child = r
-        .cmd(9, &["launch.phases=[]", "launch.hold=true"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut cmd = r.cmd(9, &["launch.phases=[]", "launch.hold=true"]);
+    let mut child =
+        Guard::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::null()), "bex-cluster").unwrap();
+    let mut lines = std::io::BufReader::new(child.take_stdout().unwrap()).lines();
     let held = lines.by_ref().map_while(Result::ok).find(|l| l.contains("holding the cluster"));
     let held = held.expect("the launcher says it holds the cluster");
     // The file it names is what clients connect with: its servers answer.
@@ -319,7 +322,7 @@ fn a_held_cluster_serves_until_sigterm_and_then_succeeds() {
     }
     assert!(child.try_wait().unwrap().is_none(), "still holding");
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    let status = child.wait().unwrap();
+    let status = exited(&mut child);
     assert_eq!(status.code(), Some(0), "a signal is how a held run ends");
     let rep = r.report();
     assert_eq!(rep["ok"], true, "{rep:#}");
@@ -332,20 +335,17 @@ fn a_held_cluster_serves_until_sigterm_and_then_succeeds() {
 #[test]
 fn sigterm_mid_run_tears_everything_down() {
     let r = setup("sigterm", 2, 2);
-    let mut child = r
-        .cmd(
-            4,
-            &[
-                "launch.phases=[\"inference+training\"]",
-                "launch.trainers=1",
-                "launch.ranker_args=[\"--hang\"]",
-                "launch.trainer_args=[\"--hang\"]",
-            ],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut cmd = r.cmd(
+        4,
+        &[
+            "launch.phases=[\"inference+training\"]",
+            "launch.trainers=1",
+            "launch.ranker_args=[\"--hang\"]",
+            "launch.trainer_args=[\"--hang\"]",
+        ],
+    );
+    let mut child =
+        Guard::spawn(cmd.stdout(Stdio::null()).stderr(Stdio::null()), "bex-cluster").unwrap();
     let launcher = child.id();
     // Wait until the 4 servers and both clients were started.
     let pids = wait_recorded(launcher, 6);
@@ -362,7 +362,7 @@ fn sigterm_mid_run_tears_everything_down() {
         assert_eq!(group(*p), *p, "pid {p} leads its own process group");
     }
     Command::new("kill").args(["-TERM", &launcher.to_string()]).status().unwrap();
-    let status = child.wait().unwrap();
+    let status = exited(&mut child);
     assert_eq!(status.code(), Some(143), "128 + SIGTERM");
     for p in &pids {
         assert!(!alive(*p), "pid {p} survived the launcher");
@@ -398,7 +398,7 @@ fn a_sigterm_teardown_waits_on_a_hung_server_only_for_its_stop_grace() {
     Command::new("kill").args(["-STOP", &server]).status().unwrap();
     let t0 = now();
     Command::new("kill").args(["-TERM", &launcher.to_string()]).status().unwrap();
-    let status = child.wait().unwrap();
+    let status = exited(&mut child);
     let took = now() - t0;
     assert_eq!(status.code(), Some(143), "128 + SIGTERM");
     // 10 s of stop grace for the hung server, then its SIGKILL; 3 s for the rest.
@@ -417,18 +417,20 @@ fn a_launcher_told_to_die_with_its_parent_tears_down_when_the_parent_is_sigkille
     let r = setup("orphan", 1, 1);
     let launch = r.cmd(10, &["launch.phases=[\"inference\"]", "launch.ranker_args=[\"--hang\"]"]);
     // The parent: a shell that starts the launcher in the background, prints its pid, waits.
-    let mut parent = Command::new("sh")
-        .arg("-c")
-        .arg("\"$@\" --die-with-parent >/dev/null 2>&1 & echo $!; wait")
-        .arg("sh")
-        .arg(launch.get_program())
-        .args(launch.get_args())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut parent = Guard::spawn(
+        Command::new("sh")
+            .arg("-c")
+            .arg("\"$@\" --die-with-parent >/dev/null 2>&1 & echo $!; wait")
+            .arg("sh")
+            .arg(launch.get_program())
+            .args(launch.get_args())
+            .stdout(Stdio::piped()),
+        "sh",
+    )
+    .unwrap();
     let mut line = String::new();
     std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut std::io::BufReader::new(parent.take_stdout().unwrap()),
         &mut line,
     )
     .unwrap();
@@ -436,7 +438,6 @@ fn a_launcher_told_to_die_with_its_parent_tears_down_when_the_parent_is_sigkille
     let pids = wait_recorded(launcher, 2);
     assert_eq!(pids.len(), 2, "the server and the ranker started");
     parent.kill().unwrap();
-    parent.wait().unwrap();
     for _ in 0..600 {
         if !alive(launcher.into()) {
             break;
@@ -506,11 +507,11 @@ fn netns_1x2_cluster_with_link_rates_comes_up_and_leaves_no_namespace() {
 #[test]
 fn cleanup_removes_leftovers_of_dead_launchers() {
     // A dead "launcher": a process that has exited and been reaped.
-    let mut gone = Command::new("true").spawn().unwrap();
+    let gone = Guard::spawn(&mut Command::new("true"), "true").unwrap();
     let dead = gone.id();
-    gone.wait().unwrap();
-    // It recorded a child that is still running.
-    let mut orphan = Command::new("sleep").arg("600").spawn().unwrap();
+    gone.finish().unwrap();
+    // It recorded a child that is still running (guarded: killed should the test fail).
+    let mut orphan = Guard::spawn(Command::new("sleep").arg("600"), "sleep").unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", orphan.id())).unwrap();
     let start =
         stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_string();
@@ -528,7 +529,7 @@ fn cleanup_removes_leftovers_of_dead_launchers() {
     let out = Command::new(env!("CARGO_BIN_EXE_bex-cluster")).arg("cleanup").output().unwrap();
     assert!(out.status.success(), "{}", show(&out));
     // (A launcher of a concurrent test may have cleaned up first: the end state is checked.)
-    let status = orphan.wait().unwrap();
+    let status = exited(&mut orphan);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "SIGKILLed");
     assert!(!record.exists());
     if netns {
@@ -584,7 +585,6 @@ fn sigkilled_launcher_leaves_nothing_after_cleanup() {
     let r = setup("sigkill", 1, 2);
     let (mut child, launcher, pids) = r.start_hanging_ranker(7);
     child.kill().unwrap();
-    child.wait().unwrap();
     // Every child dies with the launcher (pdeathsig → SIGTERM: servers checkpoint and exit),
     // the fake ranker too: a shell script, which sets no death signal of its own (the launcher
     // sets it before exec).

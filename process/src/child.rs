@@ -13,7 +13,7 @@
 //! polls `try_wait` (there is no portable way to wait for a child with a timeout).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Output};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Output};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -156,6 +156,12 @@ impl Guard {
                 Err(ChildError::Timeout { name: self.name.clone(), after: timeout })
             }
         }
+    }
+
+    /// The child's stdout (spawned `Stdio::piped()`), for a caller that reads it itself; the
+    /// guard still kills and reaps the child. `None` once taken, or when it is not a pipe.
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
     }
 
     /// The child's exit status if it has exited (reaping it), without blocking.

@@ -67,9 +67,16 @@ fn two_trainers_learn_one_model_then_sigterm_reports_and_exits_zero() {
 
     let run = ["--steps", "80", "--eval-every", "20", "--quiet"];
     let jsons = [dir.join("t1.json"), dir.join("t2.json")];
-    let mut a = trainer(&config, 1, "rdma", &jsons[0], &run).spawn().expect("trainer 1");
-    let mut b = trainer(&config, 2, "tcp", &jsons[1], &run).spawn().expect("trainer 2");
-    let (sa, sb) = (a.wait().expect("wait 1"), b.wait().expect("wait 2"));
+    let mut a = Guard::spawn(&mut trainer(&config, 1, "rdma", &jsons[0], &run), "trainer 1")
+        .expect("trainer 1");
+    let mut b = Guard::spawn(&mut trainer(&config, 2, "tcp", &jsons[1], &run), "trainer 2")
+        .expect("trainer 2");
+    // Five minutes at most, then the guards kill both.
+    let exited = |t: &mut Guard| {
+        let status = t.wait_within(Duration::from_secs(300)).expect("wait");
+        status.unwrap_or_else(|| panic!("{} still runs after 5 minutes", t.name()))
+    };
+    let (sa, sb) = (exited(&mut a), exited(&mut b));
     assert!(sa.success() && sb.success(), "trainers exited {sa} and {sb}");
 
     for (path, transport) in jsons.iter().zip([TransportKind::Rdma, TransportKind::Tcp]) {

@@ -7,19 +7,22 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use bex_process::child::Guard;
 use bex_transport::{Config, TransportError};
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_peer_process_fails_every_socket_within_the_keepalive_timeout() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bex-echo"))
-        .args(["--keepalive-ms", "50"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("bex-echo starts");
+    let mut child = Guard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_bex-echo"))
+            .args(["--keepalive-ms", "50"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+        "bex-echo",
+    )
+    .expect("bex-echo starts");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.take_stdout().unwrap()).read_line(&mut line).unwrap();
     let addr: std::net::SocketAddr = line.trim().parse().expect("bex-echo prints its address");
     let cfg = Config {
         keepalive_interval: Duration::from_millis(50),
@@ -36,7 +39,6 @@ async fn a_killed_peer_process_fails_every_socket_within_the_keepalive_timeout()
     s2.send(pattern(t.pool(), 10, 2)).await.unwrap();
     check(&s2.recv().await.unwrap(), 10, 2);
     child.kill().unwrap();
-    child.wait().unwrap();
     let start = bex_transport::clock::now();
     for s in [&s1, &s2] {
         let r =

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use bex_process::child::Guard;
 use serde_json::Value;
 
 /// `ps-server` processes whose command line names `ps-bench`'s per-process directory.
@@ -30,16 +31,18 @@ fn quick_run_writes_sane_json_and_figures_and_reaps_its_server() {
     let _ = std::fs::remove_dir_all(&out_dir);
     let json = out_dir.join("ps-bench.json");
     let server = bex_testkit::bins::ps_server();
-    let child = Command::new(env!("CARGO_BIN_EXE_ps-bench"))
-        .args(["--quick", "--quiet", "--out", out_dir.to_str().unwrap()])
-        .arg("--server")
-        .arg(&server)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("ps-bench starts");
+    let child = Guard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_ps-bench"))
+            .args(["--quick", "--quiet", "--out", out_dir.to_str().unwrap()])
+            .arg("--server")
+            .arg(&server)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+        "ps-bench",
+    )
+    .expect("ps-bench starts");
     let pid = child.id();
-    let out = child.wait_with_output().unwrap();
+    let out = child.output().unwrap();
     let text =
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "ps-bench --quick failed:\n{text}");

@@ -7,6 +7,7 @@ use std::process::{Command, ExitCode, Stdio};
 use bex_bench::cli::Output;
 use bex_bench::report::Envelope;
 use bex_plot::{Chart, Series, COLORS};
+use bex_process::child::Guard;
 use bex_simcluster::{run, Report, Scenario};
 use clap::Parser;
 use serde::Serialize;
@@ -144,20 +145,23 @@ fn main() -> ExitCode {
             .collect();
         let mut sum = Summary { scenario: s.name().into(), ..Summary::default() };
         for batch in chunks.chunks(args.jobs.max(1)) {
+            // Guarded: a worker that fails to start or to be read leaves none of the others
+            // running, and none outlives this process.
             let children: Vec<_> = batch
                 .iter()
                 .map(|&(a, b)| {
-                    Command::new(&exe)
-                        .args(["--worker", s.name(), &a.to_string(), &b.to_string()])
-                        .stdout(Stdio::piped())
-                        .spawn()
+                    let mut cmd = Command::new(&exe);
+                    cmd.args(["--worker", s.name(), &a.to_string(), &b.to_string()])
+                        .stdout(Stdio::piped());
+                    bex_process::die_with_this_process(&mut cmd);
+                    Guard::spawn(&mut cmd, format!("worker for seeds {a}..{b}"))
                 })
                 .collect();
             for (child, &(a, b)) in children.into_iter().zip(batch) {
-                let out = match child.and_then(|c| c.wait_with_output()) {
+                let out = match child.and_then(Guard::output) {
                     Ok(o) => o,
                     Err(e) => {
-                        eprintln!("bex-simcluster: worker for seeds {a}..{b}: {e}");
+                        eprintln!("bex-simcluster: {e}");
                         return ExitCode::from(1);
                     }
                 };
