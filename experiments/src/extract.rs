@@ -139,15 +139,19 @@ fn worst_of<T>(reports: &[T], f: fn(&T) -> f64) -> f64 {
 
 /// The RNIC counter `name` summed over the rankers' and trainers' own counters and the
 /// launcher's per-phase server deltas (not the whole-run server totals, which repeat those
-/// deltas). Canaries report no RNIC counters.
-fn rnic_sum(report: &ClusterReport, name: &str) -> f64 {
-    let rankers: u64 =
-        report.reports::<RankerReport>().filter_map(|(_, r)| r.ok()).map(|r| r.rnic(name)).sum();
-    let trainers: u64 =
-        report.reports::<TrainerReport>().filter_map(|(_, r)| r.ok()).map(|r| r.rnic(name)).sum();
-    let servers: u64 =
-        report.phases.iter().flat_map(|p| &p.servers).filter_map(|s| s.rnic.get(name)).sum();
-    (rankers + trainers + servers) as f64
+/// deltas). Canaries report no RNIC counters. A client report that does not read is an
+/// error, not a zero.
+fn rnic_sum(report: &ClusterReport, name: &str) -> Result<f64, String> {
+    let mut sum: u64 = 0;
+    for (_, r) in report.reports::<RankerReport>() {
+        sum += r?.rnic(name);
+    }
+    for (_, r) in report.reports::<TrainerReport>() {
+        sum += r?.rnic(name);
+    }
+    sum +=
+        report.phases.iter().flat_map(|p| &p.servers).filter_map(|s| s.rnic.get(name)).sum::<u64>();
+    Ok(sum as f64)
 }
 
 /// Reads an inference run's `report.json`.
@@ -254,10 +258,10 @@ pub fn training(report: &ClusterReport, variant: Variant) -> Result<TrainingRun,
         samples_per_s: t.iter().map(|c| c.samples_per_s).sum(),
         errors: t.iter().map(|c| c.errors as f64).sum(),
         auc_final: t.iter().map(|c| c.auc_final).fold(f64::INFINITY, f64::min),
-        rnr_naks: rnic_sum(report, "rnr_naks_received"),
-        seq_naks: rnic_sum(report, "seq_naks_received"),
-        retransmits: rnic_sum(report, "retransmitted_packets"),
-        ack_timeouts: rnic_sum(report, "ack_timeouts"),
+        rnr_naks: rnic_sum(report, "rnr_naks_received")?,
+        seq_naks: rnic_sum(report, "seq_naks_received")?,
+        retransmits: rnic_sum(report, "retransmitted_packets")?,
+        ack_timeouts: rnic_sum(report, "ack_timeouts")?,
         tcp_retransmits: tcp_sum(report, |t| t.retrans_segs),
         tcp_out_segments: tcp_sum(report, |t| t.out_segs),
     })

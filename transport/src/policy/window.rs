@@ -36,6 +36,12 @@ impl SendWindow {
         if fits {
             self.outstanding += len;
             self.high_water = self.high_water.max(self.outstanding);
+            debug_assert!(
+                self.cwnd.is_none_or(|w| self.outstanding <= w || self.outstanding == len),
+                "{} B outstanding past a {:?} B window",
+                self.outstanding,
+                self.cwnd
+            );
         } else {
             self.stalls += 1;
         }

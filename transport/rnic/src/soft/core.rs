@@ -258,6 +258,14 @@ impl Qp {
     }
 
     fn queue_ack(&mut self, mut ack: PendingAck, ctrl_queue: &mut VecDeque<u32>) {
+        // An ACK covers executed packets only: those before the expected PSN.
+        debug_assert!(
+            ack.syndrome != Syndrome::Ack || psn::diff(ack.psn, self.epsn) < 0,
+            "qp {:#x}: ACK of PSN {:#x}, expected PSN {:#x} not executed yet",
+            self.qpn,
+            ack.psn,
+            self.epsn
+        );
         if let Some(prev) = self.pending_ack {
             // A NAK is never replaced by an ACK that does not cover its PSN.
             if prev.syndrome != Syndrome::Ack
