@@ -12,7 +12,7 @@ use bex_chaos::canary_table;
 use bex_chaos::verify::{self, KeySet};
 use bex_client::connect_client;
 use bex_client::node::ClientRole;
-use bex_model::{dense_keys, dense_len, SyntheticClicks};
+use bex_model::{dense_keys, dense_len, SyntheticClicks, TrainerSection};
 use bex_process::exit_with_parent;
 use bex_ps_proto::config::TransportKind;
 use bex_ps_proto::Config;
@@ -105,12 +105,10 @@ fn load(path: &Path) -> Result<Config, String> {
     Ok(cfg)
 }
 
-/// The trainer's rows (embedding keys of its task, its dense rows), from `[trainer]` with the
-/// trainer's defaults.
+/// The trainer's rows (embedding keys of its task, its dense rows), from `[trainer]` read as
+/// the trainer reads it (its type and defaults, `bex_model::TrainerSection`).
 fn trainer_sets(cfg: &Config) -> Result<Vec<KeySet>, String> {
-    let t = &cfg.trainer;
-    let str_of = |k: &str, d: &str| t.get(k).and_then(|v| v.as_str()).unwrap_or(d).to_string();
-    let int_of = |k: &str, d: i64| t.get(k).and_then(|v| v.as_integer()).unwrap_or(d).max(0) as u64;
+    let t = TrainerSection::from_toml(&cfg.trainer).map_err(|e| format!("[trainer]: {e}"))?;
     let find = |name: &str| {
         cfg.tables
             .iter()
@@ -118,21 +116,20 @@ fn trainer_sets(cfg: &Config) -> Result<Vec<KeySet>, String> {
             .map(|i| (i as u32, cfg.tables[i].dim))
             .ok_or_else(|| format!("[trainer] table {name:?} is not in the config"))
     };
-    let (table, dim) = find(&str_of("table", "item"))?;
-    let (dense, dense_dim) = find(&str_of("dense_table", "dense"))?;
-    let (slots, vocab) = (int_of("slots", 4), int_of("vocab", 1000).min(1 << 20));
-    let keys = (0..slots as usize)
-        .flat_map(|s| (0..vocab).map(move |r| SyntheticClicks::key(s, r)))
-        .collect();
-    let n = dense_len(slots as usize, dim as usize, int_of("hidden", 32) as usize);
-    let model = int_of("model_id", 100) as u32;
+    let (table, dim) = find(&t.table)?;
+    let (dense, dense_dim) = find(&t.dense_table)?;
+    // The verifier reads every id it names: at most 2^20 a slot (the trainer allows 2^40).
+    let vocab = t.vocab.min(1 << 20);
+    let keys =
+        (0..t.slots).flat_map(|s| (0..vocab).map(move |r| SyntheticClicks::key(s, r))).collect();
+    let n = dense_len(t.slots, dim as usize, t.hidden);
     Ok(vec![
         KeySet { name: "trainer embeddings".into(), table, dim, keys },
         KeySet {
             name: "trainer dense".into(),
             table: dense,
             dim: dense_dim,
-            keys: dense_keys(model, n, dense_dim as usize),
+            keys: dense_keys(t.model_id, n, dense_dim as usize),
         },
     ])
 }

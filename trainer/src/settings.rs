@@ -2,69 +2,12 @@
 //! against the cluster's tables.
 
 use bex_ps_proto::Config;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// Longest duration a setting may give, in seconds (a year).
 const MAX_SECONDS: f64 = 365.0 * 86_400.0;
 
-/// `[trainer]`: every key optional, defaults below (documented in `configs/local.toml`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainerSection {
-    /// Embedding table (by name) the sample keys are rows of.
-    pub table: String,
-    /// Table holding the dense MLP weights as rows.
-    pub dense_table: String,
-    /// Model id of the dense weights' keys (`bex_model::dense_keys`); apart from the
-    /// ranker's models.
-    pub model_id: u32,
-    /// Categorical slots per sample.
-    pub slots: usize,
-    /// Ids per slot.
-    pub vocab: u64,
-    /// Zipf exponent of the ids.
-    pub zipf_exponent: f64,
-    /// Hidden ReLU units of the MLP.
-    pub hidden: usize,
-    /// Mean samples per step.
-    pub batch_size: usize,
-    /// σ of the log-normal batch-size spread (0: every batch is `batch_size`).
-    pub batch_sigma: f64,
-    /// Steps per run (unless `seconds` or `--seconds`).
-    pub steps: u64,
-    /// Run for this long instead of `steps` when > 0.
-    pub seconds: f64,
-    /// Held-out evaluation every this many steps (0: only at start and end).
-    pub eval_every: u64,
-    /// Held-out samples.
-    pub eval_samples: usize,
-    /// Seed of the hidden ground truth (the same for every trainer).
-    pub data_seed: u64,
-    /// Deadline of the first fetch (cluster reachable?), seconds.
-    pub connect_deadline_s: f64,
-}
-
-impl Default for TrainerSection {
-    fn default() -> Self {
-        TrainerSection {
-            table: "item".into(),
-            dense_table: "dense".into(),
-            model_id: 100,
-            slots: 4,
-            vocab: 1000,
-            zipf_exponent: 1.1,
-            hidden: 32,
-            batch_size: 448,
-            batch_sigma: 0.7,
-            steps: 300,
-            seconds: 0.0,
-            eval_every: 50,
-            eval_samples: 2000,
-            data_seed: 1,
-            connect_deadline_s: 10.0,
-        }
-    }
-}
+pub use bex_model::TrainerSection;
 
 /// Command-line overrides of [`TrainerSection`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -129,9 +72,7 @@ fn table_ref(cfg: &Config, name: &str, field: &str, e: &mut Vec<String>) -> Opti
 impl Settings {
     /// Parses `cfg.trainer`, applies `o`, and checks the result against `cfg`'s tables.
     pub fn resolve(cfg: &Config, o: &Overrides) -> Result<Settings, SettingsError> {
-        let mut s: TrainerSection = toml::Value::Table(cfg.trainer.clone())
-            .try_into()
-            .map_err(|e: toml::de::Error| SettingsError::Parse(e.message().to_string()))?;
+        let mut s = TrainerSection::from_toml(&cfg.trainer).map_err(SettingsError::Parse)?;
         if let Some(v) = o.steps {
             s.steps = v;
             s.seconds = 0.0; // --steps wins over a configured duration
