@@ -908,11 +908,11 @@ fn floor_growth(points: &[RunPoint]) -> Vec<String> {
 
 /// The fetch growth bex would have if the memory it adds between its fewest and most rows
 /// were a floor store's: per round, (bex p50 at the fewest rows + that floor's p50 at the
-/// most − at the fewest) / bex p50 at the fewest. With `floor`, one random line a key, the
-/// least any lookup in a table larger than the caches can add, keeping the table's per-key
-/// work; with `floor-one-page`, what a layout that reads one page a key (rows inline in the
-/// index) could reach at best; with `floor-two-pages`, what today's (index bucket, then row)
-/// costs.
+/// most − at the fewest) / bex p50 at the fewest. With `floor`, what one independent miss a
+/// key adds (not a bound on every layout: a one-page lookup's second line costs a miss at the
+/// fewest rows and hides behind the page walk at the most, so it can add less); with
+/// `floor-one-page`, what a layout that reads one page a key (rows inline in the index) could
+/// reach at best; with `floor-two-pages`, what today's (index bucket, then row) costs.
 fn growth_at_floor_cost(points: &[RunPoint], dim: u32) -> Vec<String> {
     let rows = row_counts(points, Store::Bex, dim);
     let (Some(&fewest), Some(&most)) = (rows.first(), rows.last()) else { return Vec::new() };
