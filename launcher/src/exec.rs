@@ -45,11 +45,14 @@ const STOPPING_HTTP_TIMEOUT: Duration = Duration::from_millis(200);
 struct Running {
     spec: ProcSpec,
     child: Guard,
-    pid: u32,
     status: Option<ExitStatus>,
 }
 
 impl Running {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn poll(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             if let Ok(Some(s)) = self.child.try_wait() {
@@ -61,7 +64,7 @@ impl Running {
 
     fn signal(&self, sig: Signal) {
         if self.status.is_none() {
-            if let Ok(p) = i32::try_from(self.pid) {
+            if let Ok(p) = i32::try_from(self.pid()) {
                 let _ = kill(Pid::from_raw(p), sig);
             }
         }
@@ -292,7 +295,7 @@ impl Executor {
         let child = Guard::new(child, spec.name.clone());
         let pid = child.id();
         self.record.add(pid, &spec.name);
-        Ok(Running { spec: spec.clone(), child, pid, status: None })
+        Ok(Running { spec: spec.clone(), child, status: None })
     }
 
     fn interrupted(&mut self) -> bool {
@@ -311,7 +314,7 @@ impl Executor {
             .iter()
             .map(|s| {
                 let metrics = self.scrape(&s.spec).map(|body| rnic_counters(&body));
-                (cpu_of(s.pid), metrics.unwrap_or_default())
+                (cpu_of(s.pid()), metrics.unwrap_or_default())
             })
             .collect()
     }
@@ -540,7 +543,7 @@ impl Executor {
             ChaosAction::Kill { server } => {
                 let s = self.running_server(server.as_str())?;
                 s.status = s.child.kill().ok();
-                let pid = s.pid;
+                let pid = s.pid();
                 self.down.insert(server.into());
                 Ok(format!("SIGKILL pid {pid}"))
             }
@@ -550,7 +553,7 @@ impl Executor {
                 let s = self.running_server(server.as_str())?;
                 let t0 = now();
                 let status = s.terminate(SERVER_STOP_GRACE);
-                let pid = s.pid;
+                let pid = s.pid();
                 self.down.insert(server.into());
                 match status {
                     Some(st) if st.success() => {
@@ -568,7 +571,7 @@ impl Executor {
                     .ok_or_else(|| format!("no running client {client}"))?;
                 let c = &mut self.clients[i];
                 let status = c.terminate(STOP_GRACE);
-                let old_pid = c.pid;
+                let old_pid = c.pid();
                 if status.is_none() {
                     return Err(format!("SIGTERM pid {old_pid}: not gone after {STOP_GRACE:?}"));
                 }
@@ -585,7 +588,7 @@ impl Executor {
                     set_aside(&p, &format!("{old_pid}.stopped"));
                 }
                 let r = self.spawn(&spec)?;
-                let pid = r.pid;
+                let pid = r.pid();
                 self.clients[i] = r;
                 self.restarted_clients.insert(spec.name.clone());
                 Ok(format!("pid {old_pid} exited 0 on SIGTERM; started again as pid {pid}"))
@@ -599,10 +602,10 @@ impl Executor {
                 // Keep the killed process's logs next to the new one's.
                 let (out, err) = log_paths(&self.out, &spec.name);
                 for p in [out, err] {
-                    set_aside(&p, &format!("{}.killed", self.servers[i].pid));
+                    set_aside(&p, &format!("{}.killed", self.servers[i].pid()));
                 }
                 let r = self.spawn(&spec)?;
-                let pid = r.pid;
+                let pid = r.pid();
                 self.servers[i] = r;
                 self.down.remove(server.as_str());
                 self.restarted.insert(server.into(), now());
@@ -899,7 +902,7 @@ impl Executor {
                 kind,
                 pod,
                 id,
-                pid: c.pid,
+                pid: c.pid(),
                 netns: c.spec.netns.clone(),
                 ip: c.spec.ip.to_string(),
                 status: exit_record(c.status),
@@ -1075,7 +1078,7 @@ impl Executor {
                     name: s.spec.name.clone(),
                     pod,
                     shard,
-                    pid: s.pid,
+                    pid: s.pid(),
                     netns: s.spec.netns.clone(),
                     http: s.spec.http.map(|a| a.to_string()),
                     cpu,

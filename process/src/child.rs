@@ -50,6 +50,13 @@ pub enum ChildError {
         /// How long was waited.
         after: Duration,
     },
+    /// The child, expected to exit, still ran when the wait ended ([`Guard::wait_exit`]).
+    StillRunning {
+        /// Which child.
+        name: String,
+        /// How long was waited.
+        after: Duration,
+    },
 }
 
 impl std::fmt::Display for ChildError {
@@ -64,6 +71,9 @@ impl std::fmt::Display for ChildError {
             }
             ChildError::Timeout { name, after } => {
                 write!(f, "{name} did not become ready within {after:?}")
+            }
+            ChildError::StillRunning { name, after } => {
+                write!(f, "{name} still runs after {after:?}")
             }
         }
     }
@@ -236,6 +246,13 @@ impl Guard {
         }
     }
 
+    /// Waits up to `limit` for a child that is expected to exit: its status (reaped), or
+    /// `StillRunning` (the guard kills it when dropped).
+    pub fn wait_exit(&mut self, limit: Duration) -> Result<ExitStatus, ChildError> {
+        let status = self.wait_within(limit)?;
+        status.ok_or_else(|| ChildError::StillRunning { name: self.name.clone(), after: limit })
+    }
+
     /// Kills the child and reaps it.
     pub fn kill(&mut self) -> Result<ExitStatus, ChildError> {
         // An error only means it has exited already; `wait` reaps it either way.
@@ -341,6 +358,16 @@ mod tests {
         assert!(matches!(e, ChildError::Timeout { .. }), "{e}");
         drop(g);
         assert!(!exists(pid));
+    }
+
+    #[test]
+    fn waiting_for_an_exit_gives_the_status_or_says_the_child_still_runs() {
+        let mut g = spawn("sh", &["-c", "exit 4"]);
+        assert_eq!(g.wait_exit(Duration::from_secs(5)).unwrap().code(), Some(4));
+        let mut g = spawn("cat", &[]);
+        let e = g.wait_exit(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, ChildError::StillRunning { .. }), "{e}");
+        assert_eq!(e.to_string(), "cat still runs after 50ms");
     }
 
     #[test]

@@ -1042,9 +1042,9 @@ fn exit_2_on(dir: &std::path::Path, cfg: &Config, pod: u32) -> String {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&stderr).unwrap());
     let mut server = Guard::spawn(&mut cmd, "ps-server expected to exit 2").unwrap();
-    let status = server.wait_within(Duration::from_secs(60)).unwrap();
+    let status = server.wait_exit(Duration::from_secs(60));
     let err = std::fs::read_to_string(&stderr).unwrap();
-    let Some(status) = status else { panic!("still running after 60 s: {err}") };
+    let status = status.unwrap_or_else(|e| panic!("{e}: {err}"));
     assert_eq!(status.code(), Some(2), "exit 2: {err}");
     err
 }

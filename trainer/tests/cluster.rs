@@ -72,11 +72,8 @@ fn two_trainers_learn_one_model_then_sigterm_reports_and_exits_zero() {
     let mut b = Guard::spawn(&mut trainer(&config, 2, "tcp", &jsons[1], &run), "trainer 2")
         .expect("trainer 2");
     // Five minutes at most, then the guards kill both.
-    let exited = |t: &mut Guard| {
-        let status = t.wait_within(Duration::from_secs(300)).expect("wait");
-        status.unwrap_or_else(|| panic!("{} still runs after 5 minutes", t.name()))
-    };
-    let (sa, sb) = (exited(&mut a), exited(&mut b));
+    let limit = Duration::from_secs(300);
+    let (sa, sb) = (a.wait_exit(limit).unwrap(), b.wait_exit(limit).unwrap());
     assert!(sa.success() && sb.success(), "trainers exited {sa} and {sb}");
 
     for (path, transport) in jsons.iter().zip([TransportKind::Rdma, TransportKind::Tcp]) {
