@@ -9,13 +9,15 @@
 //! - [`checkpoint`]: atomic checksummed checkpoint files and the streaming snapshot chunks
 //!   that bootstrap a replica from a peer.
 //! - [`replication`]: the training pod's replication lag bookkeeping.
+//! - [`prefetch`]: the cache hint the table's warm pass issues (this crate's one `unsafe`).
 //!
 //! Nothing here reads a clock or sleeps; callers pass times in.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod admission;
 pub mod checkpoint;
 pub mod dedupe;
+pub mod prefetch;
 pub mod replication;
 mod row_index;
 pub mod table;

@@ -5,7 +5,7 @@
 //! Why not `hashbrown::HashTable<u32>` (used before): its control bytes and its buckets are
 //! two arrays, so a lookup in a table larger than the caches misses twice before it reaches
 //! the row, and a caller cannot start those misses early. Here the tags and row numbers of a
-//! key's home bucket share one 64-byte line, and [`RowIndex::touch`] loads that line for a
+//! key's home bucket share one 64-byte line, and [`RowIndex::prefetch`] starts loading that line for a
 //! batch of keys before any is looked up, so a batch's misses overlap (a 1000-key fetch at
 //! 100M rows waited on ~3000 serial misses; `bench/table-scale`). It also needs no power of
 //! two: buckets are chosen by a multiply-shift of the hash, so the index grows by 1.5×.
@@ -40,7 +40,7 @@ struct Bucket {
 impl Bucket {
     /// Bit i set where entry i has `tag`: the tags compared eight at a time (a short loop
     /// with an early exit per byte cost more instructions than the cache miss window holds
-    /// for a batch; see [`RowIndex::touch`]).
+    /// for a batch; see [`RowIndex::prefetch`]).
     fn matching(&self, tag: u8) -> u32 {
         const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
         // High bit of each byte of `w` that is zero (exact: no borrow crosses bytes).
@@ -102,11 +102,12 @@ impl RowIndex {
         Probe { home, tag: (h as u8).max(1) }
     }
 
-    /// Loads `p`'s home bucket and returns a byte of it: call for a batch of keys before
-    /// looking any up (and keep the bytes, e.g. folded into a `black_box`), so their cache
-    /// misses are in flight together.
-    pub(crate) fn touch(&self, p: Probe) -> u8 {
-        self.buckets.get(p.home).map_or(0, |b| b.tags[0])
+    /// Starts loading `p`'s home bucket without waiting for it: call for a batch of keys
+    /// before looking any up, so their cache misses are in flight together.
+    pub(crate) fn prefetch(&self, p: Probe) {
+        if let Some(b) = self.buckets.get(p.home) {
+            crate::prefetch::prefetch(b);
+        }
     }
 
     /// The first row in `p`'s home bucket whose tag matches: `key`'s row if it is there (the

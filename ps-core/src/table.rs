@@ -76,6 +76,7 @@ use bex_ps_proto::spec::{TableSpec, STATE_EXTRA_WORDS};
 use bex_ps_proto::wire::{LeF32s, LeU64s, Status};
 
 use crate::admission::CountMin;
+use crate::prefetch::prefetch;
 use crate::row_index::{Probe, RowIndex};
 use bex_ps_proto::shard::mix64;
 
@@ -281,44 +282,45 @@ impl Stripe {
         self.index.get(key, |r| key_at(data, slot, r))
     }
 
-    /// Loads the index buckets of a batch's `keys`, then the first `words` f32 of the
-    /// rows they point at (one word per cache line; a tag's row may be another key's),
-    /// before any key is served. Each pass's loads are independent of one another, so the
-    /// CPU keeps the batch's misses in flight together instead of waiting out each key's
+    /// Starts loading the index buckets of a batch's `keys`, then the first `words` f32 of
+    /// the rows they point at (one word per cache line; a tag's row may be another key's),
+    /// before any key is served. Each pass's prefetches are independent of one another, so
+    /// the CPU keeps the batch's misses in flight together instead of waiting out each key's
     /// chain (bucket, then row) in turn: a table larger than the caches misses on nearly
     /// every key. Rejected, each measured slower (`bench/table-scale`): warming a whole
     /// batch across all its stripes before serving any, either re-locking per stripe per
     /// pass or holding every stripe's read lock at once (medians of 3 at 100K-10M rows); and
     /// a two-stage pipeline holding two read locks, the next stripe's buckets loading while
     /// this one's rows do (equal at 1M and 10M rows, fetch p50 1.07-1.36x at 100M;
-    /// `results/table-scale/runs/two-stage-warm-2026-12-04.txt`).
+    /// `results/table-scale/runs/two-stage-warm-2026-12-04.txt`). Loads instead of prefetches
+    /// (until 2026-12-07): fetch p50 1.20x at 1M rows and 1.07x at 100M, push 1.29x and
+    /// 1.11x (`results/table-scale/runs/prefetch-warm-2026-12-07/`).
     ///
     /// A push or a whole-row copy (`bookkeeping`) also reads and writes the row's version and
-    /// step count, which live in arrays of their own: their loads go in the second pass too
-    /// (left to the serving loop, each was one more miss a key waited out in turn).
+    /// step count, which live in arrays of their own: they are prefetched in the second pass
+    /// too (left to the serving loop, each was one more miss a key waited out in turn).
     fn warm(&self, keys: impl Iterator<Item = u64>, words: usize, bookkeeping: bool) {
         // A slab this small stays in the caches: warming would only cost its own work.
         if self.data.len() * 4 < WARM_ABOVE_BYTES {
             return;
         }
-        // Keys a chunk: more misses than this are not in flight at once anyway, and a fixed
-        // array keeps each key's hash computed once without an allocation.
+        // Keys a chunk: the second pass waits for the first's buckets, so a chunk bounds the
+        // pages whose translations must stay cached until served; a fixed array keeps each
+        // key's hash computed once without an allocation.
         const CHUNK: usize = 32;
         let mut keys = keys.peekable();
         let mut probes = [Probe::default(); CHUNK];
-        let mut loaded = 0u8;
         while keys.peek().is_some() {
             let n = keys.by_ref().take(CHUNK).zip(probes.iter_mut()).fold(0, |n, (k, p)| {
                 *p = self.index.probe(k);
                 n + 1
             });
             for &p in &probes[..n] {
-                loaded ^= self.index.touch(p);
+                self.index.prefetch(p);
             }
-            // The rows first, then their loads in a loop of their own. A key's candidate
-            // takes tens of instructions (the tag match, its branches); interleaved with the
-            // row loads, they left only a few rows' misses inside the CPU's reorder window
-            // (a profile at 1M rows put two thirds of a fetch on the row load's retirement).
+            // The rows first, then their prefetches in a loop of their own: a key's candidate
+            // takes tens of instructions (the tag match, its branches) and waits for its
+            // bucket, which would hold back the prefetches of the keys after it.
             let mut rows = [0u32; CHUNK];
             let found = probes[..n].iter().filter_map(|&p| self.index.candidate(p));
             let m = found.zip(rows.iter_mut()).fold(0, |m, (r, slot)| {
@@ -327,17 +329,15 @@ impl Stripe {
             });
             let lines = words.min(self.slot).div_ceil(16);
             for &r in &rows[..m] {
-                let at = r as usize * self.slot;
-                for line in 0..lines {
-                    loaded ^= self.data.get(at + 16 * line).map_or(0, |v| v.to_bits() as u8);
-                }
+                let (at, r) = (r as usize * self.slot, r as usize);
+                let row_lines = (0..lines).filter_map(|line| self.data.get(at + 16 * line));
+                row_lines.for_each(prefetch);
                 if bookkeeping {
-                    loaded ^= self.versions.get(r as usize).map_or(0, |&v| v as u8);
-                    loaded ^= self.steps.get(r as usize).map_or(0, |&v| v as u8);
+                    self.versions.get(r).into_iter().for_each(prefetch);
+                    self.steps.get(r).into_iter().for_each(prefetch);
                 }
             }
         }
-        std::hint::black_box(loaded);
     }
 
     /// The key of slot `r`.
