@@ -1,7 +1,8 @@
 //! A cache hint: start loading a value's cache line without waiting for it.
 //!
-//! The one `unsafe` of this crate: the intrinsic is `unsafe` to call only because of its
-//! `#[target_feature]` (SSE, which every x86_64 CPU has); it reads nothing into the program.
+//! The one `unsafe` of this crate: calling the intrinsic needs `unsafe` (its
+//! `#[target_feature]`, SSE, which every x86_64 CPU has; before Rust 1.87 it was an
+//! `unsafe fn`); it reads nothing into the program.
 #![allow(unsafe_code)]
 
 /// Starts loading the cache line of `x` into every cache level, and returns at once.

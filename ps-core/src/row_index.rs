@@ -5,8 +5,8 @@
 //! Why not `hashbrown::HashTable<u32>` (used before): its control bytes and its buckets are
 //! two arrays, so a lookup in a table larger than the caches misses twice before it reaches
 //! the row, and a caller cannot start those misses early. Here the tags and row numbers of a
-//! key's home bucket share one 64-byte line, and [`RowIndex::prefetch`] starts loading that line for a
-//! batch of keys before any is looked up, so a batch's misses overlap (a 1000-key fetch at
+//! key's home bucket share one 64-byte line, and [`RowIndex::prefetch`] starts loading that
+//! line for a batch of keys before any is looked up, so a batch's misses overlap (a 1000-key fetch at
 //! 100M rows waited on ~3000 serial misses; `bench/table-scale`). It also needs no power of
 //! two: buckets are chosen by a multiply-shift of the hash, so the index grows by 1.5×.
 //!
@@ -111,8 +111,8 @@ impl RowIndex {
     }
 
     /// The first row in `p`'s home bucket whose tag matches: `key`'s row if it is there (the
-    /// caller confirms by the slab's key, and falls back to [`get`](Self::get)). For loading
-    /// the row early.
+    /// caller confirms by the slab's key, and falls back to [`get`](Self::get)). For
+    /// prefetching the row early.
     pub(crate) fn candidate(&self, p: Probe) -> Option<u32> {
         let b = self.buckets.get(p.home)?;
         let m = b.matching(p.tag);
