@@ -6,9 +6,9 @@
 //! two arrays, so a lookup in a table larger than the caches misses twice before it reaches
 //! the row, and a caller cannot start those misses early. Here the tags and row numbers of a
 //! key's home bucket share one 64-byte line, and [`RowIndex::prefetch`] starts loading that
-//! line for a batch of keys before any is looked up, so a batch's misses overlap (a 1000-key fetch at
-//! 100M rows waited on ~3000 serial misses; `bench/table-scale`). It also needs no power of
-//! two: buckets are chosen by a multiply-shift of the hash, so the index grows by 1.5×.
+//! line for a batch of keys before any is looked up, so a batch's misses overlap (a 1000-key
+//! fetch at 100M rows waited on ~3000 serial misses; `bench/table-scale`). It also needs no
+//! power of two: buckets are chosen by a multiply-shift of the hash, so the index grows by 1.5×.
 //!
 //! A key lives in its home bucket or, when that was full at insertion, in the first bucket
 //! after it with room; every full bucket passed is marked `overflowed`, so a lookup goes on
