@@ -308,6 +308,8 @@ impl Stripe {
         // pages whose translations must stay cached until served; a fixed array keeps each
         // key's hash computed once without an allocation.
         const CHUNK: usize = 32;
+        let words = words.min(self.slot);
+        let lines = words.div_ceil(16);
         let mut keys = keys.peekable();
         let mut probes = [Probe::default(); CHUNK];
         while keys.peek().is_some() {
@@ -327,8 +329,6 @@ impl Stripe {
                 *slot = r;
                 m + 1
             });
-            let words = words.min(self.slot);
-            let lines = words.div_ceil(16);
             for &r in &rows[..m] {
                 let (at, r) = (r as usize * self.slot, r as usize);
                 let row_lines = (0..lines).filter_map(|line| self.data.get(at + 16 * line));
@@ -337,11 +337,12 @@ impl Stripe {
                 // the last prefetched (at dims that are not a multiple of 16): fetch p50 at
                 // 10M rows of dim 24 was 1.30x without it. Only then: a prefetch of the last
                 // word for every row made push p50 there 1.11x (`runs/prefetch-warm-2026-12-07/`).
-                let line_of =
-                    |i: usize| self.data.get(i).map(|v| std::ptr::from_ref(v).addr() / 64);
-                let last = line_of(at + words - 1);
-                if last.is_some() && last != line_of(at + 16 * (lines - 1)) {
-                    self.data.get(at + words - 1).into_iter().for_each(prefetch);
+                let line = |v: &f32| std::ptr::from_ref(v).addr() / 64;
+                let ends = (self.data.get(at + 16 * (lines - 1)), self.data.get(at + words - 1));
+                if let (Some(prefetched), Some(last)) = ends {
+                    if line(last) != line(prefetched) {
+                        prefetch(last);
+                    }
                 }
                 if bookkeeping {
                     self.versions.get(r).into_iter().for_each(prefetch);
