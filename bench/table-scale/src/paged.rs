@@ -1,6 +1,6 @@
 //! A second prototype of rows inline in the index, measured beside the table and `inline`:
 //! a bucket is one 4 KiB page, a line of one-byte tags then records of (key, version, row).
-//! `inline`'s 1 KiB buckets of 7 keys overflow about 8% of keys at load 0.9, and a key beyond
+//! `inline-versioned`'s 1 KiB buckets of 7 keys overflow about 8% of keys at load 0.9, and a key beyond
 //! its home bucket waits for the next bucket's line before its row (+16 ns a key at 100M
 //! rows, `results/table-scale/runs/prefetch-warm-2026-12-07/`). A page of 28 records at the
 //! same load overflows about half as many (4.5% in a test of 50K keys). The key sits in its record, so a lookup
@@ -63,7 +63,9 @@ impl Paged {
         let stride = spec.stride();
         let record = HEAD + stride;
         let ways = ((PAGE_WORDS - TAG_WORDS) / record).clamp(1, MAX_WAYS);
-        // A record larger than a page: the bucket is its tag line and one record.
+        // A record larger than a page: the bucket is its tag line and one record (pages
+        // past the record wasted, and at load 0.9 with one way a bucket, long probe chains:
+        // the prototype is meant for rows of a few hundred bytes, as measured at dim 16).
         let bucket_words = (TAG_WORDS + ways * record).div_ceil(PAGE_WORDS) * PAGE_WORDS;
         let buckets = ((rows as f64 / (ways as f64 * LOAD)).ceil() as usize).max(1);
         let words = vec![0f32; buckets * bucket_words + PAGE_WORDS];
