@@ -308,6 +308,7 @@ impl Stripe {
         // pages whose translations must stay cached until served; a fixed array keeps each
         // key's hash computed once without an allocation.
         const CHUNK: usize = 32;
+        debug_assert!(words > 0, "a row's last line is computed from at least one word");
         let words = words.min(self.slot);
         let lines = words.div_ceil(16);
         let mut keys = keys.peekable();
